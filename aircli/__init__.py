@@ -1,0 +1,1 @@
+"""aircli: the commands researchers and admins type. Parse, call one RPC, print."""

@@ -1,0 +1,115 @@
+"""airbatch: submit a batch script. Imports stay light; grpc loads only when the job is sent."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from aircli.client import CliError, entry
+from aircli.options import OPTIONS, OptionError, export_environment, from_environment, parse_directives
+
+
+def _read_script(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CliError(f"cannot read script {path}: {e.strerror}") from None
+    if b"\0" in data:
+        raise CliError(f"script {path} is a binary file, not a batch script")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise CliError(f"script {path} is not UTF-8 text") from None
+    if not text.strip():
+        raise CliError(f"script {path} is empty")
+    if not text.startswith("#!"):
+        raise CliError(f"script {path} does not start with a #! line, such as #!/bin/bash")
+    return text
+
+
+def _cli_values(kwargs: dict) -> dict[str, object]:
+    from aircli.options import convert
+    values = {}
+    for opt in OPTIONS:
+        raw = kwargs.get(opt.long[2:].replace("-", "_"))
+        if raw is None or raw is False:
+            continue
+        try:
+            values[opt.dest] = convert(opt, None if opt.kind == "flag" else raw)
+        except OptionError as e:
+            raise click.BadParameter(str(e), param_hint=opt.long) from None
+    return values
+
+
+def _params() -> list[click.Parameter]:
+    params: list[click.Parameter] = []
+    for opt in OPTIONS:
+        decls = [opt.long] + ([opt.short] if opt.short else [])
+        if opt.kind == "flag":
+            params.append(click.Option(decls, is_flag=True, default=None, help=opt.help))
+        else:
+            params.append(click.Option(decls, default=None, metavar="VALUE", help=opt.help))
+    params += [
+        click.Option(["--parsable"], is_flag=True, help="print the job id alone"),
+        click.Option(["--test-only"], is_flag=True, help="check the job and say where it would run; submit nothing"),
+        click.Option(["--wrap"], default=None, metavar="COMMAND", help="run COMMAND under /bin/sh instead of a script"),
+        click.Option(["--config"], default=None, hidden=True),
+        click.Argument(["script"], required=False),
+        click.Argument(["args"], nargs=-1),
+    ]
+    return params
+
+
+def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
+    if wrap is not None:
+        if script:
+            raise CliError("give a script or --wrap, not both")
+        text = f"#!/bin/sh\n{wrap}\n"
+        name_default = "wrap"
+    elif script:
+        text = _read_script(script)
+        name_default = os.path.basename(script)
+    else:
+        raise CliError("no batch script given: airbatch [options] script [args...] or --wrap COMMAND")
+    try:
+        values = parse_directives(text)
+        values.update(from_environment(dict(os.environ)))
+    except OptionError as e:
+        raise CliError(f"{script or '--wrap'}: {e}") from None
+    values.update(_cli_values(kwargs))
+    try:
+        env = export_environment(values.get("export", "ALL"), dict(os.environ))
+    except OptionError as e:
+        raise CliError(str(e)) from None
+    workdir = os.path.abspath(values.get("chdir") or os.getcwd())
+    if not os.path.isdir(workdir):
+        raise CliError(f"--chdir: {workdir} is not a directory")
+
+    from protos import air_pb2 as pb
+    from aircli.client import Client
+    req = pb.JobRequest(
+        name=values.get("name") or name_default, script=text, argv=list(args),
+        partition=values.get("partition", ""), account=values.get("account", ""),
+        nodes=values.get("nodes", 1), gpus_per_node=values.get("gpus_per_node", 0),
+        ntasks_per_node=values.get("ntasks_per_node", 1), cpus_per_task=values.get("cpus_per_task", 1),
+        time_limit_s=values.get("time", 0), output=values.get("output", ""), error=values.get("error", ""),
+        workdir=workdir, environment=env, hold=bool(values.get("hold")),
+        dependency=values.get("dependency", ""))
+    reply = Client(config).call("Submit", pb.SubmitRequest(job=req, test_only=test_only))
+    if test_only:
+        click.echo(f"airbatch: job {reply.message}")
+    elif parsable:
+        click.echo(str(reply.job_id))
+    else:
+        click.echo(f"Submitted batch job {reply.job_id}")
+
+
+command = click.Command(
+    "airbatch", callback=submit, params=_params(),
+    context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
+    help="Submit a batch script to AIR. Options may also come from #AIR or #SBATCH lines in the script.")
+main = entry(command, "airbatch")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""aircancel: cancel jobs, or send them a signal, as scancel does."""
+from __future__ import annotations
+
+import signal as signals
+
+import click
+
+from aircli.client import CliError, entry
+from aircli.queue import job_ids, state_filter, uid_of
+
+
+def signal_number(text: str) -> int:
+    name = text.upper()
+    if name.isdigit():
+        return int(name)
+    name = name if name.startswith("SIG") else "SIG" + name
+    try:
+        return int(signals.Signals[name])
+    except KeyError:
+        raise click.BadParameter(f"unknown signal {text!r}", param_hint="'-s'") from None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("ids", nargs=-1)
+@click.option("-u", "--user", help="cancel this user's jobs")
+@click.option("-t", "--state", "states", help="only jobs in these states (PD, R)")
+@click.option("-n", "--name", help="only jobs with this name")
+@click.option("-s", "--signal", "sig", help="send this signal instead of cancelling")
+@click.option("-v", "--verbose", is_flag=True, help="say which jobs were acted on")
+@click.option("--config", hidden=True)
+def command(ids, user, states, name, sig, verbose, config):
+    from aircli.client import Client
+    from protos import air_pb2 as pb
+    filt = pb.JobFilter()
+    for text in ids:
+        filt.job_ids.extend(job_ids(text, "'ID'"))
+    if user:
+        filt.uids.append(uid_of(user))
+    if name:
+        filt.names.append(name)
+    if states:
+        phases, results = state_filter(states, "'-t'")
+        filt.phases.extend(phases)
+        filt.results.extend(results)
+    if not (filt.job_ids or filt.uids or filt.names or states):
+        raise CliError("no job given: aircancel ID... or -u USER, -n NAME, -t STATES")
+    number = signal_number(sig) if sig else 0
+    reply = Client(config).call("Cancel", pb.CancelRequest(filter=filt, signal=number), timeout=120)
+    if verbose:
+        for job_id in reply.job_ids:
+            click.echo(f"aircancel: {'signalled' if number else 'cancelled'} job {job_id}")
+
+
+main = entry(command, "aircancel")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""aircontrol: the admin tool (scontrol's job): show jobs and nodes, run a local cluster."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from aircli.client import CliError, entry
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def command():
+    """Inspect and administer an AIR cluster."""
+
+
+@command.group()
+def show():
+    """Show a job or a node, as Key=Value pairs."""
+
+
+@show.command("job")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--config", hidden=True)
+def show_job(job_id, as_json, config):
+    from aircli import formats
+    from aircli.client import Client
+    from protos import air_pb2 as pb
+    if not job_id.isdigit():
+        raise click.BadParameter(f"{job_id!r} is not a job id", param_hint="'JOB_ID'")
+    job = Client(config).call("GetJob", pb.GetJobRequest(job_id=int(job_id)))
+    if as_json:
+        json.dump(formats.job_json(job, time.time()), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    click.echo("\n".join(formats.job_keyvalues(job, time.time())))
+
+
+@show.command("node")
+@click.argument("name")
+@click.option("--config", hidden=True)
+def show_node(name, config):
+    from aircli import formats
+    from aircli.client import Client
+    from protos import air_pb2 as pb
+    node = Client(config).call("GetNode", pb.GetNodeRequest(name=name))
+    click.echo("\n".join(formats.node_keyvalues(node)))
+
+
+@show.command("hostnames")
+@click.argument("hostlist_text", metavar="HOSTLIST")
+def show_hostnames(hostlist_text):
+    import hostlist
+    try:
+        click.echo("\n".join(hostlist.expand_hostlist(hostlist_text)))
+    except hostlist.BadHostlist as e:
+        raise CliError(f"{hostlist_text!r} is not a host list: {e}") from None
+
+
+@command.group()
+def local():
+    """A whole cluster on this machine, for trying AIR and for tests."""
+
+
+@local.command("up")
+@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 250))
+@click.option("--gpus-per-node", default=4, show_default=True, type=click.IntRange(0, 64))
+@click.option("--cpus-per-node", default=32, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--dir", "directory", default="air-local", show_default=True, type=click.Path(file_okay=False))
+@click.option("--base-address", default="127.0.0.1", show_default=True,
+              help="the controller's address; nodes take the next ones")
+@click.option("--node-timeout", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
+              help="seconds of silence before a node is DOWN")
+def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_timeout):
+    from aircli.local import up
+    config = up(Path(directory), nodes, gpus_per_node, cpus_per_node, base_address, node_timeout)
+    click.echo(f"local cluster up: {nodes} nodes with {gpus_per_node} GPUs each; logs in {config.parent / 'log'}")
+    click.echo(f"export AIR_CONF={config}")
+
+
+@local.command("down")
+@click.option("--dir", "directory", default="air-local", show_default=True, type=click.Path(file_okay=False))
+def local_down(directory):
+    from aircli.local import down
+    count = down(Path(directory))
+    click.echo(f"local cluster down: {count} daemons stopped")
+
+
+main = entry(command, "aircontrol")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""squeue/sinfo-style output: `%`-field format strings, columns, and the fields themselves. Pure."""
+from __future__ import annotations
+
+import re
+import time
+from typing import Callable
+
+import hostlist
+
+from airctld.timefmt import format_duration, format_limit
+from protos import air_pb2 as pb
+from protos.states import JobPhase, REASON_NAMES, Reason, long_state, state_code
+
+SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
+SINFO_DEFAULT = "%9P %.5a %.10l %.6D %.6t %.11G %N"
+SINFO_NODE_DEFAULT = "%N %.6D %9P %.6t %.11G %.9C"
+
+_FIELD = re.compile(r"%(\.)?(-)?(\d+)?([A-Za-z%])")
+
+
+class FormatError(Exception):
+    pass
+
+
+def compile_format(fmt: str, fields: dict[str, tuple[str, Callable]]) -> list:
+    """Split a format into literal text and (header, getter, width, right) items."""
+    items: list = []
+    pos = 0
+    for m in _FIELD.finditer(fmt):
+        if m.start() > pos:
+            items.append(fmt[pos:m.start()])
+        right, _, width, key = m.groups()
+        if key == "%":
+            items.append("%")
+        elif key not in fields:
+            raise FormatError(f"unknown format field %{key} in {fmt!r}; known: "
+                              + " ".join("%" + k for k in sorted(fields)))
+        else:
+            header, getter = fields[key]
+            items.append((header, getter, int(width) if width else 0, bool(right)))
+        pos = m.end()
+    if pos < len(fmt):
+        items.append(fmt[pos:])
+    return items
+
+
+def _cell(text: str, width: int, right: bool) -> str:
+    if not width:
+        return text
+    text = text[:width]
+    return text.rjust(width) if right else text.ljust(width)
+
+
+def render(items: list, rows, header: bool) -> list[str]:
+    lines = []
+    if header:
+        lines.append("".join(i if isinstance(i, str) else _cell(i[0], i[2], i[3]) for i in items).rstrip())
+    for row in rows:
+        lines.append("".join(i if isinstance(i, str) else _cell(str(i[1](row)), i[2], i[3])
+                             for i in items).rstrip())
+    return lines
+
+
+# ---------------------------------------------------------------- jobs
+
+def nodelist(job: pb.Job) -> str:
+    return hostlist.collect_hostlist([a.node for a in job.allocation]) if job.allocation else ""
+
+
+def reason_text(job: pb.Job) -> str:
+    return REASON_NAMES[Reason(job.reason)]
+
+
+def elapsed(job: pb.Job, now: float) -> float:
+    if not job.start_time:
+        return 0.0
+    end = job.end_time if job.phase == JobPhase.DONE and job.end_time else now
+    return end - job.start_time
+
+
+def _reason_or_nodes(job: pb.Job) -> str:
+    if job.phase == JobPhase.PENDING or not job.allocation:
+        return f"({reason_text(job)})"
+    return nodelist(job)
+
+
+def _gres(job: pb.Job) -> str:
+    return f"gres/gpu:{job.request.gpus_per_node}" if job.request.gpus_per_node else "N/A"
+
+
+def _timestamp(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) if t else "N/A"
+
+
+def job_fields(now: float) -> dict[str, tuple[str, Callable[[pb.Job], object]]]:
+    return {
+        "i": ("JOBID", lambda j: j.job_id),
+        "A": ("JOBID", lambda j: j.job_id),
+        "P": ("PARTITION", lambda j: j.partition),
+        "j": ("NAME", lambda j: j.request.name),
+        "u": ("USER", lambda j: j.user),
+        "U": ("UID", lambda j: j.uid),
+        "a": ("ACCOUNT", lambda j: j.request.account or "(null)"),
+        "t": ("ST", lambda j: state_code(j.phase, j.result)),
+        "T": ("STATE", lambda j: long_state(j.phase, j.result)),
+        "M": ("TIME", lambda j: format_duration(elapsed(j, now))),
+        "l": ("TIME_LIMIT", lambda j: format_limit(j.time_limit_s)),
+        "D": ("NODES", lambda j: len(j.allocation) or j.request.nodes or 1),
+        "C": ("CPUS", lambda j: sum(a.cpus for a in j.allocation) or
+              (j.request.nodes or 1) * (j.request.ntasks_per_node or 1) * (j.request.cpus_per_task or 1)),
+        "R": ("NODELIST(REASON)", _reason_or_nodes),
+        "r": ("REASON", reason_text),
+        "N": ("NODELIST", nodelist),
+        "b": ("TRES_PER_NODE", _gres),
+        "Q": ("PRIORITY", lambda j: j.priority),
+        "V": ("SUBMIT_TIME", lambda j: _timestamp(j.submit_time)),
+        "S": ("START_TIME", lambda j: _timestamp(j.start_time)),
+        "e": ("END_TIME", lambda j: _timestamp(j.end_time)),
+        "Z": ("WORK_DIR", lambda j: j.request.workdir),
+    }
+
+
+def job_json(job: pb.Job, now: float) -> dict:
+    return {
+        "job_id": job.job_id, "name": job.request.name, "user": job.user, "uid": job.uid,
+        "partition": job.partition, "account": job.request.account,
+        "state": long_state(job.phase, job.result), "state_code": state_code(job.phase, job.result),
+        "reason": reason_text(job), "reason_detail": job.reason_detail,
+        "nodes": [a.node for a in job.allocation], "nodelist": nodelist(job),
+        "gpus": {a.node: list(a.gpus) for a in job.allocation},
+        "num_nodes": len(job.allocation) or job.request.nodes or 1,
+        "gpus_per_node": job.request.gpus_per_node, "time_limit_s": job.time_limit_s,
+        "elapsed_s": round(elapsed(job, now), 3), "submit_time": job.submit_time,
+        "start_time": job.start_time or None, "end_time": job.end_time or None,
+        "exit_code": job.exit_code, "exit_signal": job.exit_signal, "workdir": job.request.workdir,
+    }
+
+
+def job_keyvalues(job: pb.Job, now: float) -> list[str]:
+    """scontrol show job: Key=Value pairs, a few to a line."""
+    req = job.request
+    from airnoded.launcher import output_paths
+    out, err = output_paths(job, job.allocation[0].node if job.allocation else "%N")
+    gpus = ";".join(f"{a.node}:{','.join(map(str, a.gpus)) or '-'}" for a in job.allocation)
+    lines = [
+        [f"JobId={job.job_id}", f"JobName={req.name}"],
+        [f"UserId={job.user}({job.uid})", f"GroupId={job.gid}", f"Account={req.account or '(null)'}"],
+        [f"Priority={job.priority}", f"Partition={job.partition}"],
+        [f"JobState={long_state(job.phase, job.result)}", f"Reason={reason_text(job)}",
+         f"Dependency={req.dependency or '(null)'}"],
+        [f"ReasonDetail={job.reason_detail or '(null)'}"],
+        [f"ExitCode={job.exit_code}:{job.exit_signal}"],
+        [f"RunTime={format_duration(elapsed(job, now))}", f"TimeLimit={format_limit(job.time_limit_s)}"],
+        [f"SubmitTime={_timestamp(job.submit_time)}", f"StartTime={_timestamp(job.start_time)}",
+         f"EndTime={_timestamp(job.end_time)}"],
+        [f"NodeList={nodelist(job) or '(null)'}", f"BatchHost={job.allocation[0].node if job.allocation else '(null)'}"],
+        [f"NumNodes={len(job.allocation) or req.nodes or 1}", f"NumTasks={(req.nodes or 1) * (req.ntasks_per_node or 1)}",
+         f"CPUs/Task={req.cpus_per_task or 1}"],
+        [f"TresPerNode={_gres(job)}", f"GpuIndices={gpus or '(null)'}"],
+        [f"WorkDir={req.workdir}"],
+        [f"StdOut={out}"],
+        [f"StdErr={err or out}"],
+    ]
+    return ["   " * (i > 0) + " ".join(parts) for i, parts in enumerate(lines)]
+
+
+# ---------------------------------------------------------------- nodes
+
+def node_state(node: pb.Node) -> str:
+    """sinfo's short state: idle, mix, alloc, down, drain, drng, unk."""
+    busy = node.gpus_alloc or node.cpus_alloc
+    if node.state == pb.NODE_STATE_DOWN:
+        return "down"
+    if node.state == pb.NODE_STATE_DRAIN:
+        return "drng" if busy else "drain"
+    if node.state == pb.NODE_STATE_UNKNOWN:
+        return "unk"
+    if not busy:
+        return "idle"
+    full = (node.gpus and node.gpus_alloc >= len(node.gpus)) or node.cpus_alloc >= node.cpus
+    return "alloc" if full else "mix"
+
+
+def node_fields() -> dict[str, tuple[str, Callable]]:
+    """Fields of a node group: (partition, state, [nodes]) for sinfo, one node for sinfo -N."""
+    def nodes(g):
+        return g[2]
+    return {
+        "P": ("PARTITION", lambda g: g[0].name + ("*" if g[0].default else "")),
+        "R": ("PARTITION", lambda g: g[0].name),
+        "a": ("AVAIL", lambda g: "up" if g[0].up else "down"),
+        "l": ("TIMELIMIT", lambda g: "infinite" if not g[0].max_time_s else format_limit(g[0].max_time_s)),
+        "D": ("NODES", lambda g: len(nodes(g))),
+        "t": ("STATE", lambda g: g[1]),
+        "T": ("STATE", lambda g: {"idle": "idle", "mix": "mixed", "alloc": "allocated", "down": "down",
+                                  "drain": "drained", "drng": "draining", "unk": "unknown"}[g[1]]),
+        "N": ("NODELIST", lambda g: hostlist.collect_hostlist([n.name for n in nodes(g)])),
+        "G": ("GPUS(F/T)", lambda g: f"{sum(len(n.gpus) - n.gpus_alloc for n in nodes(g) if n.state == pb.NODE_STATE_UP)}"
+                                     f"/{sum(len(n.gpus) for n in nodes(g))}"),
+        "C": ("CPUS(A/T)", lambda g: f"{sum(n.cpus_alloc for n in nodes(g))}/{sum(n.cpus for n in nodes(g))}"),
+        "c": ("CPUS", lambda g: nodes(g)[0].cpus if nodes(g) else 0),
+        "m": ("MEMORY", lambda g: nodes(g)[0].memory_mb if nodes(g) else 0),
+        "E": ("REASON", lambda g: nodes(g)[0].reason or "none"),
+    }
+
+
+def node_groups(reply: pb.ListNodesReply, per_node: bool) -> list[tuple]:
+    """(partition, state, nodes) rows: grouped by partition and state, or one per node with -N."""
+    by_name = {n.name: n for n in reply.nodes}
+    rows = []
+    for part in reply.partitions:
+        members = [by_name[name] for name in part.nodes if name in by_name]
+        if per_node:
+            rows.extend((part, node_state(n), [n]) for n in members)
+            continue
+        groups: dict[str, list] = {}
+        for n in members:
+            groups.setdefault(node_state(n), []).append(n)
+        rows.extend((part, state, ns) for state, ns in groups.items())
+    return rows
+
+
+def node_keyvalues(node: pb.Node) -> list[str]:
+    gres = f"gpu:{len(node.gpus)}" if node.gpus else "(null)"
+    lines = [
+        [f"NodeName={node.name}", f"NodeAddr={node.address}"],
+        [f"State={node_state(node).upper()}", f"Reason={node.reason or '(null)'}"],
+        [f"CPUTot={node.cpus}", f"CPUAlloc={node.cpus_alloc}", f"RealMemory={node.memory_mb}"],
+        [f"Gres={gres}", f"GresUsed=gpu:{node.gpus_alloc}"],
+        [f"Partitions={','.join(node.partitions) or '(null)'}", f"RunningJobs={node.jobs_running}"],
+        [f"LastHeartbeat={_timestamp(node.last_heartbeat)}"],
+    ]
+    for g in node.gpus:
+        lines.append([f"Gpu{g.index}={g.name}", f"UUID={g.uuid}", f"MemoryMB={g.memory_mb}"])
+    return ["   " * (i > 0) + " ".join(parts) for i, parts in enumerate(lines)]

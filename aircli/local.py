@@ -1,0 +1,141 @@
+"""A whole AIR cluster on this machine: one airctld and N airnoded, each node on its own loopback address."""
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from aircli.client import CliError
+
+CONTROLLER_PORT = 6817
+NODE_PORT = 6818
+
+
+def write_config(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int,
+                 base_address: str, node_timeout_s: float) -> Path:
+    base = ipaddress.ip_address(base_address)
+    if not base.is_loopback:
+        raise CliError(f"--base-address {base_address} is not a loopback address")
+    first, last = base + 1, base + nodes
+    if not last.is_loopback:
+        raise CliError(f"{nodes} nodes after {base_address} run past the loopback range")
+    prefix = str(first).rsplit(".", 1)[0]
+    if str(last).rsplit(".", 1)[0] != prefix:
+        raise CliError(f"{nodes} nodes after {base_address} do not fit in one /24; pick a lower base address")
+    names = f"node[01-{nodes:02d}]" if nodes > 1 else "node01"
+    addresses = f"{prefix}.[{str(first).rsplit('.', 1)[1]}-{str(last).rsplit('.', 1)[1]}]" if nodes > 1 else str(first)
+    text = f"""# A local AIR cluster, written by `aircontrol local up`.
+[controller]
+address = "{base}:{CONTROLLER_PORT}"
+state_dir = "{directory / 'state'}"
+auth = "none"
+heartbeat_interval_s = {min(1.0, node_timeout_s / 4):g}
+node_timeout_s = {node_timeout_s:g}
+kill_wait_s = 5
+min_job_age_s = 300
+
+[[nodes]]
+name = "{names}"
+address = "{addresses}"
+port = {NODE_PORT}
+gpus = "sim:{gpus_per_node}"
+cpus = {cpus_per_node}
+spool_dir = "{directory / 'spool' / '%n'}"
+
+[[partitions]]
+name = "gpu"
+nodes = "{names}"
+default = true
+"""
+    path = directory / "air.toml"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def _spawn(args: list[str], log: Path, env: dict) -> int:
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=env)
+    return proc.pid
+
+
+def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base_address: str,
+       node_timeout_s: float, wait_s: float = 60.0) -> Path:
+    directory = directory.resolve()
+    (directory / "log").mkdir(parents=True, exist_ok=True)
+    pids_file = directory / "pids"
+    if pids_file.exists() and any(_alive(p) for p in _pids(pids_file)):
+        raise CliError(f"a local cluster is already running in {directory}; run aircontrol local down first")
+    config = write_config(directory, nodes, gpus_per_node, cpus_per_node, base_address, node_timeout_s)
+    from airctld.config import load
+    cfg = load(str(config))
+    env = dict(os.environ, AIR_CONF=str(config))
+    pids = [_spawn([sys.executable, "-m", "airctld", "--config", str(config)], directory / "log" / "airctld.log", env)]
+    for node in cfg.nodes:
+        pids.append(_spawn([sys.executable, "-m", "airnoded", "--config", str(config), "--name", node.name],
+                           directory / "log" / f"{node.name}.log", env))
+    pids_file.write_text("\n".join(map(str, pids)) + "\n")
+    _wait_idle(config, len(cfg.nodes), pids, directory, wait_s)
+    return config
+
+
+def _wait_idle(config: Path, count: int, pids: list[int], directory: Path, wait_s: float) -> None:
+    from aircli.client import Client
+    from protos import air_pb2 as pb
+    client = Client(str(config))
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        dead = [p for p in pids if not _alive(p)]
+        if dead:
+            down(directory)
+            raise CliError(f"a daemon of the local cluster exited at start; see {directory / 'log'}")
+        try:
+            reply = client.call("ListNodes", pb.ListNodesRequest(), timeout=2)
+            if sum(n.state == pb.NODE_STATE_UP for n in reply.nodes) == count:
+                return
+        except CliError:
+            pass
+        time.sleep(0.1)
+    down(directory)
+    raise CliError(f"the local cluster did not come up within {wait_s:g} s; see {directory / 'log'}")
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split() if x.isdigit()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of this process counts as gone
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return True
+
+
+def down(directory: Path, wait_s: float = 10.0) -> int:
+    """Stop the daemons (nodes first); returns how many were running."""
+    pids_file = directory.resolve() / "pids"
+    if not pids_file.exists():
+        raise CliError(f"no local cluster in {directory} (no pids file)")
+    pids = [p for p in reversed(_pids(pids_file)) if _alive(p)]
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    pids_file.unlink()
+    return len(pids)

@@ -1,0 +1,161 @@
+"""The airbatch option table: one table for the command line, #AIR/#SBATCH lines and the environment.
+
+Precedence, lowest first: defaults < script directives < environment < command line.
+Everything here is pure: it parses text and returns values or raises OptionError.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from airctld.timefmt import parse_duration
+
+
+class OptionError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Opt:
+    dest: str
+    long: str
+    short: str | None = None
+    kind: str = "str"          # str, count (positive int), time, gpus, gres, flag
+    env: tuple[str, ...] = ()
+    help: str = ""
+
+
+OPTIONS: tuple[Opt, ...] = (
+    Opt("name", "--job-name", "-J", env=("AIRBATCH_JOB_NAME", "SBATCH_JOB_NAME"), help="job name"),
+    Opt("nodes", "--nodes", "-N", "count", help="number of nodes"),
+    Opt("gpus_per_node", "--gpus-per-node", None, "gpus", env=("AIRBATCH_GPUS_PER_NODE", "SBATCH_GPUS_PER_NODE"),
+        help="GPUs on each node ([type:]N)"),
+    Opt("gpus_per_node", "--gres", None, "gres", help="generic resources, gpu[:type]:N"),
+    Opt("ntasks_per_node", "--ntasks-per-node", None, "count", help="tasks on each node"),
+    Opt("cpus_per_task", "--cpus-per-task", "-c", "count", help="CPUs for each task"),
+    Opt("time", "--time", "-t", "time", env=("AIRBATCH_TIMELIMIT", "SBATCH_TIMELIMIT"),
+        help="time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S"),
+    Opt("partition", "--partition", "-p", env=("AIRBATCH_PARTITION", "SBATCH_PARTITION"), help="partition"),
+    Opt("account", "--account", "-A", env=("AIRBATCH_ACCOUNT", "SBATCH_ACCOUNT"), help="account to charge"),
+    Opt("output", "--output", "-o", help="stdout file pattern (%j %x %u %N)"),
+    Opt("error", "--error", "-e", help="stderr file pattern"),
+    Opt("chdir", "--chdir", "-D", help="working directory of the script"),
+    Opt("export", "--export", None, env=("AIRBATCH_EXPORT", "SBATCH_EXPORT"),
+        help="ALL, NONE, or VAR[=value],... to pass to the job"),
+    Opt("hold", "--hold", "-H", "flag", help="submit held"),
+    Opt("dependency", "--dependency", "-d", help="afterok:ID etc. (stored)"),
+)
+BY_NAME = {o.long: o for o in OPTIONS} | {o.short: o for o in OPTIONS if o.short}
+DIRECTIVE = re.compile(r"^#(AIR|SBATCH)(\s|$)")
+
+
+def convert(opt: Opt, value: str | None) -> object:
+    """The option's value from its text, or OptionError naming the option and the value."""
+    if opt.kind == "flag":
+        if value is not None:
+            raise OptionError(f"{opt.long} takes no value (got {value!r})")
+        return True
+    if value is None or value == "":
+        raise OptionError(f"{opt.long} needs a value")
+    if opt.kind == "count":
+        if not value.isdigit() or int(value) < 1:
+            raise OptionError(f"{opt.long}={value!r}: give a whole number of at least 1")
+        return int(value)
+    if opt.kind == "time":
+        try:
+            return parse_duration(value)
+        except ValueError as e:
+            raise OptionError(f"{opt.long}: {e}") from None
+    if opt.kind in ("gpus", "gres"):
+        text = value
+        if opt.kind == "gres":
+            if not value.startswith("gpu"):
+                raise OptionError(f"{opt.long}={value!r}: only gpu[:type]:N is supported")
+            text = value[3:].lstrip(":") or "1"
+        count = text.rsplit(":", 1)[-1]
+        if not count.isdigit():
+            raise OptionError(f"{opt.long}={value!r}: give a GPU count, such as 4 or h100:4")
+        return int(count)
+    return value
+
+
+def parse_tokens(tokens: list[str]) -> dict[str, object]:
+    """Parse option tokens (`--opt=v`, `--opt v`, `-X v`, `-Xv`, flags) into {dest: value}."""
+    values: dict[str, object] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--"):
+            name, eq, inline = tok.partition("=")
+            value = inline if eq else None
+        elif tok.startswith("-") and len(tok) >= 2:
+            name, value = tok[:2], (tok[2:] or None)
+        else:
+            raise OptionError(f"unexpected argument {tok!r}; directives hold options only")
+        opt = BY_NAME.get(name)
+        if opt is None:
+            raise OptionError(f"unknown option {name}")
+        if value is None and opt.kind != "flag":
+            if i + 1 >= len(tokens):
+                raise OptionError(f"{opt.long} needs a value")
+            i += 1
+            value = tokens[i]
+        values[opt.dest] = convert(opt, value)
+        i += 1
+    return values
+
+
+def parse_directives(script: str) -> dict[str, object]:
+    """Options from the #AIR and #SBATCH lines at the top of a script, before its first command."""
+    values: dict[str, object] = {}
+    for number, line in enumerate(script.splitlines(), start=1):
+        stripped = line.strip()
+        if number == 1 and stripped.startswith("#!"):
+            continue
+        if not stripped or (stripped.startswith("#") and not DIRECTIVE.match(stripped)):
+            continue
+        if not DIRECTIVE.match(stripped):
+            break  # the first command: directives after it are ignored, as sbatch does
+        body = DIRECTIVE.sub("", stripped, count=1)
+        try:
+            tokens = shlex.split(body, comments=True)
+            values.update(parse_tokens(tokens))
+        except (OptionError, ValueError) as e:
+            raise OptionError(f"line {number}: {e}: {stripped}") from None
+    return values
+
+
+def from_environment(env: dict[str, str]) -> dict[str, object]:
+    values: dict[str, object] = {}
+    for opt in OPTIONS:
+        for var in opt.env:
+            if env.get(var):
+                try:
+                    values[opt.dest] = convert(opt, env[var])
+                except OptionError as e:
+                    raise OptionError(f"${var}: {e}") from None
+                break
+    return values
+
+
+def export_environment(spec: str, env: dict[str, str]) -> dict[str, str]:
+    """The environment a job gets for --export: ALL (default), NONE, or [ALL,]VAR[=value],..."""
+    parts = [p for p in (spec or "ALL").split(",") if p]
+    out: dict[str, str] = {}
+    if parts and parts[0] == "ALL":
+        out.update(env)
+        parts = parts[1:]
+    elif parts and parts[0] == "NONE":
+        parts = parts[1:]
+    elif parts and "=" not in parts[0] and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", parts[0]):
+        raise OptionError(f"--export={spec!r}: give ALL, NONE, or VAR[=value],...")
+    for part in parts:
+        name, eq, value = part.partition("=")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise OptionError(f"--export: {name!r} is not a variable name")
+        if eq:
+            out[name] = value
+        elif name in env:
+            out[name] = env[name]
+    return out

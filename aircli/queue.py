@@ -1,0 +1,100 @@
+"""airq: the job queue, as squeue shows it."""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import sys
+import time
+
+import click
+
+from aircli.client import CliError, entry
+
+
+def uid_of(user: str) -> int:
+    """A user name or numeric uid given on the command line, resolved locally."""
+    if user.isdigit():
+        return int(user)
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise CliError(f"user {user!r} does not exist") from None
+
+
+def job_ids(text: str, option: str) -> list[int]:
+    ids = []
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise click.BadParameter(f"{part!r} is not a job id", param_hint=option)
+        ids.append(int(part))
+    return ids
+
+
+def state_filter(text: str, option: str) -> tuple[list[int], list[int]]:
+    """States as codes or long names (PD, R, CG, CD, F, CA, TO, NF; PENDING, ...): (phases, results)."""
+    from protos.states import CODE_TO_LONG, JobPhase, JobResult
+    phases, results = [], []
+    for part in text.upper().split(","):
+        long = CODE_TO_LONG.get(part, part)
+        if long in ("PENDING", "RUNNING", "COMPLETING"):
+            phases.append(JobPhase[long])
+        elif long in JobResult.__members__ and long != "NONE":
+            results.append(JobResult[long])
+        elif long == "ALL":
+            continue
+        else:
+            raise click.BadParameter(f"unknown state {part!r}; use PD, R, CG, CD, F, CA, TO, NF or their long names",
+                                     param_hint=option)
+    if results:
+        phases.append(JobPhase.DONE)
+    return phases, results
+
+
+@click.command(context_settings={"help_option_names": ["--help"]})
+@click.option("-u", "--user", "users", help="only these users' jobs (comma-separated names or uids)")
+@click.option("--me", is_flag=True, help="only my jobs")
+@click.option("-t", "--states", help="only jobs in these states (PD,R,CD,...)")
+@click.option("-j", "--jobs", "jobs", help="only these job ids")
+@click.option("-n", "--name", "names", help="only jobs with these names")
+@click.option("-h", "--noheader", is_flag=True, help="no header line")
+@click.option("-o", "--format", "fmt", help="squeue-style %-field format")
+@click.option("--json", "as_json", is_flag=True, help="JSON for programs")
+@click.option("--config", hidden=True)
+def command(users, me, states, jobs, names, noheader, fmt, as_json, config):
+    from aircli.client import Client
+    from aircli import formats
+    from protos import air_pb2 as pb
+    filt = pb.JobFilter()
+    if users:
+        filt.uids.extend(uid_of(u) for u in users.split(",") if u)
+    if me:
+        filt.uids.append(os.getuid())
+    if jobs:
+        filt.job_ids.extend(job_ids(jobs, "'-j'"))
+    if names:
+        filt.names.extend(n for n in names.split(",") if n)
+    if states:
+        phases, results = state_filter(states, "'-t'")
+        filt.phases.extend(phases)
+        filt.results.extend(results)
+    try:
+        items = formats.compile_format(fmt or formats.SQUEUE_DEFAULT, formats.job_fields(time.time()))
+    except formats.FormatError as e:
+        raise click.BadParameter(str(e), param_hint="'-o'") from None
+    reply = Client(config).call("ListJobs", filt)
+    now = time.time()
+    if as_json:
+        json.dump({"jobs": [formats.job_json(j, now) for j in reply.jobs]}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    lines = formats.render(items, reply.jobs, header=not noheader)
+    sys.stdout.write("\n".join(lines) + "\n" if lines else "")
+
+
+main = entry(command, "airq")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""The cluster configuration (air.toml), shared by airctld, airnoded and the tools.
+
+Loaded once into frozen dataclasses and checked on load: an unknown key or a bad value
+raises ConfigError with a message that names the key and the file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hostlist
+
+from airctld.timefmt import parse_duration
+
+DEFAULT_PATH = "/etc/air/air.toml"
+AUTH_MODES = ("none",)
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    address: str = "127.0.0.1:6817"
+    state_dir: str = "/var/lib/air"
+    auth: str = "none"
+    heartbeat_interval_s: float = 5.0
+    node_timeout_s: float = 30.0
+    kill_wait_s: float = 30.0
+    min_job_age_s: float = 300.0
+    max_script_bytes: int = 1024 * 1024
+    max_message_bytes: int = 8 * 1024 * 1024
+
+    @property
+    def host(self) -> str:
+        return self.address.rsplit(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    address: str
+    port: int = 6818
+    gpus: str = "nvml"        # "nvml", "sim:N", or "none"
+    cpus: int = 0             # 0: what the host has
+    memory_mb: int = 0        # 0: what the host has
+    spool_dir: str = "/var/spool/air/%n"
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    @property
+    def spool(self) -> Path:
+        return Path(self.spool_dir.replace("%n", self.name))
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    name: str
+    nodes: tuple[str, ...]
+    default: bool = False
+    up: bool = True
+    max_time_s: int = 0       # 0: unlimited
+    default_time_s: int = 0   # 0: max_time_s
+
+
+@dataclass(frozen=True)
+class Config:
+    controller: ControllerConfig
+    nodes: tuple[NodeConfig, ...]
+    partitions: tuple[PartitionConfig, ...]
+    path: str = ""
+
+    def node(self, name: str) -> NodeConfig | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def partition(self, name: str) -> PartitionConfig | None:
+        if not name:
+            return next((p for p in self.partitions if p.default), None)
+        return next((p for p in self.partitions if p.name == name), None)
+
+
+def config_path(explicit: str | None = None) -> str:
+    """--config, else $AIR_CONF, else /etc/air/air.toml."""
+    return explicit or os.environ.get("AIR_CONF") or DEFAULT_PATH
+
+
+def load(explicit: str | None = None) -> Config:
+    path = config_path(explicit)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {path} does not exist (set --config or AIR_CONF)") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        return dataclasses.replace(parse(data), path=path)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def parse(data: dict) -> Config:
+    _check_keys("the top level", data, {"controller", "nodes", "partitions"})
+    controller = _build(ControllerConfig, "[controller]", data.get("controller", {}))
+    if controller.auth not in AUTH_MODES:
+        raise ConfigError(f"[controller] auth = {controller.auth!r}: valid values are {', '.join(AUTH_MODES)}")
+    if ":" not in controller.address:
+        raise ConfigError(f"[controller] address = {controller.address!r}: give host:port")
+    for key in ("heartbeat_interval_s", "node_timeout_s"):
+        if getattr(controller, key) <= 0:
+            raise ConfigError(f"[controller] {key} = {getattr(controller, key)!r}: must be above 0")
+    if controller.node_timeout_s <= controller.heartbeat_interval_s:
+        raise ConfigError("[controller] node_timeout_s must be longer than heartbeat_interval_s")
+    nodes = []
+    for i, raw in enumerate(data.get("nodes", [])):
+        nodes.extend(_nodes(f"[[nodes]] #{i + 1}", raw))
+    names = [n.name for n in nodes]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"node {sorted(dup)[0]} is configured twice")
+    partitions = [_partition(f"[[partitions]] #{i + 1}", raw, set(names))
+                  for i, raw in enumerate(data.get("partitions", []))]
+    if sum(p.default for p in partitions) > 1:
+        raise ConfigError("more than one partition has default = true")
+    return Config(controller=controller, nodes=tuple(nodes), partitions=tuple(partitions))
+
+
+def _check_keys(where: str, raw: dict, allowed: set[str]) -> None:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table")
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r} in {where}; known keys: {', '.join(sorted(allowed))}")
+
+
+def _build(cls, where: str, raw: dict, **extra):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    _check_keys(where, raw, set(fields) - set(extra))
+    values = {}
+    for key, value in raw.items():
+        want = fields[key].type
+        ok = {"str": isinstance(value, str), "int": isinstance(value, int) and not isinstance(value, bool),
+              "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+              "bool": isinstance(value, bool)}.get(want, True)
+        if not ok:
+            raise ConfigError(f"{where} {key} = {value!r}: expected a {want}")
+        if want in ("int", "float") and value < 0:
+            raise ConfigError(f"{where} {key} = {value!r}: must not be negative")
+        values[key] = value
+    return cls(**values, **extra)
+
+
+def _expand(where: str, key: str, text: str) -> list[str]:
+    try:
+        return hostlist.expand_hostlist(text)
+    except hostlist.BadHostlist as e:
+        raise ConfigError(f"{where} {key} = {text!r}: not a host list ({e})") from None
+
+
+def _nodes(where: str, raw: dict) -> list[NodeConfig]:
+    _check_keys(where, raw, {f.name for f in dataclasses.fields(NodeConfig)})
+    if "name" not in raw or "address" not in raw:
+        raise ConfigError(f"{where} needs name and address")
+    names = _expand(where, "name", raw["name"])
+    addresses = _expand(where, "address", raw["address"])
+    if len(addresses) != len(names):
+        raise ConfigError(f"{where}: {len(names)} names but {len(addresses)} addresses")
+    gpus = raw.get("gpus", "nvml")
+    if not (gpus in ("nvml", "none") or (gpus.startswith("sim:") and gpus[4:].isdigit())):
+        raise ConfigError(f"{where} gpus = {gpus!r}: valid values are \"nvml\", \"none\" or \"sim:N\"")
+    out = []
+    for name, address in zip(names, addresses):
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise ConfigError(f"{where} address {address!r} is not an IP address") from None
+        out.append(_build(NodeConfig, where, {**raw, "name": name, "address": address}))
+    return out
+
+
+def _partition(where: str, raw: dict, known: set[str]) -> PartitionConfig:
+    _check_keys(where, raw, {"name", "nodes", "default", "state", "max_time", "default_time"})
+    if "name" not in raw or "nodes" not in raw:
+        raise ConfigError(f"{where} needs name and nodes")
+    nodes = _expand(where, "nodes", raw["nodes"])
+    missing = [n for n in nodes if n not in known]
+    if missing:
+        raise ConfigError(f"{where} ({raw['name']}) names node {missing[0]}, which no [[nodes]] entry defines")
+    state = raw.get("state", "up")
+    if state not in ("up", "down"):
+        raise ConfigError(f"{where} state = {state!r}: valid values are \"up\", \"down\"")
+    times = {}
+    for key in ("max_time", "default_time"):
+        try:
+            times[key] = parse_duration(str(raw.get(key, "UNLIMITED")))
+        except ValueError as e:
+            raise ConfigError(f"{where} {key}: {e}") from None
+    if not isinstance(raw.get("default", False), bool):
+        raise ConfigError(f"{where} default = {raw['default']!r}: expected true or false")
+    return PartitionConfig(name=raw["name"], nodes=tuple(nodes), default=raw.get("default", False),
+                           up=state == "up", max_time_s=times["max_time"],
+                           default_time_s=times["default_time"] or times["max_time"])

@@ -1,0 +1,422 @@
+"""The controller's one stateful core: requests and node reports in, decisions out.
+
+Every change follows the same order: compute the new records with the pure functions in
+`events` and `scheduler`, write them in one store transaction, then update memory, then
+act (launch or signal through node daemons) outside the lock. Memory holds the jobs that
+are not done and the recently done ones; the store holds all of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pwd
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable
+
+from airctld import events, scheduler
+from airctld.config import Config
+from airctld.errors import Conflict, Denied, InvalidRequest, NotFound
+from airctld.model import Job, Node
+from airctld.nodes import NodeClients
+from airctld.store import Store
+from protos import air_pb2 as pb
+from protos.credential import Identity
+from protos.states import ACTIVE_PHASES, JobPhase, JobResult, NodeState, Reason
+
+log = logging.getLogger("airctld")
+
+CONTROLLER_UID = -1   # "who" in event rows for changes the controller made on its own
+MISSES_BEFORE_LOST = 2
+
+
+class Controller:
+    def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.time,
+                 clients: NodeClients | None = None):
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.clients = clients or NodeClients(config)
+        self.partitions = {p.name: p for p in config.partitions}
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._actions = ThreadPoolExecutor(max_workers=16, thread_name_prefix="act")
+        self._brief: dict[int, bytes] = {}
+        self._misses: dict[int, int] = {}
+        self._launching: set[int] = set()
+        now = clock()
+        self.jobs: dict[int, Job] = {j.job_id: j for j in store.load_jobs(now - config.controller.min_job_age_s)}
+        stored = {n.name: n for n in store.load_nodes()}
+        self.nodes: dict[str, Node] = {}
+        for nc in config.nodes:
+            node = stored.get(nc.name, Node(name=nc.name, address=nc.endpoint))
+            # A node that was up gets a full timeout from now to be heard again.
+            self.nodes[nc.name] = Node(**{**node.__dict__, "last_heartbeat": now})
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self, interval: float = 0.5) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(interval)
+            self._wake.clear()
+            try:
+                self.tick()
+            except Exception:
+                log.exception("controller pass failed")
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._actions.shutdown(wait=False, cancel_futures=True)
+
+    def tick(self) -> None:
+        """One pass: node liveness, time limits, forgetting old jobs, then scheduling."""
+        now = self.clock()
+        self._check_liveness(now)
+        self._enforce_time_limits(now)
+        self._forget_old(now)
+        self._schedule(now)
+
+    # ------------------------------------------------------------ submit
+
+    def submit(self, req: pb.JobRequest, who: Identity, test_only: bool = False) -> tuple[int, str]:
+        job = self._new_job(req, who)
+        if test_only:
+            return 0, self._estimate(job)
+        with self._lock:
+            with self.store.transaction():
+                job_id = self.store.insert_job(job, who.uid)
+            self.jobs[job_id] = _replace(job, job_id=job_id)
+        self._wake.set()
+        return job_id, ""
+
+    def _new_job(self, req: pb.JobRequest, who: Identity) -> Job:
+        cc = self.config.controller
+        if not req.script.strip():
+            raise InvalidRequest("the batch script is empty")
+        size = len(req.script.encode())
+        if size > cc.max_script_bytes:
+            raise InvalidRequest(f"the batch script is {size} bytes; the limit is {cc.max_script_bytes}")
+        if "\0" in req.script:
+            raise InvalidRequest("the batch script contains NUL bytes; is it a binary file?")
+        if not req.script.startswith("#!"):
+            raise InvalidRequest("the batch script must start with a #! line, such as #!/bin/bash")
+        if not req.workdir.startswith("/"):
+            raise InvalidRequest(f"working directory {req.workdir!r} is not an absolute path")
+        part = self.config.partition(req.partition)
+        if part is None:
+            if req.partition:
+                known = ", ".join(p.name for p in self.config.partitions)
+                raise InvalidRequest(f"partition {req.partition!r} does not exist; partitions: {known}")
+            raise InvalidRequest("no partition given and the cluster has no default partition")
+        nodes = req.nodes or 1
+        tasks = req.ntasks_per_node or 1
+        cpus = tasks * (req.cpus_per_task or 1)
+        limit = req.time_limit_s or part.default_time_s
+        capacity = {n.name: (len(n.gpus), n.cpus) for n in self.nodes.values() if n.cpus}
+        why = scheduler.infeasible(nodes, req.gpus_per_node, cpus, limit, part, capacity)
+        if why:
+            raise InvalidRequest(why)
+        return Job(job_id=0, uid=who.uid, gid=who.gid, user=_user_name(who.uid),
+                   name=req.name or "batch", partition=part.name, num_nodes=nodes,
+                   gpus_per_node=req.gpus_per_node, cpus_per_node=cpus, time_limit_s=limit,
+                   submit_time=self.clock(), request=req, hold=req.hold,
+                   reason=Reason.JOB_HELD_USER if req.hold else Reason.NONE)
+
+    def _estimate(self, job: Job) -> str:
+        with self._lock:
+            free = scheduler.free_resources(self.nodes.values(), self._active())
+            pending = [j for j in self.jobs.values() if j.phase == JobPhase.PENDING]
+        probe = _replace(job, job_id=-1, priority=job.priority)
+        plan = scheduler.schedule(pending + [probe], free, self.partitions)
+        for job_id, alloc in plan.starts:
+            if job_id == -1:
+                return f"would start now on {','.join(a.node for a in alloc)} in partition {job.partition}"
+        return f"would wait in partition {job.partition}: {plan.waiting[-1].name}"
+
+    # ------------------------------------------------------------ cancel and signal
+
+    def cancel(self, filt: pb.JobFilter, signal: int, who: Identity) -> list[int]:
+        with self._lock:
+            targets = self._select(filt, who, for_cancel=True)
+            if signal:
+                targets = [j for j in targets if j.phase == JobPhase.RUNNING]
+                for job in targets:
+                    self._send_signal(job, signal)
+                return [j.job_id for j in targets]
+            now = self.clock()
+            changed = self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED,
+                                                    f"cancelled by uid {who.uid}")) for j in targets], now, who.uid)
+            launching = set(self._launching)
+        for job in changed:  # a job still being launched is signalled once its launch returns
+            if job.phase == JobPhase.COMPLETING and job.job_id not in launching:
+                self._send_signal(job, 0)
+        self._wake.set()
+        return [j.job_id for j in changed]
+
+    def _select(self, filt: pb.JobFilter, who: Identity, for_cancel: bool) -> list[Job]:
+        if filt.job_ids:
+            missing = [i for i in filt.job_ids if i not in self.jobs and self.store.get_job(i) is None]
+            if missing:
+                raise NotFound(f"job {missing[0]} does not exist")
+            candidates = [self.jobs.get(i) or self.store.get_job(i) for i in filt.job_ids]
+        else:
+            candidates = list(self.jobs.values())
+        selected = [j for j in candidates if _matches(j, filt)]
+        if not for_cancel:
+            return selected
+        for job in selected:
+            if not who.is_root and job.uid != who.uid:
+                raise Denied(f"job {job.job_id} belongs to {job.user} (uid {job.uid}); "
+                             "you may cancel only your own jobs")
+        if filt.job_ids:
+            done = [j for j in selected if j.phase not in (JobPhase.PENDING, JobPhase.RUNNING)]
+            if done and len(filt.job_ids) == 1:
+                events.stop(done[0], 0, JobResult.CANCELLED, Reason.CANCELLED)  # raises the message
+        return [j for j in selected if j.phase in (JobPhase.PENDING, JobPhase.RUNNING)]
+
+    def _send_signal(self, job: Job, signal: int) -> None:
+        grace = self.config.controller.kill_wait_s
+        self._actions.submit(self._deliver_signal, job.batch_node, job.job_id, signal, grace)
+
+    def _deliver_signal(self, node: str, job_id: int, signal: int, grace: float) -> None:
+        try:
+            self.clients.signal(self.nodes[node].address, job_id, signal, grace)
+        except Exception as e:  # the node's liveness check ends the job if the node is gone
+            log.warning("could not signal job %d on %s: %s", job_id, node, e)
+
+    # ------------------------------------------------------------ queries
+
+    def list_jobs(self, filt: pb.JobFilter) -> list[bytes]:
+        """Jobs matching the filter, each as an encoded brief Job (no script, no environment)."""
+        now = self.clock()
+        horizon = now - self.config.controller.min_job_age_s
+        with self._lock:
+            jobs = self._select(filt, Identity(0, 0), for_cancel=False)
+            out = []
+            for job in jobs:
+                if job.phase == JobPhase.DONE and job.end_time < horizon and not filt.include_old \
+                        and not filt.job_ids:
+                    continue
+                enc = self._brief.get(job.job_id)
+                if enc is None:
+                    enc = self._brief[job.job_id] = _brief(job)
+                out.append(enc)
+            return out
+
+    def get_job(self, job_id: int) -> Job:
+        with self._lock:
+            job = self.jobs.get(job_id)
+        job = job or self.store.get_job(job_id)
+        if job is None:
+            raise NotFound(f"job {job_id} does not exist")
+        return job
+
+    def node_views(self) -> list[pb.Node]:
+        with self._lock:
+            free = scheduler.free_resources(self.nodes.values(), self._active())
+            running = {}
+            for job in self._active():
+                for a in job.allocation:
+                    running[a.node] = running.get(a.node, 0) + 1
+            views = []
+            for nc in self.config.nodes:
+                n = self.nodes[nc.name]
+                views.append(pb.Node(
+                    name=n.name, address=n.address, cpus=n.cpus, memory_mb=n.memory_mb, gpus=n.gpus,
+                    state=n.state, reason=n.reason, last_heartbeat=n.last_heartbeat,
+                    partitions=[p.name for p in self.config.partitions if n.name in p.nodes],
+                    gpus_alloc=len(n.gpus) - len(free[n.name].gpus), cpus_alloc=n.cpus - free[n.name].cpus,
+                    jobs_running=running.get(n.name, 0)))
+            return views
+
+    # ------------------------------------------------------------ node daemons
+
+    def register(self, info: pb.Node) -> None:
+        nc = self.config.node(info.name)
+        if nc is None:
+            raise NotFound(f"node {info.name} is not in the configuration {self.config.path}")
+        now = self.clock()
+        with self._lock:
+            old = self.nodes[info.name]
+            node = Node(name=info.name, address=info.address, cpus=info.cpus, memory_mb=info.memory_mb,
+                        gpus=tuple(info.gpus), state=NodeState.DRAIN if old.state == NodeState.DRAIN else NodeState.UP,
+                        reason=old.reason if old.state == NodeState.DRAIN else "", last_heartbeat=now)
+            with self.store.transaction():
+                self.store.save_node(node)
+            self.nodes[info.name] = node
+        log.info("node %s registered from %s: %d cpus, %d gpus", info.name, info.address, info.cpus,
+                 len(info.gpus))
+        self._wake.set()
+
+    def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        now = self.clock()
+        with self._lock:
+            node = self.nodes.get(req.name)
+            if node is None or node.state not in (NodeState.UP, NodeState.DRAIN):
+                return pb.HeartbeatReply(reregister=True)
+            self.nodes[req.name] = _replace(node, last_heartbeat=now)
+            reported = {e.job_id for e in req.exits}
+            changes = []
+            for e in req.exits:
+                job = self.jobs.get(e.job_id)
+                if job is not None and job.phase in ACTIVE_PHASES and job.batch_node == req.name:
+                    changes.append((job, events.exited(job, now, e.exit_code, e.exit_signal, e.detail,
+                                                       e.launch_failed)))
+            running = set(req.running)
+            for job in self._active():
+                if job.batch_node != req.name or job.job_id in running or job.job_id in reported \
+                        or job.job_id in self._launching:
+                    self._misses.pop(job.job_id, None)
+                    continue
+                misses = self._misses[job.job_id] = self._misses.get(job.job_id, 0) + 1
+                if misses >= MISSES_BEFORE_LOST and job.phase == JobPhase.COMPLETING:
+                    changes.append((job, events.exited(job, now, 0, 0)))  # stopped before it ran
+                elif misses >= MISSES_BEFORE_LOST:
+                    changes.append((job, events.lost(job, now, Reason.JOB_LOST,
+                                                     f"node {req.name} no longer has the job")))
+            self._commit(changes, now, CONTROLLER_UID)
+            kill = [i for i in running if self.jobs.get(i) is None or self.jobs[i].phase == JobPhase.DONE]
+        if changes:
+            self._wake.set()
+        return pb.HeartbeatReply(acked=sorted(reported), kill=kill)
+
+    # ------------------------------------------------------------ passes
+
+    def _active(self) -> list[Job]:
+        return [j for j in self.jobs.values() if j.phase in ACTIVE_PHASES]
+
+    def _commit(self, changes: Iterable[tuple[Job, Job]], now: float, who: int) -> list[Job]:
+        """Write (old, new) job pairs in one transaction, then take them into memory."""
+        changes = list(changes)
+        if not changes:
+            return []
+        with self.store.transaction():
+            for old, new in changes:
+                self.store.update_job(old, new, now, who)
+        for _, new in changes:
+            self.jobs[new.job_id] = new
+            self._brief.pop(new.job_id, None)
+            if new.phase == JobPhase.DONE:
+                self._misses.pop(new.job_id, None)
+        return [new for _, new in changes]
+
+    def _check_liveness(self, now: float) -> None:
+        timeout = self.config.controller.node_timeout_s
+        with self._lock:
+            silent = [n for n in self.nodes.values()
+                      if n.state in (NodeState.UP, NodeState.DRAIN) and now - n.last_heartbeat > timeout]
+            if not silent:
+                return
+            names = {n.name for n in silent}
+            changes = []
+            for job in self._active():
+                down = names.intersection(job.node_names)
+                if down:
+                    changes.append((job, events.lost(job, now, Reason.NODE_FAIL,
+                                                     f"node {sorted(down)[0]} stopped responding")))
+            with self.store.transaction():
+                for n in silent:
+                    node = _replace(n, state=NodeState.DOWN, reason=f"not responding for over {timeout:g} s")
+                    self.store.save_node(node)
+                    self.nodes[n.name] = node
+                failed = self._commit(changes, now, CONTROLLER_UID)
+        for n in silent:
+            log.warning("node %s is DOWN: silent for over %g s", n.name, timeout)
+        for job in failed:  # the batch node may still be alive when another node died
+            if job.batch_node not in names:
+                self._send_signal(job, 0)
+
+    def _enforce_time_limits(self, now: float) -> None:
+        with self._lock:
+            over = [j for j in self.jobs.values() if j.phase == JobPhase.RUNNING and j.time_limit_s
+                    and now - j.start_time > j.time_limit_s]
+            changed = self._commit([(j, events.stop(j, now, JobResult.TIMEOUT, Reason.TIME_LIMIT,
+                                                    "time limit reached")) for j in over], now, CONTROLLER_UID)
+        for job in changed:
+            self._send_signal(job, 0)
+
+    def _forget_old(self, now: float) -> None:
+        horizon = now - self.config.controller.min_job_age_s
+        with self._lock:
+            old = [i for i, j in self.jobs.items() if j.phase == JobPhase.DONE and j.end_time < horizon]
+            for i in old:
+                del self.jobs[i]
+                self._brief.pop(i, None)
+
+    def _schedule(self, now: float) -> None:
+        with self._lock:
+            pending = [j for j in self.jobs.values() if j.phase == JobPhase.PENDING]
+            if not pending:
+                return
+            free = scheduler.free_resources(self.nodes.values(), self._active())
+            plan = scheduler.schedule(pending, free, self.partitions)
+            starts = [(self.jobs[i], events.start(self.jobs[i], now, alloc)) for i, alloc in plan.starts]
+            reasons = [(i, r) for i, r in plan.waiting.items() if self.jobs[i].reason != r]
+            with self.store.transaction():
+                started = self._commit(starts, now, CONTROLLER_UID)
+                self.store.set_pending_reasons(reasons)
+            for i, r in reasons:
+                self.jobs[i] = events.waiting(self.jobs[i], r)
+                self._brief.pop(i, None)
+            self._launching.update(j.job_id for j in started)
+        for job in started:
+            self._actions.submit(self._launch, job)
+
+    def _launch(self, job: Job) -> None:
+        try:
+            self.clients.launch(self.nodes[job.batch_node].address, job.to_proto())
+        except Exception as e:
+            now = self.clock()
+            with self._lock:
+                current = self.jobs.get(job.job_id)
+                if current is not None and current.phase in ACTIVE_PHASES:
+                    self._commit([(current, events.exited(current, now, 1, 0, f"launch on {job.batch_node} "
+                                                          f"failed: {e}", launch_failed=True))], now,
+                                 CONTROLLER_UID)
+            log.warning("launch of job %d on %s failed: %s", job.job_id, job.batch_node, e)
+        finally:
+            with self._lock:
+                self._launching.discard(job.job_id)
+                current = self.jobs.get(job.job_id)
+            if current is not None and current.phase == JobPhase.COMPLETING:
+                self._send_signal(current, 0)  # cancelled or timed out while launching
+
+
+def _replace(obj, **changes):
+    return dataclasses.replace(obj, **changes)
+
+
+def _matches(job: Job, f: pb.JobFilter) -> bool:
+    if f.uids and job.uid not in f.uids:
+        return False
+    if f.phases and job.phase not in f.phases:
+        return False
+    if f.results and job.result not in f.results:
+        return False
+    if f.names and job.name not in f.names:
+        return False
+    return True
+
+
+def _brief(job: Job) -> bytes:
+    p = job.to_proto()
+    p.request.ClearField("script")
+    p.request.ClearField("environment")
+    return p.SerializeToString()
+
+
+_user_cache: dict[int, str] = {}
+
+
+def _user_name(uid: int) -> str:
+    name = _user_cache.get(uid)
+    if name is None:
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = str(uid)
+        _user_cache[uid] = name
+    return name

@@ -1,0 +1,23 @@
+"""Request errors, each with its own gRPC status; the service maps them, the messages reach users."""
+import grpc
+
+
+class RequestError(Exception):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class InvalidRequest(RequestError):
+    """Bad input, or a request that could never be satisfied."""
+
+
+class NotFound(RequestError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class Denied(RequestError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Conflict(RequestError):
+    """The request is valid, but not in the object's current state."""
+    code = grpc.StatusCode.FAILED_PRECONDITION

@@ -1,0 +1,75 @@
+"""The controller's in-memory records: jobs, allocations, nodes. Plain frozen data."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protos import air_pb2 as pb
+from protos.states import JobPhase, JobResult, NodeState, Reason
+
+
+@dataclass(frozen=True)
+class NodeAlloc:
+    node: str
+    gpus: tuple[int, ...]
+    cpus: int
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: int
+    uid: int
+    gid: int
+    user: str
+    name: str
+    partition: str
+    num_nodes: int
+    gpus_per_node: int
+    cpus_per_node: int
+    time_limit_s: int
+    submit_time: float
+    request: pb.JobRequest = field(compare=False, repr=False)
+    priority: int = 0
+    phase: JobPhase = JobPhase.PENDING
+    result: JobResult = JobResult.NONE
+    reason: Reason = Reason.NONE
+    reason_detail: str = ""
+    hold: bool = False
+    allocation: tuple[NodeAlloc, ...] = ()
+    start_time: float = 0.0
+    end_time: float = 0.0
+    exit_code: int = 0
+    exit_signal: int = 0
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(a.node for a in self.allocation)
+
+    @property
+    def batch_node(self) -> str:
+        return self.allocation[0].node if self.allocation else ""
+
+    def to_proto(self) -> pb.Job:
+        return pb.Job(
+            job_id=self.job_id, request=self.request, uid=self.uid, gid=self.gid, user=self.user,
+            phase=self.phase, result=self.result, reason=self.reason, reason_detail=self.reason_detail,
+            partition=self.partition, time_limit_s=self.time_limit_s,
+            allocation=[pb.NodeAlloc(node=a.node, gpus=a.gpus, cpus=a.cpus) for a in self.allocation],
+            submit_time=self.submit_time, start_time=self.start_time, end_time=self.end_time,
+            exit_code=self.exit_code, exit_signal=self.exit_signal, priority=self.priority)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A configured node and what the controller last heard from it."""
+    name: str
+    address: str = ""
+    cpus: int = 0
+    memory_mb: int = 0
+    gpus: tuple[pb.Gpu, ...] = ()
+    state: NodeState = NodeState.UNKNOWN
+    reason: str = ""
+    last_heartbeat: float = 0.0
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return tuple(g.index for g in self.gpus)

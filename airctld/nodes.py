@@ -1,0 +1,39 @@
+"""Calls from airctld to node daemons (the NodeAgent service), one channel per node."""
+from __future__ import annotations
+
+import threading
+
+import grpc
+
+from airctld.config import Config
+from protos import air_pb2 as pb
+from protos import air_pb2_grpc as rpc
+from protos import credential
+
+CALL_TIMEOUT_S = 10.0
+
+
+class NodeClients:
+    def __init__(self, config: Config):
+        self._max = config.controller.max_message_bytes
+        self._stubs: dict[str, rpc.NodeAgentStub] = {}
+        self._lock = threading.Lock()
+
+    def _stub(self, address: str) -> rpc.NodeAgentStub:
+        with self._lock:
+            stub = self._stubs.get(address)
+            if stub is None:
+                channel = grpc.insecure_channel(address, options=[
+                    ("grpc.max_send_message_length", self._max),
+                    ("grpc.max_receive_message_length", self._max)])
+                stub = self._stubs[address] = rpc.NodeAgentStub(channel)
+            return stub
+
+    def launch(self, address: str, job: pb.Job) -> None:
+        self._stub(address).Launch(pb.LaunchRequest(job=job, batch=True), timeout=CALL_TIMEOUT_S,
+                                   metadata=credential.metadata())
+
+    def signal(self, address: str, job_id: int, signal: int, grace_s: float) -> bool:
+        reply = self._stub(address).Signal(pb.SignalRequest(job_id=job_id, signal=signal, grace_s=grace_s),
+                                           timeout=CALL_TIMEOUT_S, metadata=credential.metadata())
+        return reply.found

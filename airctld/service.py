@@ -1,0 +1,127 @@
+"""gRPC handlers for airctld: decode, check the caller, call the controller, map errors to statuses."""
+from __future__ import annotations
+
+import functools
+import logging
+
+import grpc
+
+from airctld.controller import Controller
+from airctld.errors import RequestError
+from airctld.events import TransitionError
+from protos import air_pb2 as pb
+from protos import credential
+
+log = logging.getLogger("airctld")
+
+
+def _handle(fn):
+    @functools.wraps(fn)
+    def wrapper(self, request, context):
+        who = credential.identify(context)
+        try:
+            return fn(self, request, context, who)
+        except RequestError as e:
+            context.abort(e.code, str(e))
+        except TransitionError as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+    return wrapper
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_job_list(encoded_jobs: list[bytes]) -> bytes:
+    """A ListJobsReply on the wire, from jobs already encoded (field 1, length-delimited)."""
+    return b"".join(b"\x0a" + _varint(len(e)) + e for e in encoded_jobs)
+
+
+class ControllerService:
+    def __init__(self, controller: Controller):
+        self.c = controller
+
+    @_handle
+    def Submit(self, request: pb.SubmitRequest, context, who):
+        job_id, message = self.c.submit(request.job, who, test_only=request.test_only)
+        return pb.SubmitReply(job_id=job_id, message=message)
+
+    @_handle
+    def Cancel(self, request: pb.CancelRequest, context, who):
+        return pb.CancelReply(job_ids=self.c.cancel(request.filter, request.signal, who))
+
+    @_handle
+    def ListJobs(self, request: pb.JobFilter, context, who):
+        return self.c.list_jobs(request)
+
+    @_handle
+    def GetJob(self, request: pb.GetJobRequest, context, who):
+        return self.c.get_job(request.job_id).to_proto()
+
+    @_handle
+    def ListNodes(self, request, context, who):
+        parts = [pb.Partition(name=p.name, nodes=p.nodes, default=p.default, up=p.up,
+                              max_time_s=p.max_time_s, default_time_s=p.default_time_s)
+                 for p in self.c.config.partitions]
+        return pb.ListNodesReply(nodes=self.c.node_views(), partitions=parts)
+
+    @_handle
+    def GetNode(self, request: pb.GetNodeRequest, context, who):
+        for node in self.c.node_views():
+            if node.name == request.name:
+                return node
+        context.abort(grpc.StatusCode.NOT_FOUND, f"node {request.name} does not exist")
+
+
+class RegistryService:
+    def __init__(self, controller: Controller):
+        self.c = controller
+
+    @staticmethod
+    def _daemon_only(context, who) -> None:
+        if not who.is_root:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"only node daemons running as root may call this (caller uid {who.uid})")
+
+    @_handle
+    def Register(self, request: pb.RegisterRequest, context, who):
+        self._daemon_only(context, who)
+        self.c.register(request.node)
+        return pb.RegisterReply(heartbeat_interval_s=self.c.config.controller.heartbeat_interval_s)
+
+    @_handle
+    def Heartbeat(self, request: pb.HeartbeatRequest, context, who):
+        self._daemon_only(context, who)
+        return self.c.heartbeat(request)
+
+
+def _identity(x):
+    return x
+
+
+def handlers(controller: Controller) -> list[grpc.GenericRpcHandler]:
+    """Both services, with ListJobs answering from pre-encoded jobs."""
+    cs, rs = ControllerService(controller), RegistryService(controller)
+    unary = grpc.unary_unary_rpc_method_handler
+    controller_methods = {
+        "Submit": unary(cs.Submit, pb.SubmitRequest.FromString, pb.SubmitReply.SerializeToString),
+        "Cancel": unary(cs.Cancel, pb.CancelRequest.FromString, pb.CancelReply.SerializeToString),
+        "ListJobs": unary(cs.ListJobs, pb.JobFilter.FromString, encode_job_list),
+        "GetJob": unary(cs.GetJob, pb.GetJobRequest.FromString, pb.Job.SerializeToString),
+        "ListNodes": unary(cs.ListNodes, pb.ListNodesRequest.FromString, pb.ListNodesReply.SerializeToString),
+        "GetNode": unary(cs.GetNode, pb.GetNodeRequest.FromString, pb.Node.SerializeToString),
+    }
+    registry_methods = {
+        "Register": unary(rs.Register, pb.RegisterRequest.FromString, pb.RegisterReply.SerializeToString),
+        "Heartbeat": unary(rs.Heartbeat, pb.HeartbeatRequest.FromString, pb.HeartbeatReply.SerializeToString),
+    }
+    return [grpc.method_handlers_generic_handler("air.v1.Controller", controller_methods),
+            grpc.method_handlers_generic_handler("air.v1.NodeRegistry", registry_methods)]

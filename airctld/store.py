@@ -1,0 +1,203 @@
+"""The controller's durable state: one SQLite database in WAL mode.
+
+Every change happens inside `transaction()` (BEGIN IMMEDIATE, commit or roll back as a
+whole); every job state change writes an event row beside it. Job ids come from an
+AUTOINCREMENT key, so they grow and are never reused, across restarts too. The schema
+carries its version in PRAGMA user_version and migrates forward on open.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import threading
+from typing import Iterable, Iterator
+
+import sqlite_utils
+
+from airctld.model import Job, Node, NodeAlloc
+from protos import air_pb2 as pb
+from protos.states import JobPhase, JobResult, NodeState, Reason, long_state
+
+_JOB_COLUMNS = ("uid", "gid", "user", "name", "partition", "num_nodes", "gpus_per_node",
+                "cpus_per_node", "time_limit_s", "submit_time", "priority", "phase", "result",
+                "reason", "reason_detail", "hold", "allocation", "start_time", "end_time",
+                "exit_code", "exit_signal", "request")
+
+
+def _migrate_1(db: sqlite_utils.Database) -> None:
+    db.execute("""
+        CREATE TABLE jobs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            uid INTEGER NOT NULL, gid INTEGER NOT NULL, user TEXT NOT NULL, name TEXT NOT NULL,
+            partition TEXT NOT NULL, num_nodes INTEGER NOT NULL, gpus_per_node INTEGER NOT NULL,
+            cpus_per_node INTEGER NOT NULL, time_limit_s INTEGER NOT NULL, submit_time REAL NOT NULL,
+            priority INTEGER NOT NULL, phase INTEGER NOT NULL, result INTEGER NOT NULL,
+            reason INTEGER NOT NULL, reason_detail TEXT NOT NULL, hold INTEGER NOT NULL,
+            allocation TEXT NOT NULL, start_time REAL NOT NULL, end_time REAL NOT NULL,
+            exit_code INTEGER NOT NULL, exit_signal INTEGER NOT NULL, request BLOB NOT NULL)""")
+    db.execute("CREATE INDEX jobs_active ON jobs (phase) WHERE phase != 4")
+    db.execute("CREATE INDEX jobs_end ON jobs (end_time)")
+    db["events"].create({"id": int, "job_id": int, "time": float, "old_state": str, "new_state": str,
+                         "reason": str, "detail": str, "who": int}, pk="id")
+    db["events"].create_index(["job_id"])
+    db["nodes"].create({"name": str, "address": str, "cpus": int, "memory_mb": int, "gpus": bytes,
+                        "state": int, "reason": str, "last_heartbeat": float}, pk="name")
+
+
+MIGRATIONS = [_migrate_1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(Exception):
+    pass
+
+
+class Store:
+    def __init__(self, path: str):
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        self.db = sqlite_utils.Database(conn)
+        self._lock = threading.RLock()
+        self._depth = 0
+        if path != ":memory:":
+            self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA busy_timeout=30000")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"the database has schema version {version}, newer than this airctld "
+                             f"knows ({SCHEMA_VERSION}); run a newer airctld")
+        for number in range(version, SCHEMA_VERSION):
+            with self.transaction():
+                MIGRATIONS[number](self.db)
+                self.db.execute(f"PRAGMA user_version = {number + 1}")
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT; rolled back whole on any error. Nests as one."""
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            self.db.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            else:
+                self.db.execute("COMMIT")
+            finally:
+                self._depth = 0
+
+    # ------------------------------------------------------------ jobs
+
+    def insert_job(self, job: Job, who: int) -> int:
+        """Store a new job (its job_id is ignored) and return the id it was given."""
+        row = _job_row(job)
+        cur = self.db.execute(
+            f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) VALUES ({', '.join('?' * len(_JOB_COLUMNS))})",
+            [row[c] for c in _JOB_COLUMNS])
+        job_id = cur.lastrowid
+        self._event(job_id, job.submit_time, "", long_state(job.phase, job.result), job.reason,
+                    "submitted", who)
+        return job_id
+
+    def update_job(self, old: Job, new: Job, now: float, who: int) -> None:
+        """Write a job's new state, and an event row when its state or reason changed."""
+        row = _job_row(new)
+        cols = [c for c in _JOB_COLUMNS if c != "request"]
+        self.db.execute(f"UPDATE jobs SET {', '.join(c + ' = ?' for c in cols)} WHERE id = ?",
+                        [row[c] for c in cols] + [new.job_id])
+        old_state, new_state = long_state(old.phase, old.result), long_state(new.phase, new.result)
+        if old_state != new_state or old.phase != new.phase:
+            self._event(new.job_id, now, old_state, new_state, new.reason, new.reason_detail, who)
+
+    def set_pending_reasons(self, changes: Iterable[tuple[int, Reason]]) -> None:
+        """Pending reasons are display state: no event row for each scheduling pass."""
+        self.db.conn.executemany("UPDATE jobs SET reason = ? WHERE id = ?",
+                                 [(int(r), j) for j, r in changes])
+
+    def _event(self, job_id: int, now: float, old: str, new: str, reason: Reason, detail: str, who: int):
+        self.db.execute("INSERT INTO events (job_id, time, old_state, new_state, reason, detail, who) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [job_id, now, old, new, Reason(reason).name, detail, who])
+
+    def get_job(self, job_id: int) -> Job | None:
+        cur = self.db.execute(f"SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs WHERE id = ?", [job_id])
+        row = cur.fetchone()
+        return _job_from_row(row) if row else None
+
+    def load_jobs(self, done_since: float) -> list[Job]:
+        """Jobs not done, and jobs done at or after `done_since`."""
+        cur = self.db.execute(
+            f"SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs WHERE phase != 4 "
+            f"UNION ALL SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs WHERE phase = 4 AND end_time >= ? "
+            "ORDER BY id", [done_since])
+        return [_job_from_row(r) for r in cur]
+
+    def max_job_id(self) -> int:
+        row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+        return row[0] if row else 0
+
+    def events(self, job_id: int) -> list[dict]:
+        cur = self.db.execute("SELECT time, old_state, new_state, reason, detail, who FROM events "
+                              "WHERE job_id = ? ORDER BY id", [job_id])
+        return [dict(zip(("time", "old_state", "new_state", "reason", "detail", "who"), r)) for r in cur]
+
+    # ------------------------------------------------------------ nodes
+
+    def save_node(self, node: Node) -> None:
+        gpus = pb.Node(gpus=node.gpus).SerializeToString()
+        self.db.execute(
+            "INSERT INTO nodes (name, address, cpus, memory_mb, gpus, state, reason, last_heartbeat) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET address=excluded.address, "
+            "cpus=excluded.cpus, memory_mb=excluded.memory_mb, gpus=excluded.gpus, state=excluded.state, "
+            "reason=excluded.reason, last_heartbeat=excluded.last_heartbeat",
+            [node.name, node.address, node.cpus, node.memory_mb, gpus, int(node.state), node.reason,
+             node.last_heartbeat])
+
+    def load_nodes(self) -> list[Node]:
+        cur = self.db.execute("SELECT name, address, cpus, memory_mb, gpus, state, reason, last_heartbeat "
+                              "FROM nodes ORDER BY name")
+        out = []
+        for name, address, cpus, memory_mb, gpus, state, reason, hb in cur:
+            out.append(Node(name=name, address=address, cpus=cpus, memory_mb=memory_mb,
+                            gpus=tuple(pb.Node.FromString(gpus).gpus), state=NodeState(state),
+                            reason=reason, last_heartbeat=hb))
+        return out
+
+
+def _job_row(job: Job) -> dict:
+    return {
+        "uid": job.uid, "gid": job.gid, "user": job.user, "name": job.name, "partition": job.partition,
+        "num_nodes": job.num_nodes, "gpus_per_node": job.gpus_per_node, "cpus_per_node": job.cpus_per_node,
+        "time_limit_s": job.time_limit_s, "submit_time": job.submit_time, "priority": job.priority,
+        "phase": int(job.phase), "result": int(job.result), "reason": int(job.reason),
+        "reason_detail": job.reason_detail, "hold": int(job.hold),
+        "allocation": json.dumps([[a.node, list(a.gpus), a.cpus] for a in job.allocation]),
+        "start_time": job.start_time, "end_time": job.end_time, "exit_code": job.exit_code,
+        "exit_signal": job.exit_signal, "request": job.request.SerializeToString(),
+    }
+
+
+def _job_from_row(row) -> Job:
+    values = dict(zip(("job_id",) + _JOB_COLUMNS, row))
+    values["phase"] = JobPhase(values["phase"])
+    values["result"] = JobResult(values["result"])
+    values["reason"] = Reason(values["reason"])
+    values["hold"] = bool(values["hold"])
+    values["allocation"] = tuple(NodeAlloc(n, tuple(g), c) for n, g, c in json.loads(values["allocation"]))
+    values["request"] = pb.JobRequest.FromString(values["request"])
+    return Job(**values)

@@ -1,0 +1,65 @@
+"""airnoded: find this node in the configuration, take its GPU inventory, serve NodeAgent, heartbeat."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+
+from airctld import config as configuration
+from airnoded.agent import Agent, AgentService
+from airnoded.gpus import GpuError, open_backend
+from protos import air_pb2_grpc as rpc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="airnoded", description="AIR node daemon")
+    parser.add_argument("--config", help="air.toml (default: $AIR_CONF, else /etc/air/air.toml)")
+    parser.add_argument("--name", help="this node's name in the configuration (default: the short host name)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    name = args.name or socket.gethostname().split(".")[0]
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format=f"%(asctime)s airnoded[{name}] %(levelname)s %(message)s")
+    try:
+        cfg = configuration.load(args.config)
+    except configuration.ConfigError as e:
+        print(f"airnoded: error: {e}", file=sys.stderr)
+        return 2
+    node = cfg.node(name)
+    if node is None:
+        print(f"airnoded: error: node {name} is not in {cfg.path}; pass --name", file=sys.stderr)
+        return 2
+    try:
+        gpus = open_backend(node.gpus, node.name)
+        node.spool.mkdir(parents=True, exist_ok=True)
+    except (GpuError, OSError) as e:
+        print(f"airnoded: error: {e}", file=sys.stderr)
+        return 2
+    agent = Agent(cfg, node, gpus)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=[
+        ("grpc.max_receive_message_length", cfg.controller.max_message_bytes),
+        ("grpc.so_reuseport", 0)])
+    rpc.add_NodeAgentServicer_to_server(AgentService(agent), server)
+    if server.add_insecure_port(node.endpoint) == 0:
+        print(f"airnoded: error: cannot listen on {node.endpoint}", file=sys.stderr)
+        return 2
+    server.start()
+    threading.Thread(target=agent.run, name="agent", daemon=True).start()
+    logging.getLogger("airnoded").info("serving on %s with %d GPUs", node.endpoint, len(gpus.inventory()))
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    agent.stop()
+    server.stop(grace=1).wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

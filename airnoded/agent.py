@@ -1,0 +1,110 @@
+"""The node daemon's conversation with airctld: register, heartbeat, report exits, obey kills."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import grpc
+import psutil
+
+from airctld.config import Config, NodeConfig
+from airnoded.gpus import GpuBackend
+from airnoded.launcher import Launcher
+from protos import air_pb2 as pb
+from protos import air_pb2_grpc as rpc
+from protos import credential
+
+log = logging.getLogger("airnoded")
+
+CALL_TIMEOUT_S = 5.0
+
+
+class Agent:
+    def __init__(self, config: Config, node: NodeConfig, gpus: GpuBackend):
+        self.config = config
+        self.node = node
+        self.gpus = gpus
+        self.interval = config.controller.heartbeat_interval_s
+        self.launcher = Launcher(node.name, node.spool, self._exited)
+        self._exits: dict[int, pb.JobExit] = {}   # reported exits not yet acknowledged
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        channel = grpc.insecure_channel(config.controller.address)
+        self._registry = rpc.NodeRegistryStub(channel)
+        self._registered = False
+
+    def describe(self) -> pb.Node:
+        cpus = self.node.cpus or os.cpu_count() or 1
+        memory = self.node.memory_mb or psutil.virtual_memory().total // (1024 * 1024)
+        return pb.Node(name=self.node.name, address=self.node.endpoint, cpus=cpus, memory_mb=memory,
+                       gpus=self.gpus.inventory())
+
+    def _exited(self, exit: pb.JobExit) -> None:
+        with self._lock:
+            self._exits[exit.job_id] = exit
+        self._wake.set()  # report at once rather than at the next beat
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                if not self._registered:
+                    reply = self._registry.Register(pb.RegisterRequest(node=self.describe()),
+                                                    timeout=CALL_TIMEOUT_S, metadata=credential.metadata())
+                    self.interval = reply.heartbeat_interval_s or self.interval
+                    self._registered = True
+                    log.info("registered with %s", self.config.controller.address)
+                self._beat()
+            except grpc.RpcError as e:
+                if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
+                    log.error("the controller refused this node: %s", e.details())
+                else:
+                    log.warning("controller %s unreachable: %s", self.config.controller.address,
+                                e.code().name)
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+    def _beat(self) -> None:
+        with self._lock:
+            exits = list(self._exits.values())
+        reply = self._registry.Heartbeat(
+            pb.HeartbeatRequest(name=self.node.name, running=self.launcher.running(), exits=exits),
+            timeout=CALL_TIMEOUT_S, metadata=credential.metadata())
+        if reply.reregister:
+            self._registered = False
+            self._wake.set()
+            return
+        with self._lock:
+            for job_id in reply.acked:
+                self._exits.pop(job_id, None)
+        for job_id in reply.kill:
+            log.warning("job %d is not running here as far as the controller knows; killing it", job_id)
+            self.launcher.signal(job_id, 0, self.config.controller.kill_wait_s)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+
+class AgentService:
+    """NodeAgent: what airctld asks of this node."""
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+
+    @staticmethod
+    def _controller_only(context) -> None:
+        who = credential.identify(context)
+        if not who.is_root:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"only the controller may call the node agent (caller uid {who.uid})")
+
+    def Launch(self, request: pb.LaunchRequest, context):
+        self._controller_only(context)
+        self.agent.launcher.launch(request.job)
+        return pb.LaunchReply()
+
+    def Signal(self, request: pb.SignalRequest, context):
+        self._controller_only(context)
+        return pb.SignalReply(found=self.agent.launcher.signal(request.job_id, request.signal, request.grace_s))

@@ -1,0 +1,204 @@
+"""Starting and stopping a job's batch script on this host.
+
+The environment and the output paths are computed by pure functions (tested against
+expected values); `Launcher` does the I/O: the script file in the spool directory, the
+process in its own session and process group, as the job's owner, and the kill that
+reaches every process of the group.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import hostlist
+
+from protos import air_pb2 as pb
+
+log = logging.getLogger("airnoded")
+
+DEFAULT_OUTPUT = "air-%j.out"
+
+
+def expand_pattern(pattern: str, job: pb.Job, node: str) -> str:
+    """Slurm's filename patterns: %j job id, %x job name, %u user, %N node, %% a percent sign."""
+    values = {"j": str(job.job_id), "x": job.request.name or "batch", "u": job.user, "N": node, "%": "%"}
+    out, i = [], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "%" and i + 1 < len(pattern) and pattern[i + 1] in values:
+            out.append(values[pattern[i + 1]])
+            i += 2
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def output_paths(job: pb.Job, node: str) -> tuple[str, str | None]:
+    """(stdout path, stderr path or None when stderr goes with stdout), absolute."""
+    req = job.request
+    out = os.path.join(req.workdir, expand_pattern(req.output or DEFAULT_OUTPUT, job, node))
+    err = os.path.join(req.workdir, expand_pattern(req.error, job, node)) if req.error else None
+    return out, err
+
+
+def job_environment(job: pb.Job, node: str) -> dict[str, str]:
+    """The batch script's environment: the submitter's exported variables, then AIR_* and SLURM_*."""
+    req = job.request
+    nodes = [a.node for a in job.allocation]
+    here = next((a for a in job.allocation if a.node == node), None)
+    gpus = list(here.gpus) if here else []
+    nodelist = hostlist.collect_hostlist(nodes)
+    env = dict(req.environment)
+    air = {
+        "AIR_JOB_ID": str(job.job_id),
+        "AIR_JOB_NAME": req.name or "batch",
+        "AIR_JOB_NODELIST": nodelist,
+        "AIR_NNODES": str(len(nodes)),
+        "AIR_GPUS_PER_NODE": str(len(gpus)),
+        "AIR_SUBMIT_DIR": req.workdir,
+        "AIR_NODENAME": node,
+        "AIR_JOB_PARTITION": job.partition,
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+        "SLURM_JOB_ID": str(job.job_id),
+        "SLURM_JOBID": str(job.job_id),
+        "SLURM_JOB_NAME": req.name or "batch",
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_NODELIST": nodelist,
+        "SLURM_NNODES": str(len(nodes)),
+        "SLURM_JOB_NUM_NODES": str(len(nodes)),
+        "SLURM_SUBMIT_DIR": req.workdir,
+        "SLURM_JOB_PARTITION": job.partition,
+        "SLURMD_NODENAME": node,
+        "SLURM_GPUS_ON_NODE": str(len(gpus)),
+    }
+    env.update(air)
+    return env
+
+
+@dataclass
+class RunningJob:
+    job_id: int
+    process: subprocess.Popen
+    pgid: int
+    killed: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+ExitCallback = Callable[[pb.JobExit], None]
+
+
+class Launcher:
+    def __init__(self, node: str, spool: Path, on_exit: ExitCallback):
+        self.node = node
+        self.spool = spool
+        self.on_exit = on_exit
+        self.jobs: dict[int, RunningJob] = {}
+        self._lock = threading.Lock()
+
+    def running(self) -> list[int]:
+        with self._lock:
+            return list(self.jobs)
+
+    def launch(self, job: pb.Job) -> None:
+        """Start the batch script; a failure to start is reported as the job's exit."""
+        with self._lock:
+            if job.job_id in self.jobs:
+                return  # a retried launch of a job already running here
+        try:
+            running = self._spawn(job)
+        except OSError as e:
+            detail = f"cannot start the batch script on {self.node}: {e.strerror or e}" + \
+                     (f": {e.filename}" if getattr(e, "filename", None) else "")
+            log.warning("job %d: %s", job.job_id, detail)
+            self.on_exit(pb.JobExit(job_id=job.job_id, exit_code=1, detail=detail, launch_failed=True))
+            return
+        with self._lock:
+            self.jobs[job.job_id] = running
+        threading.Thread(target=self._wait, args=(running,), name=f"job-{job.job_id}", daemon=True).start()
+
+    def _spawn(self, job: pb.Job) -> RunningJob:
+        req = job.request
+        jobdir = self.spool / f"job{job.job_id}"
+        jobdir.mkdir(parents=True, exist_ok=True)
+        script = jobdir / "script"
+        tmp = jobdir / "script.tmp"
+        tmp.write_text(req.script)
+        os.chmod(tmp, 0o700)
+        same_user = job.uid == os.getuid()
+        if not same_user:
+            os.chown(jobdir, job.uid, job.gid)
+            os.chown(tmp, job.uid, job.gid)
+        os.replace(tmp, script)
+        out_path, err_path = output_paths(job, self.node)
+        env = job_environment(job, self.node)
+        kwargs = {}
+        if not same_user:
+            try:
+                entry = pwd.getpwuid(job.uid)
+                groups = os.getgrouplist(entry.pw_name, job.gid)
+                env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
+            except KeyError:
+                groups = [job.gid]
+            kwargs = dict(user=job.uid, group=job.gid, extra_groups=groups)
+        out = _open_output(out_path, job)
+        err = _open_output(err_path, job) if err_path and err_path != out_path else None
+        try:
+            proc = subprocess.Popen([str(script), *req.argv], cwd=req.workdir, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=err if err is not None else subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True, **kwargs)
+        finally:
+            out.close()
+            if err is not None:
+                err.close()
+        log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
+        return RunningJob(job.job_id, proc, proc.pid)
+
+    def _wait(self, running: RunningJob) -> None:
+        status = running.process.wait()
+        running.done.set()
+        _killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group
+        with self._lock:
+            self.jobs.pop(running.job_id, None)
+        code, sig = (0, -status) if status < 0 else (status, 0)
+        self.on_exit(pb.JobExit(job_id=running.job_id, exit_code=code, exit_signal=sig, killed=running.killed))
+
+    def signal(self, job_id: int, sig: int, grace_s: float) -> bool:
+        """Send `sig` to the job's process group; sig 0 terminates: SIGTERM, then SIGKILL after grace."""
+        with self._lock:
+            running = self.jobs.get(job_id)
+        if running is None:
+            return False
+        if sig:
+            _killpg(running.pgid, sig)
+            return True
+        running.killed = True
+        _killpg(running.pgid, signal.SIGTERM)
+        threading.Thread(target=self._kill_after, args=(running, grace_s), daemon=True).start()
+        return True
+
+    def _kill_after(self, running: RunningJob, grace_s: float) -> None:
+        if not running.done.wait(grace_s):
+            _killpg(running.pgid, signal.SIGKILL)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _open_output(path: str, job: pb.Job):
+    f = open(path, "ab")
+    if job.uid != os.getuid():
+        os.fchown(f.fileno(), job.uid, job.gid)
+    return f

@@ -1,0 +1,79 @@
+"""Python enums made from the proto enums, so each set of states has one definition.
+
+The proto file is the source; these are views of it with short member names, and the
+Slurm codes that the command-line tools print.
+"""
+import enum
+
+from protos import air_pb2 as pb
+
+
+def _from_proto(name: str, proto_enum, prefix: str) -> type[enum.IntEnum]:
+    members = {v.name.removeprefix(prefix): v.number for v in proto_enum.DESCRIPTOR.values}
+    return enum.IntEnum(name, members)
+
+
+JobPhase = _from_proto("JobPhase", pb.JobPhase, "JOB_PHASE_")
+JobResult = _from_proto("JobResult", pb.JobResult, "JOB_RESULT_")
+Reason = _from_proto("Reason", pb.Reason, "REASON_")
+NodeState = _from_proto("NodeState", pb.NodeState, "NODE_STATE_")
+
+# Long names as scontrol prints them, for a job in a given phase with a given result.
+_DONE_NAMES = {
+    JobResult.NONE: "COMPLETED",
+    JobResult.COMPLETED: "COMPLETED",
+    JobResult.FAILED: "FAILED",
+    JobResult.CANCELLED: "CANCELLED",
+    JobResult.TIMEOUT: "TIMEOUT",
+    JobResult.NODE_FAIL: "NODE_FAIL",
+    JobResult.PREEMPTED: "PREEMPTED",
+    JobResult.OUT_OF_MEMORY: "OUT_OF_MEMORY",
+}
+LONG_TO_CODE = {
+    "PENDING": "PD", "RUNNING": "R", "COMPLETING": "CG", "COMPLETED": "CD", "FAILED": "F",
+    "CANCELLED": "CA", "TIMEOUT": "TO", "NODE_FAIL": "NF", "PREEMPTED": "PR", "OUT_OF_MEMORY": "OOM",
+}
+CODE_TO_LONG = {code: long for long, code in LONG_TO_CODE.items()}
+
+# Reasons as Slurm spells them in squeue's NODELIST(REASON) column.
+REASON_NAMES = {
+    Reason.NONE: "None",
+    Reason.PRIORITY: "Priority",
+    Reason.RESOURCES: "Resources",
+    Reason.DEPENDENCY: "Dependency",
+    Reason.JOB_HELD_USER: "JobHeldUser",
+    Reason.PARTITION_DOWN: "PartitionDown",
+    Reason.NODES_DOWN: "ReqNodeNotAvail",
+    Reason.BEGIN_TIME: "BeginTime",
+    Reason.NODE_FAIL: "NodeFail",
+    Reason.TIME_LIMIT: "TimeLimit",
+    Reason.CANCELLED: "Cancelled",
+    Reason.NON_ZERO_EXIT: "NonZeroExitCode",
+    Reason.SIGNALED: "RaisedSignal",
+    Reason.LAUNCH_FAILED: "LaunchFailed",
+    Reason.JOB_LOST: "JobLost",
+    Reason.PREEMPTED: "Preempted",
+}
+
+TERMINAL_PHASES = frozenset({JobPhase.DONE})
+ACTIVE_PHASES = frozenset({JobPhase.RUNNING, JobPhase.COMPLETING})
+
+
+def is_terminal(phase: int) -> bool:
+    return phase in TERMINAL_PHASES
+
+
+def long_state(phase: int, result: int) -> str:
+    """The state name scontrol shows (PENDING, RUNNING, COMPLETED, NODE_FAIL, ...)."""
+    if phase == JobPhase.DONE:
+        return _DONE_NAMES[JobResult(result)]
+    if phase == JobPhase.COMPLETING:
+        return "COMPLETING"
+    if phase == JobPhase.RUNNING:
+        return "RUNNING"
+    return "PENDING"
+
+
+def state_code(phase: int, result: int) -> str:
+    """The short code squeue shows (PD, R, CG, CD, F, CA, TO, NF, ...)."""
+    return LONG_TO_CODE[long_state(phase, result)]
