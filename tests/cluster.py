@@ -1,0 +1,145 @@
+"""A real local cluster for integration tests: airctld and airnoded processes on loopback addresses.
+
+Each test module brings up its own cluster on its own addresses (see `base_address`), so
+modules never share ports. Commands run as real subprocesses of the installed tools.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class LocalCluster:
+    def __init__(self, base_address: str, nodes: int = 2, gpus_per_node: int = 4, node_timeout: float = 3.0):
+        self.base_address = base_address
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+        self.node_timeout = node_timeout
+        self.root = Path(tempfile.mkdtemp(prefix="air-test-"))
+        os.chmod(self.root, 0o755)
+        self.dir = self.root / "cluster"
+        self.work = self.root / "work"      # a submit directory every user may write
+        self.work.mkdir()
+        os.chmod(self.work, 0o1777)
+        self.config = self.dir / "air.toml"
+
+    # ------------------------------------------------------------ lifecycle
+
+    def up(self) -> "LocalCluster":
+        self.cli("aircontrol", "local", "up", "--dir", str(self.dir), "--nodes", str(self.nodes),
+                 "--gpus-per-node", str(self.gpus_per_node), "--base-address", self.base_address,
+                 "--node-timeout", str(self.node_timeout), env_conf=False)
+        return self
+
+    def down(self) -> None:
+        if (self.dir / "pids").exists():
+            self.cli("aircontrol", "local", "down", "--dir", str(self.dir), env_conf=False, check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @property
+    def pids(self) -> list[int]:
+        return [int(p) for p in (self.dir / "pids").read_text().split()]
+
+    def kill_controller(self) -> None:
+        os.kill(self.pids[0], signal.SIGKILL)
+        _reap(self.pids[0])
+
+    def start_controller(self) -> None:
+        log = open(self.dir / "log" / "airctld.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "airctld", "--config", str(self.config)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        pids = self.pids
+        pids[0] = proc.pid
+        (self.dir / "pids").write_text("\n".join(map(str, pids)) + "\n")
+        wait_for(lambda: self.cli("airinfo", check=False).returncode == 0, what="airctld to answer")
+
+    def kill_node(self, index: int) -> int:
+        pid = self.pids[1 + index]
+        os.kill(pid, signal.SIGKILL)
+        _reap(pid)
+        return pid
+
+    # ------------------------------------------------------------ commands
+
+    def cli(self, tool: str, *args: str, check: bool = True, user: str | None = None,
+            cwd: Path | None = None, env_conf: bool = True, timeout: float = 60,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+        full_env = dict(os.environ, **(env or {}))
+        if env_conf:
+            full_env["AIR_CONF"] = str(self.config)
+        as_user = {}
+        if user:  # become the user whole: uid, primary group, and no groups of ours
+            entry = pwd.getpwnam(user)
+            as_user = dict(user=entry.pw_uid, group=entry.pw_gid, extra_groups=[])
+        proc = subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=timeout,
+                              cwd=str(cwd or self.work), env=full_env, **as_user)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{tool} {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def write_script(self, name: str, text: str, mode: int = 0o644) -> Path:
+        path = self.work / name
+        path.write_text(text)
+        os.chmod(path, mode)
+        return path
+
+    def submit(self, script: Path | str, *options: str, user: str | None = None) -> int:
+        out = self.cli("airbatch", "--parsable", *options, str(script), user=user).stdout
+        return int(out.strip())
+
+    def job(self, job_id: int) -> dict:
+        return json.loads(self.cli("aircontrol", "show", "job", str(job_id), "--json").stdout)
+
+    def wait_state(self, job_id: int, *states: str, timeout: float = 20.0) -> dict:
+        return wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout=timeout,
+                        what=f"job {job_id} to reach {'/'.join(states)}")
+
+    def queue(self, *args: str) -> list[dict]:
+        return json.loads(self.cli("airq", "--json", *args).stdout)["jobs"]
+
+    def db_rows(self) -> tuple[int, int]:
+        """(jobs, events) rows in the store, read straight from the SQLite file."""
+        conn = sqlite3.connect(self.dir / "state" / "air.db")
+        try:
+            return (conn.execute("SELECT count(*) FROM jobs").fetchone()[0],
+                    conn.execute("SELECT count(*) FROM events").fetchone()[0])
+        finally:
+            conn.close()
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        wait_for(lambda: not _exists(pid), timeout=10, what=f"pid {pid} to exit")
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False

@@ -1,0 +1,149 @@
+"""Jobs on a real 2-node cluster: placement, identity, output, environment, gang starts, cancel."""
+import os
+import pwd
+
+import psutil
+
+from cluster import wait_for
+
+BASE_ADDRESS = "127.0.1.1"
+
+ENV_SCRIPT = """#!/bin/bash
+#AIR --job-name=envcheck
+echo "node=$AIR_NODENAME user=$(id -un) uid=$(id -u) cwd=$(pwd)"
+echo "job=$AIR_JOB_ID name=$AIR_JOB_NAME nodes=$AIR_JOB_NODELIST nnodes=$AIR_NNODES gpn=$AIR_GPUS_PER_NODE"
+echo "cvd=$CUDA_VISIBLE_DEVICES submit=$AIR_SUBMIT_DIR"
+echo "slurm=$SLURM_JOB_ID,$SLURM_JOB_NODELIST,$SLURM_NNODES,$SLURM_JOB_NAME,$SLURM_SUBMIT_DIR"
+echo "mine=$MY_SETTING args=$*"
+echo "to stderr" >&2
+exit 3
+"""
+
+
+def test_job_runs_as_submitter_on_its_node_with_its_environment(cluster):
+    script = cluster.write_script("env.sh", ENV_SCRIPT)
+    nobody = pwd.getpwnam("nobody")
+    job_id = int(cluster.cli("airbatch", "--parsable", "--gpus-per-node=2", "-e", "err-%j-%x.txt",
+                             str(script), "a1", "a2", user="nobody",
+                             env={"MY_SETTING": "kept"}).stdout)
+    job = cluster.wait_state(job_id, "FAILED")
+    assert job["exit_code"] == 3 and job["reason"] == "NonZeroExitCode"
+    assert job["uid"] == nobody.pw_uid and job["user"] == "nobody"
+    out_path = cluster.work / f"air-{job_id}.out"
+    assert os.stat(out_path).st_uid == nobody.pw_uid
+    lines = out_path.read_text().splitlines()
+    node = job["nodes"][0]
+    gpus = ",".join(map(str, job["gpus"][node]))
+    assert lines == [
+        f"node={node} user=nobody uid={nobody.pw_uid} cwd={cluster.work}",
+        f"job={job_id} name=envcheck nodes={node} nnodes=1 gpn=2",
+        f"cvd={gpus} submit={cluster.work}",
+        f"slurm={job_id},{node},1,envcheck,{cluster.work}",
+        "mine=kept args=a1 a2",
+    ]
+    assert (cluster.work / f"err-{job_id}-envcheck.txt").read_text() == "to stderr\n"
+    # the same facts through airq and aircontrol, as a user reads them
+    row = cluster.cli("airq", "-j", str(job_id), "-h", "-o", "%i %u %t %T %N %j").stdout.split()
+    assert row == [str(job_id), "nobody", "F", "FAILED", node, "envcheck"]
+    shown = cluster.cli("aircontrol", "show", "job", str(job_id)).stdout
+    assert "JobState=FAILED" in shown and "ExitCode=3:0" in shown and f"NodeList={node}" in shown
+
+
+def test_concurrent_jobs_on_one_node_get_disjoint_gpus(cluster):
+    script = cluster.write_script("gpus.sh", "#!/bin/sh\necho $CUDA_VISIBLE_DEVICES\nsleep 2\n")
+    ids = [cluster.submit(script, "--gpus-per-node=2") for _ in range(4)]  # 8 GPUs in all: both nodes full
+    jobs = [cluster.wait_state(i, "COMPLETED") for i in ids]
+    by_node = {}
+    for job_id, job in zip(ids, jobs):
+        node = job["nodes"][0]
+        seen = (cluster.work / f"air-{job_id}.out").read_text().strip()
+        assert seen == ",".join(map(str, job["gpus"][node]))
+        by_node.setdefault(node, []).append(set(seen.split(",")))
+    for sets in by_node.values():
+        assert len(sets) == 2 and not (sets[0] & sets[1])
+    # they ran at the same time: all four started before any ended
+    assert max(j["start_time"] for j in jobs) < min(j["end_time"] for j in jobs)
+
+
+def test_two_node_job_starts_on_both_or_neither(cluster):
+    script = cluster.write_script("two.sh", "#!/bin/sh\necho $AIR_JOB_NODELIST $AIR_NNODES\nsleep 1\n")
+    blocker = cluster.submit(cluster.write_script("hold.sh", "#!/bin/sh\nsleep 60\n"), "--gpus-per-node=3")
+    cluster.wait_state(blocker, "RUNNING")
+    gang = cluster.submit(script, "-N", "2", "--gpus-per-node=2")
+    # one node has 1 GPU free: the 2-node job must not start on the other alone
+    job = wait_for(lambda: (j := cluster.job(gang))["reason"] == "Resources" and j, what="Resources reason")
+    assert job["state"] == "PENDING" and job["nodes"] == []
+    row = cluster.cli("airq", "-j", str(gang), "-h").stdout
+    assert "PD" in row and "(Resources)" in row
+    cluster.cli("aircancel", str(blocker))
+    job = cluster.wait_state(gang, "COMPLETED")
+    assert sorted(job["nodes"]) == ["node01", "node02"]
+    assert (cluster.work / f"air-{gang}.out").read_text() == "node[01-02] 2\n"
+
+
+def test_request_no_node_can_satisfy_is_refused_at_submit(cluster):
+    before = cluster.db_rows()
+    proc = cluster.cli("airbatch", "--nodes=1", "--gpus-per-node=8", "--wrap", "true", check=False)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1
+    assert "8 GPUs per node requested" in proc.stderr and "no node in partition gpu has more than 4" in proc.stderr
+    assert cluster.db_rows() == before
+
+
+def _job_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []) or (p.info["environ"] or {}).get("MARK") == marker:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_cancel_pending_and_running_leaves_no_process(cluster):
+    marker = "cancel-marker-7781"
+    script = cluster.write_script("long.sh", f"#!/bin/bash\ntrap '' TERM\nsleep 300 &\nsleep 301 # {marker}\n")
+    running = cluster.submit(script, "--gpus-per-node=4", "-N", "2", env_marker := "--export=ALL,MARK=" + marker)
+    cluster.wait_state(running, "RUNNING")
+    wait_for(lambda: len(_job_processes(marker)) >= 3, what="the job's processes")  # bash and two sleeps
+    pending = cluster.submit(script, "--gpus-per-node=1", env_marker)
+    wait_for(lambda: cluster.job(pending)["reason"] == "Resources", what="a pending job")
+    cluster.cli("aircancel", str(pending))
+    assert cluster.job(pending)["state"] == "CANCELLED"
+    cluster.cli("aircancel", str(running))
+    # the script ignores SIGTERM: it is killed after the grace period (5 s on the local cluster)
+    job = cluster.wait_state(running, "CANCELLED", timeout=20)
+    assert job["reason"] == "Cancelled"
+    wait_for(lambda: not _job_processes(marker), timeout=5, what="no process of the job left")
+    codes = cluster.cli("airq", "-j", f"{running},{pending}", "-h", "-o", "%t").stdout.split()
+    assert codes == ["CA", "CA"]
+
+
+def test_cancel_of_unknown_or_done_job_is_an_error(cluster):
+    proc = cluster.cli("aircancel", "99999", check=False)
+    assert proc.returncode != 0 and proc.stderr.strip() == "aircancel: error: job 99999 does not exist"
+    done = cluster.submit(cluster.write_script("quick.sh", "#!/bin/sh\ntrue\n"))
+    cluster.wait_state(done, "COMPLETED")
+    proc = cluster.cli("aircancel", str(done), check=False)
+    assert proc.returncode != 0 and f"job {done} is completed; cannot cancel it" in proc.stderr
+
+
+def test_user_cannot_cancel_another_users_job(cluster):
+    job_id = cluster.submit(cluster.write_script("root.sh", "#!/bin/sh\nsleep 30\n"))
+    proc = cluster.cli("aircancel", str(job_id), check=False, user="nobody")
+    assert proc.returncode != 0 and "belongs to root" in proc.stderr
+    assert cluster.job(job_id)["state"] in ("PENDING", "RUNNING")
+    cluster.cli("aircancel", str(job_id))
+    cluster.wait_state(job_id, "CANCELLED")
+
+
+def test_airq_filters_and_airinfo_states(cluster):
+    held = cluster.submit(cluster.write_script("held.sh", "#!/bin/sh\ntrue\n"), "-H", "-J", "heldjob")
+    rows = cluster.queue("-t", "PD", "-n", "heldjob")
+    assert [r["job_id"] for r in rows] == [held] and rows[0]["reason"] == "JobHeldUser"
+    assert f"{held}" in cluster.cli("airq", "--me", "-h", "-o", "%i").stdout.split()
+    assert cluster.cli("airq", "-u", "nobody", "-t", "PD", "-h").stdout == ""
+    info = cluster.cli("airinfo", "-N", "-h", "-o", "%N %t %G").stdout.split("\n")
+    assert "node01 idle 4/4" in info and "node02 idle 4/4" in info
+    cluster.cli("aircancel", str(held))
