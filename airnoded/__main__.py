@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"airnoded: error: {e}", file=sys.stderr)
         return 2
     agent = Agent(cfg, node, gpus)
+    agent.launcher.kill_orphans()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=[
         ("grpc.max_receive_message_length", cfg.controller.max_message_bytes),
         ("grpc.so_reuseport", 0)])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import threading
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 import hostlist
+import psutil
 
 from protos import air_pb2 as pb
 
@@ -159,6 +161,7 @@ class Launcher:
             out.close()
             if err is not None:
                 err.close()
+        (jobdir / "pgid").write_text(f"{proc.pid}\n")
         log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
         return RunningJob(job.job_id, proc, proc.pid)
 
@@ -168,8 +171,28 @@ class Launcher:
         _killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group
         with self._lock:
             self.jobs.pop(running.job_id, None)
+        shutil.rmtree(self.spool / f"job{running.job_id}", ignore_errors=True)
         code, sig = (0, -status) if status < 0 else (status, 0)
         self.on_exit(pb.JobExit(job_id=running.job_id, exit_code=code, exit_signal=sig, killed=running.killed))
+
+    def kill_orphans(self) -> list[int]:
+        """Kill what jobs of an earlier daemon on this node left running; it can no longer watch them.
+
+        The controller then finds those jobs gone from this node and ends them with a reason.
+        """
+        killed = []
+        for pgid_file in self.spool.glob("job*/pgid"):
+            try:
+                pgid = int(pgid_file.read_text())
+            except (OSError, ValueError):
+                continue
+            job_id = int(pgid_file.parent.name[3:])
+            if _group_is_job(pgid, job_id):  # not a recycled process group
+                _killpg(pgid, signal.SIGKILL)
+            shutil.rmtree(pgid_file.parent, ignore_errors=True)
+            killed.append(job_id)
+            log.warning("job %d: killed process group %d left by an earlier airnoded", job_id, pgid)
+        return killed
 
     def signal(self, job_id: int, sig: int, grace_s: float) -> bool:
         """Send `sig` to the job's process group; sig 0 terminates: SIGTERM, then SIGKILL after grace."""
@@ -195,6 +218,16 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _group_is_job(pgid: int, job_id: int) -> bool:
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.environ().get("AIR_JOB_ID") == str(job_id):
+                return True
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return False
 
 
 def _open_output(path: str, job: pb.Job):
