@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv and install AIR with its test tools. torch 2.13.0 (the CPU wheel on this
+# machine) goes in first, so that nothing later pulls a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v -i "warning" || true
+.venv/bin/python -m pip install -q -e '.[test,runtime]' 2>&1 | grep -v -i "warning" || true
+.venv/bin/python -c "import torch, grpc, airctld, airnoded, aircli" || { echo "setup: install failed" >&2; exit 1; }

@@ -1,0 +1,54 @@
+"""Configuration: every bad key or value stops start-up with a message naming it."""
+import pytest
+
+from airctld.config import ConfigError, load, parse
+
+GOOD = {
+    "controller": {"address": "127.0.0.1:6817", "node_timeout_s": 3, "heartbeat_interval_s": 0.5},
+    "nodes": [{"name": "node[01-02]", "address": "127.0.0.[2-3]", "gpus": "sim:4"}],
+    "partitions": [{"name": "gpu", "nodes": "node[01-02]", "default": True, "max_time": "1-00:00:00"}],
+}
+
+
+def test_good_config_expands_host_lists():
+    cfg = parse(GOOD)
+    assert [(n.name, n.endpoint) for n in cfg.nodes] == [("node01", "127.0.0.2:6818"), ("node02", "127.0.0.3:6818")]
+    assert cfg.partition("").name == "gpu" and cfg.partition("gpu").max_time_s == 86400
+    assert cfg.partition("other") is None
+
+
+def _with(section, change, index=None):
+    data = {k: (list(v) if isinstance(v, list) else dict(v)) for k, v in GOOD.items()}
+    if index is None:
+        data[section] = {**data[section], **change}
+    else:
+        data[section][index] = {**data[section][index], **change}
+    return data
+
+
+@pytest.mark.parametrize("data,message", [
+    (_with("controller", {"adress": "x"}), "unknown key 'adress' in [controller]"),
+    (_with("controller", {"node_timeout_s": "3"}), "[controller] node_timeout_s = '3': expected a float"),
+    (_with("controller", {"auth": "kerberos"}), "auth = 'kerberos': valid values are none"),
+    (_with("controller", {"node_timeout_s": 0.1}), "node_timeout_s must be longer than heartbeat_interval_s"),
+    (_with("nodes", {"gpus": "sim:x"}, 0), "gpus = 'sim:x'"),
+    (_with("nodes", {"address": "127.0.0.[2-4]"}, 0), "2 names but 3 addresses"),
+    (_with("nodes", {"colour": "red"}, 0), "unknown key 'colour' in [[nodes]] #1"),
+    (_with("partitions", {"nodes": "node[01-03]"}, 0), "names node node03, which no [[nodes]] entry defines"),
+    (_with("partitions", {"max_time": "forever"}, 0), "[[partitions]] #1 max_time: time 'forever'"),
+    ({**GOOD, "extra": {}}, "unknown key 'extra' in the top level"),
+])
+def test_bad_config_names_the_key(data, message):
+    with pytest.raises(ConfigError) as e:
+        parse(data)
+    assert message in str(e.value)
+
+
+def test_load_names_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "air.toml"
+    path.write_text("[controller]\nadress = 1\n")
+    with pytest.raises(ConfigError, match=f"^{path}: unknown key 'adress'"):
+        load(str(path))
+    monkeypatch.setenv("AIR_CONF", str(tmp_path / "missing.toml"))
+    with pytest.raises(ConfigError, match="missing.toml does not exist"):
+        load()

@@ -1,0 +1,66 @@
+"""Pure job state transitions."""
+import pytest
+
+from airctld import events
+from airctld.model import Job, NodeAlloc
+from protos import air_pb2 as pb
+from protos.states import JobPhase, JobResult, Reason, long_state, state_code
+
+
+def _job(**kw):
+    base = dict(job_id=7, uid=1000, gid=1000, user="u", name="n", partition="gpu", num_nodes=1,
+                gpus_per_node=1, cpus_per_node=1, time_limit_s=0, submit_time=1.0, request=pb.JobRequest())
+    base.update(kw)
+    return Job(**base)
+
+
+ALLOC = (NodeAlloc("node01", (0,), 1),)
+
+
+def test_normal_life():
+    job = events.start(_job(), 10.0, ALLOC)
+    assert job.phase == JobPhase.RUNNING and job.start_time == 10.0 and job.batch_node == "node01"
+    done = events.exited(job, 15.0, 0, 0)
+    assert (done.phase, done.result, done.reason) == (JobPhase.DONE, JobResult.COMPLETED, Reason.NONE)
+    assert state_code(done.phase, done.result) == "CD"
+
+
+@pytest.mark.parametrize("code,sig,result,reason,st", [
+    (2, 0, JobResult.FAILED, Reason.NON_ZERO_EXIT, "F"),
+    (0, 9, JobResult.FAILED, Reason.SIGNALED, "F"),
+])
+def test_failures(code, sig, result, reason, st):
+    done = events.exited(events.start(_job(), 1, ALLOC), 2, code, sig)
+    assert (done.result, done.reason, state_code(done.phase, done.result)) == (result, reason, st)
+    if sig:
+        assert done.reason_detail == "killed by SIGKILL"
+
+
+def test_cancel_pending_ends_at_once_running_goes_through_completing():
+    pending = events.stop(_job(), 5, JobResult.CANCELLED, Reason.CANCELLED)
+    assert pending.phase == JobPhase.DONE and state_code(pending.phase, pending.result) == "CA"
+    running = events.stop(events.start(_job(), 1, ALLOC), 5, JobResult.CANCELLED, Reason.CANCELLED)
+    assert running.phase == JobPhase.COMPLETING and state_code(running.phase, running.result) == "CG"
+    done = events.exited(running, 6, 0, 15)  # the SIGTERM that cancel sent does not turn it into FAILED
+    assert (done.result, long_state(done.phase, done.result)) == (JobResult.CANCELLED, "CANCELLED")
+
+
+def test_timeout_and_node_failure():
+    job = events.start(_job(), 1, ALLOC)
+    assert state_code(*_pr(events.exited(events.stop(job, 9, JobResult.TIMEOUT, Reason.TIME_LIMIT), 10, 0, 15))) == "TO"
+    lost = events.lost(job, 9, Reason.NODE_FAIL, "node01 stopped responding")
+    assert state_code(*_pr(lost)) == "NF" and lost.reason_detail == "node01 stopped responding"
+
+
+def _pr(job):
+    return job.phase, job.result
+
+
+def test_forbidden_transitions_say_why():
+    done = events.exited(events.start(_job(), 1, ALLOC), 2, 0, 0)
+    with pytest.raises(events.TransitionError, match="job 7 is completed; cannot cancel it"):
+        events.stop(done, 3, JobResult.CANCELLED, Reason.CANCELLED)
+    with pytest.raises(events.TransitionError):
+        events.start(done, 3, ALLOC)
+    with pytest.raises(events.TransitionError):
+        events.exited(_job(), 3, 0, 0)

@@ -1,0 +1,45 @@
+"""squeue/sinfo-style rendering."""
+from aircli import formats
+from protos import air_pb2 as pb
+
+
+def _jobs():
+    return [
+        pb.Job(job_id=12, user="alice", partition="gpu", phase=pb.JOB_PHASE_PENDING, reason=pb.REASON_RESOURCES,
+               request=pb.JobRequest(name="a-very-long-job-name", nodes=2, gpus_per_node=4)),
+        pb.Job(job_id=13, user="bob", partition="gpu", phase=pb.JOB_PHASE_RUNNING, start_time=1000.0,
+               time_limit_s=3600, request=pb.JobRequest(name="run", nodes=2),
+               allocation=[pb.NodeAlloc(node="node01"), pb.NodeAlloc(node="node02")]),
+        pb.Job(job_id=14, user="bob", partition="gpu", phase=pb.JOB_PHASE_DONE, result=pb.JOB_RESULT_NODE_FAIL,
+               reason=pb.REASON_NODE_FAIL, start_time=1000.0, end_time=1065.0, request=pb.JobRequest(name="x"),
+               allocation=[pb.NodeAlloc(node="node03")]),
+    ]
+
+
+def test_squeue_default_columns():
+    items = formats.compile_format(formats.SQUEUE_DEFAULT, formats.job_fields(now=1125.0))
+    assert formats.render(items, _jobs(), header=True) == [
+        "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)",
+        "                12       gpu a-very-l    alice PD       0:00      2 (Resources)",
+        "                13       gpu      run      bob  R       2:05      2 node[01-02]",
+        "                14       gpu        x      bob NF       1:05      1 node03",
+    ]
+
+
+def test_custom_format_left_and_right_alignment():
+    items = formats.compile_format("%i|%-6u|%.6T|%l|%b|%r", formats.job_fields(now=0))
+    assert formats.render(items, _jobs()[:2], header=False) == [
+        "12|alice |PENDIN|UNLIMITED|gres/gpu:4|Resources",
+        "13|bob   |RUNNIN|1:00:00|N/A|None",
+    ]
+
+
+def test_node_state_names():
+    def node(**kw):
+        return pb.Node(cpus=8, gpus=[pb.Gpu(index=i) for i in range(4)], state=pb.NODE_STATE_UP, **kw)
+    assert formats.node_state(node()) == "idle"
+    assert formats.node_state(node(gpus_alloc=2, cpus_alloc=2)) == "mix"
+    assert formats.node_state(node(gpus_alloc=4, cpus_alloc=4)) == "alloc"
+    assert formats.node_state(node(cpus_alloc=8)) == "alloc"
+    assert formats.node_state(pb.Node(state=pb.NODE_STATE_DOWN)) == "down"
+    assert formats.node_state(pb.Node(state=pb.NODE_STATE_DRAIN, gpus_alloc=1)) == "drng"

@@ -1,0 +1,42 @@
+"""The batch script's environment and output paths, compared with expected values."""
+from airnoded.launcher import expand_pattern, job_environment, output_paths
+from protos import air_pb2 as pb
+
+
+def _job():
+    return pb.Job(job_id=42, user="alice", partition="gpu",
+                  request=pb.JobRequest(name="train", workdir="/home/alice/run", environment={"PATH": "/usr/bin"}),
+                  allocation=[pb.NodeAlloc(node="node03", gpus=[2, 3], cpus=4),
+                              pb.NodeAlloc(node="node04", gpus=[0, 1], cpus=4),
+                              pb.NodeAlloc(node="node05", gpus=[0, 1], cpus=4)])
+
+
+def test_batch_environment_golden():
+    env = job_environment(_job(), "node03")
+    assert {k: v for k, v in env.items() if k.startswith(("AIR_", "SLURM", "CUDA"))} == {
+        "AIR_JOB_ID": "42", "AIR_JOB_NAME": "train", "AIR_JOB_NODELIST": "node[03-05]", "AIR_NNODES": "3",
+        "AIR_GPUS_PER_NODE": "2", "AIR_SUBMIT_DIR": "/home/alice/run", "AIR_NODENAME": "node03",
+        "AIR_JOB_PARTITION": "gpu", "CUDA_VISIBLE_DEVICES": "2,3",
+        "SLURM_JOB_ID": "42", "SLURM_JOBID": "42", "SLURM_JOB_NAME": "train", "SLURM_JOB_NODELIST": "node[03-05]",
+        "SLURM_NODELIST": "node[03-05]", "SLURM_NNODES": "3", "SLURM_JOB_NUM_NODES": "3",
+        "SLURM_SUBMIT_DIR": "/home/alice/run", "SLURM_JOB_PARTITION": "gpu", "SLURMD_NODENAME": "node03",
+        "SLURM_GPUS_ON_NODE": "2",
+    }
+    assert env["PATH"] == "/usr/bin"
+
+
+def test_submitter_cannot_override_the_job_variables():
+    job = _job()
+    job.request.environment["CUDA_VISIBLE_DEVICES"] = "0,1,2,3,4,5,6,7"
+    job.request.environment["AIR_JOB_ID"] = "1"
+    env = job_environment(job, "node03")
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["AIR_JOB_ID"] == "42"
+
+
+def test_output_patterns():
+    job = _job()
+    assert expand_pattern("%x-%j-%u-%N-100%%.log", job, "node03") == "train-42-alice-node03-100%.log"
+    assert expand_pattern("%q%j", job, "n") == "%q42"
+    assert output_paths(job, "node03") == ("/home/alice/run/air-42.out", None)
+    job.request.output, job.request.error = "/logs/%j.out", "err/%x.err"
+    assert output_paths(job, "node03") == ("/logs/42.out", "/home/alice/run/err/train.err")

@@ -1,0 +1,113 @@
+"""The store's contract, run against a file and against :memory:."""
+import sqlite3
+
+import pytest
+
+from airctld import events
+from airctld.model import Job, Node, NodeAlloc
+from airctld.store import SCHEMA_VERSION, Store, StoreError
+from protos import air_pb2 as pb
+from protos.states import JobPhase, JobResult, NodeState
+
+
+@pytest.fixture(params=["file", "memory"])
+def store(request, tmp_path):
+    s = Store(str(tmp_path / "air.db") if request.param == "file" else ":memory:")
+    yield s
+    s.close()
+
+
+def _job(name="j"):
+    return Job(job_id=0, uid=1000, gid=100, user="alice", name=name, partition="gpu", num_nodes=1,
+               gpus_per_node=2, cpus_per_node=1, time_limit_s=60, submit_time=100.0,
+               request=pb.JobRequest(name=name, script="#!/bin/sh\ntrue\n", environment={"A": "1"}))
+
+
+def test_insert_get_round_trip_with_event(store):
+    with store.transaction():
+        job_id = store.insert_job(_job(), who=1000)
+    got = store.get_job(job_id)
+    assert got.job_id == job_id and got.user == "alice" and got.request.environment["A"] == "1"
+    assert got.phase == JobPhase.PENDING
+    assert [e["new_state"] for e in store.events(job_id)] == ["PENDING"]
+
+
+def test_update_writes_an_event_per_state_change(store):
+    with store.transaction():
+        job_id = store.insert_job(_job(), who=1000)
+    job = store.get_job(job_id)
+    started = events.start(job, 110.0, (NodeAlloc("node01", (0, 1), 1),))
+    done = events.exited(started, 120.0, 0, 0)
+    with store.transaction():
+        store.update_job(job, started, 110.0, who=-1)
+    with store.transaction():
+        store.update_job(started, done, 120.0, who=-1)
+    got = store.get_job(job_id)
+    assert got.result == JobResult.COMPLETED and got.allocation == (NodeAlloc("node01", (0, 1), 1),)
+    assert [(e["old_state"], e["new_state"]) for e in store.events(job_id)] == [
+        ("", "PENDING"), ("PENDING", "RUNNING"), ("RUNNING", "COMPLETED")]
+
+
+def test_failed_transaction_changes_nothing(store):
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            store.insert_job(_job(), who=0)
+            raise RuntimeError("boom")
+    assert store.get_job(1) is None and store.events(1) == []
+
+
+def test_ids_grow_and_are_never_reused(store):
+    with store.transaction():
+        a = store.insert_job(_job(), 0)
+        b = store.insert_job(_job(), 0)
+    store.db.execute("DELETE FROM jobs WHERE id = ?", [b])
+    with store.transaction():
+        c = store.insert_job(_job(), 0)
+    assert a < b < c and store.max_job_id() == c
+
+
+def test_load_jobs_keeps_active_and_recent(store):
+    with store.transaction():
+        ids = [store.insert_job(_job(str(i)), 0) for i in range(3)]
+    old = store.get_job(ids[0])
+    done = events.stop(old, 50.0, JobResult.CANCELLED, pb.REASON_CANCELLED)
+    recent = events.stop(store.get_job(ids[1]), 500.0, JobResult.CANCELLED, pb.REASON_CANCELLED)
+    with store.transaction():
+        store.update_job(old, done, 50.0, 0)
+        store.update_job(store.get_job(ids[1]), recent, 500.0, 0)
+    assert [j.job_id for j in store.load_jobs(done_since=100.0)] == ids[1:]
+
+
+def test_nodes_round_trip(store):
+    node = Node(name="node01", address="127.0.0.2:6818", cpus=8, memory_mb=1024,
+                gpus=(pb.Gpu(index=0, uuid="GPU-x", name="sim", memory_mb=80),), state=NodeState.UP,
+                last_heartbeat=5.0)
+    with store.transaction():
+        store.save_node(node)
+        store.save_node(Node(**{**node.__dict__, "state": NodeState.DOWN, "reason": "gone"}))
+    [got] = store.load_nodes()
+    assert got.state == NodeState.DOWN and got.reason == "gone" and got.gpus[0].uuid == "GPU-x"
+
+
+def test_file_store_survives_reopen_in_wal_mode(tmp_path):
+    path = str(tmp_path / "air.db")
+    s = Store(path)
+    with s.transaction():
+        first = s.insert_job(_job(), 0)
+    s.close()
+    s = Store(path)
+    with s.transaction():
+        second = s.insert_job(_job(), 0)
+    assert second == first + 1
+    assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    s.close()
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = str(tmp_path / "air.db")
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(StoreError, match="newer than this airctld knows"):
+        Store(path)
