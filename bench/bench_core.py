@@ -1,0 +1,225 @@
+"""Core benchmarks: AIR on a local cluster, and the real Slurm of ../shared/peers/slurm/, in one run.
+
+    python bench/bench_core.py [--jobs 100000] [--no-slurm] [--write bench/RESULTS.md]
+
+Prints one line per figure with the Slurm figure and the ratio where Slurm does the same work.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SLURM = ROOT.parent / "shared" / "peers" / "slurm"
+BASE = "127.0.9.1"
+
+
+def _sh(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), check=True, capture_output=True, text=True, **kw)
+
+
+def _timed(args: list[str], env: dict) -> float:
+    t = time.perf_counter()
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, env=env)
+    return time.perf_counter() - t
+
+
+# ---------------------------------------------------------------- API clients (one process each)
+
+def _api_submit(args) -> int:
+    config, count, hold, workdir = args
+    from aircli.client import Client
+    from protos import air_pb2 as pb
+    client = Client(config)
+    req = pb.SubmitRequest(job=pb.JobRequest(name="bench", script="#!/bin/sh\ntrue\n", workdir=workdir,
+                                             output="/dev/null", hold=hold, nodes=1, ntasks_per_node=1,
+                                             cpus_per_task=1))
+    for _ in range(count):
+        client.call("Submit", req)
+    return count
+
+
+def api_submit(config: str, total: int, clients: int, hold: bool, workdir: str) -> float:
+    """Jobs acknowledged per second, `clients` processes in parallel; each reply comes after the commit."""
+    per = total // clients
+    with Pool(clients) as pool:
+        pool.map(_api_submit, [(config, 1, hold, workdir)] * clients)  # connect and warm up
+        t = time.perf_counter()
+        done = sum(pool.map(_api_submit, [(config, per, hold, workdir)] * clients))
+        return done / (time.perf_counter() - t)
+
+
+# ---------------------------------------------------------------- AIR
+
+class Air:
+    def __init__(self):
+        self.root = Path(tempfile.mkdtemp(prefix="air-bench-"))
+        self.dir = self.root / "cluster"
+        self.config = str(self.dir / "air.toml")
+        self.env = dict(os.environ, AIR_CONF=self.config)
+
+    def up(self):
+        _sh(str(BIN / "aircontrol"), "local", "up", "--dir", str(self.dir), "--nodes", "2",
+            "--gpus-per-node", "4", "--cpus-per-node", "64", "--base-address", BASE)
+
+    def down(self):
+        subprocess.run([str(BIN / "aircontrol"), "local", "down", "--dir", str(self.dir)], capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def queue_empty(self) -> bool:
+        out = subprocess.run([str(BIN / "airq"), "-h", "-t", "PD,R,CG"], capture_output=True, text=True,
+                             env=self.env).stdout
+        return not out.strip()
+
+    def start_latency(self, runs: int = 5) -> float:
+        marks = []
+        for i in range(runs):
+            mark = self.root / f"start-{i}"
+            t = time.time()
+            _sh(str(BIN / "airbatch"), "-o", "/dev/null", "--wrap", f"date +%s.%N > {mark}", env=self.env,
+                cwd=self.root)
+            while not (mark.exists() and mark.read_text().strip()):
+                time.sleep(0.002)
+            marks.append(float(mark.read_text()) - t)
+        return statistics.median(marks)
+
+    def drain(self, jobs: int, clients: int = 4) -> float:
+        t = time.perf_counter()
+        api_submit(self.config, jobs, clients, hold=False, workdir=str(self.root))
+        while not self.queue_empty():
+            time.sleep(0.02)
+        return jobs / (time.perf_counter() - t)
+
+    def cli_submit_ms(self, runs: int = 30) -> float:
+        times = [_timed([str(BIN / "airbatch"), "-H", "-o", "/dev/null", "--wrap", "true"], self.env)
+                 for _ in range(runs)]
+        return statistics.median(times) * 1000
+
+    def airq_ms(self, runs: int = 7) -> float:
+        return statistics.median(_timed([str(BIN / "airq")], self.env) for _ in range(runs)) * 1000
+
+    def cancel_user_s(self) -> float:
+        return _timed([str(BIN / "aircancel"), "-u", os.environ.get("USER", "root") if os.getuid() else "root"],
+                      self.env)
+
+
+def python_floor_ms(runs: int = 20) -> tuple[float, float]:
+    """Interpreter start alone, and start plus importing what airbatch imports before its RPC."""
+    bare = statistics.median(_timed([sys.executable, "-c", "pass"], os.environ) for _ in range(runs))
+    imports = statistics.median(_timed([sys.executable, "-c", "import aircli.batch, grpc, protos.air_pb2_grpc"],
+                                       os.environ) for _ in range(runs))
+    return bare * 1000, imports * 1000
+
+
+# ---------------------------------------------------------------- Slurm
+
+def slurm_measure(n: int) -> dict[str, float]:
+    _sh("bash", str(SLURM / "up.sh"))
+    out = _sh("bash", str(SLURM / "measure.sh"), str(n)).stdout
+    return {k: float(v) for k, v in (line.split() for line in out.splitlines() if line.strip())}
+
+
+def slurm_large(n: int, parallel: int = 8) -> dict[str, float]:
+    """Fill Slurm with n held jobs, then time squeue and scancel -u, as AIR's large-queue figures do."""
+    per = n // parallel
+    loop = f"for i in $(seq {per}); do sbatch -H -o /dev/null --wrap true >/dev/null; done"
+    procs = [subprocess.Popen(["bash", "-c", loop]) for _ in range(parallel)]
+    for p in procs:
+        p.wait()
+    squeue = statistics.median(_timed(["squeue"], os.environ) for _ in range(5)) * 1000
+    scancel = _timed(["scancel", "-u", "root"], os.environ)
+    while _sh("squeue", "-h").stdout.strip():
+        time.sleep(1)
+    return {"squeue_large_ms": squeue, "scancel_large_s": scancel, "large_jobs": per * parallel}
+
+
+def slurm_down():
+    subprocess.run(["bash", str(SLURM / "down.sh")], capture_output=True)
+
+
+# ---------------------------------------------------------------- main
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=100_000, help="jobs in the store for the airq/cancel figures")
+    parser.add_argument("--drain", type=int, default=300)
+    parser.add_argument("--no-slurm", action="store_true")
+    parser.add_argument("--slurm-large", action="store_true", help="also fill Slurm with --jobs held jobs")
+    parser.add_argument("--write", help="append the results to this markdown file")
+    args = parser.parse_args()
+
+    rows: list[tuple[str, str, str, str, str]] = []   # figure, AIR, Slurm, ratio, target
+    slurm: dict[str, float] = {}
+    if not args.no_slurm:
+        print("slurm: measuring ...", flush=True)
+        slurm = slurm_measure(args.drain)
+        if args.slurm_large:
+            slurm.update(slurm_large(args.jobs))
+        slurm_down()
+        print(f"slurm: {slurm}", flush=True)
+
+    air = Air()
+    try:
+        air.up()
+        api = api_submit(air.config, 4000, 4, hold=True, workdir=str(air.root))
+        subprocess.run([str(BIN / "aircancel"), "-u", "root"], env=air.env, check=True)
+        latency = air.start_latency()
+        drain = air.drain(args.drain)
+        cli_ms = air.cli_submit_ms()
+        bare_ms, import_ms = python_floor_ms()
+        subprocess.run([str(BIN / "aircancel"), "-u", "root"], env=air.env, check=True)
+        fill_t = time.perf_counter()
+        api_submit(air.config, args.jobs, 4, hold=True, workdir=str(air.root))
+        fill = args.jobs / (time.perf_counter() - fill_t)
+        airq = air.airq_ms()
+        cancel = air.cancel_user_s()
+    finally:
+        air.down()
+
+    def ratio(ours: float, theirs: float | None, higher_is_better: bool) -> str:
+        if not theirs:
+            return "-"
+        return f"{(ours / theirs if higher_is_better else theirs / ours):.1f}x"
+
+    s = slurm.get
+    rows.append(("submissions/s, API, 4 clients, held, durable", f"{api:.0f}", "-", "-", "1,000/s"))
+    rows.append((f"submissions/s, API, 4 clients ({args.jobs:,} held)", f"{fill:.0f}", "-", "-", "1,000/s"))
+    rows.append(("submit-to-start latency, median of 5 (s)", f"{latency:.3f}",
+                 f"{s('start_s'):.3f}" if s("start_s") else "-", ratio(latency, s("start_s"), False), "< 0.1 s"))
+    rows.append((f"{args.drain} trivial jobs submitted and finished (jobs/s)", f"{drain:.0f}",
+                 f"{s('drain_jobs_s'):.1f}" if s("drain_jobs_s") else "-", ratio(drain, s("drain_jobs_s"), True),
+                 "250/s"))
+    rows.append((f"airq wall time, {args.jobs:,} jobs (ms)", f"{airq:.0f}",
+                 f"{s('squeue_large_ms'):.0f}" if s("squeue_large_ms") else "-",
+                 ratio(airq, s("squeue_large_ms"), False), "< 200 ms"))
+    rows.append((f"aircancel -u, {args.jobs:,} pending jobs (s)", f"{cancel:.2f}",
+                 f"{s('scancel_large_s'):.1f}" if s("scancel_large_s") else "-",
+                 ratio(cancel, s("scancel_large_s"), False), "< 2 s"))
+    rows.append(("airbatch wall time per call (ms)", f"{cli_ms:.1f}",
+                 f"{s('submit_ms'):.2f}" if s("submit_ms") else "-", ratio(cli_ms, s("submit_ms"), False),
+                 f"floor: python start {bare_ms:.0f} ms, imports {import_ms:.0f} ms"))
+
+    header = "| figure | AIR | Slurm | AIR vs Slurm | target / note |\n|---|---|---|---|---|"
+    table = header + "\n" + "\n".join(f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows)
+    print(table)
+    if args.write:
+        command = "python bench/bench_core.py " + " ".join(sys.argv[1:])
+        with open(args.write, "a") as f:
+            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n`{command}` on "
+                    f"{os.cpu_count()} cores; Slurm 22.05 from ../shared/peers/slurm on the same machine, "
+                    f"same run{'' if args.slurm_large else ' (Slurm large-queue figures not run)'}.\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
