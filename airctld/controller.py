@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 
 from airctld import events, scheduler
 from airctld.config import Config
+from airctld.jobtable import JobTable
 from airctld.errors import Conflict, Denied, InvalidRequest, NotFound
 from airctld.model import Job, Node
 from airctld.nodes import NodeClients
@@ -43,11 +44,11 @@ class Controller:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._actions = ThreadPoolExecutor(max_workers=16, thread_name_prefix="act")
-        self._brief: dict[int, bytes] = {}
         self._misses: dict[int, int] = {}
         self._launching: set[int] = set()
         now = clock()
-        self.jobs: dict[int, Job] = {j.job_id: j for j in store.load_jobs(now - config.controller.min_job_age_s)}
+        self.jobs = JobTable(store.load_jobs(now - config.controller.min_job_age_s))
+        self._dirty = True   # something changed that may let a pending job start
         stored = {n.name: n for n in store.load_nodes()}
         self.nodes: dict[str, Node] = {}
         for nc in config.nodes:
@@ -88,7 +89,8 @@ class Controller:
         with self._lock:
             with self.store.transaction():
                 job_id = self.store.insert_job(job, who.uid)
-            self.jobs[job_id] = _replace(job, job_id=job_id)
+            self.jobs.put(_replace(job, job_id=job_id))
+            self._dirty = True
         self._wake.set()
         return job_id, ""
 
@@ -127,8 +129,8 @@ class Controller:
 
     def _estimate(self, job: Job) -> str:
         with self._lock:
-            free = scheduler.free_resources(self.nodes.values(), self._active())
-            pending = [j for j in self.jobs.values() if j.phase == JobPhase.PENDING]
+            free = scheduler.free_resources(self.nodes.values(), self.jobs.active())
+            pending = self.jobs.in_phase(JobPhase.PENDING)
         probe = _replace(job, job_id=-1, priority=job.priority)
         plan = scheduler.schedule(pending + [probe], free, self.partitions)
         for job_id, alloc in plan.starts:
@@ -163,7 +165,7 @@ class Controller:
                 raise NotFound(f"job {missing[0]} does not exist")
             candidates = [self.jobs.get(i) or self.store.get_job(i) for i in filt.job_ids]
         else:
-            candidates = list(self.jobs.values())
+            candidates = list(self.jobs)
         selected = [j for j in candidates if _matches(j, filt)]
         if not for_cancel:
             return selected
@@ -200,10 +202,7 @@ class Controller:
                 if job.phase == JobPhase.DONE and job.end_time < horizon and not filt.include_old \
                         and not filt.job_ids:
                     continue
-                enc = self._brief.get(job.job_id)
-                if enc is None:
-                    enc = self._brief[job.job_id] = _brief(job)
-                out.append(enc)
+                out.append(self.jobs.brief(job, _brief))
             return out
 
     def get_job(self, job_id: int) -> Job:
@@ -216,9 +215,10 @@ class Controller:
 
     def node_views(self) -> list[pb.Node]:
         with self._lock:
-            free = scheduler.free_resources(self.nodes.values(), self._active())
+            active = self.jobs.active()
+            free = scheduler.free_resources(self.nodes.values(), active)
             running = {}
-            for job in self._active():
+            for job in active:
                 for a in job.allocation:
                     running[a.node] = running.get(a.node, 0) + 1
             views = []
@@ -247,6 +247,7 @@ class Controller:
             with self.store.transaction():
                 self.store.save_node(node)
             self.nodes[info.name] = node
+            self._dirty = True
         log.info("node %s registered from %s: %d cpus, %d gpus", info.name, info.address, info.cpus,
                  len(info.gpus))
         self._wake.set()
@@ -266,7 +267,7 @@ class Controller:
                     changes.append((job, events.exited(job, now, e.exit_code, e.exit_signal, e.detail,
                                                        e.launch_failed)))
             running = set(req.running)
-            for job in self._active():
+            for job in self.jobs.active():
                 if job.batch_node != req.name or job.job_id in running or job.job_id in reported \
                         or job.job_id in self._launching:
                     self._misses.pop(job.job_id, None)
@@ -278,15 +279,12 @@ class Controller:
                     changes.append((job, events.lost(job, now, Reason.JOB_LOST,
                                                      f"node {req.name} no longer has the job")))
             self._commit(changes, now, CONTROLLER_UID)
-            kill = [i for i in running if self.jobs.get(i) is None or self.jobs[i].phase == JobPhase.DONE]
+            kill = [i for i in running if (j := self.jobs.get(i)) is None or j.phase == JobPhase.DONE]
         if changes:
             self._wake.set()
         return pb.HeartbeatReply(acked=sorted(reported), kill=kill)
 
     # ------------------------------------------------------------ passes
-
-    def _active(self) -> list[Job]:
-        return [j for j in self.jobs.values() if j.phase in ACTIVE_PHASES]
 
     def _commit(self, changes: Iterable[tuple[Job, Job]], now: float, who: int) -> list[Job]:
         """Write (old, new) job pairs in one transaction, then take them into memory."""
@@ -296,11 +294,12 @@ class Controller:
         with self.store.transaction():
             for old, new in changes:
                 self.store.update_job(old, new, now, who)
-        for _, new in changes:
-            self.jobs[new.job_id] = new
-            self._brief.pop(new.job_id, None)
+        for old, new in changes:
+            self.jobs.put(new)
             if new.phase == JobPhase.DONE:
                 self._misses.pop(new.job_id, None)
+            if new.phase == JobPhase.DONE:
+                self._dirty = True  # resources freed, or a job that others waited behind is gone
         return [new for _, new in changes]
 
     def _check_liveness(self, now: float) -> None:
@@ -312,7 +311,7 @@ class Controller:
                 return
             names = {n.name for n in silent}
             changes = []
-            for job in self._active():
+            for job in self.jobs.active():
                 down = names.intersection(job.node_names)
                 if down:
                     changes.append((job, events.lost(job, now, Reason.NODE_FAIL,
@@ -322,6 +321,7 @@ class Controller:
                     node = _replace(n, state=NodeState.DOWN, reason=f"not responding for over {timeout:g} s")
                     self.store.save_node(node)
                     self.nodes[n.name] = node
+                self._dirty = True
                 failed = self._commit(changes, now, CONTROLLER_UID)
         for n in silent:
             log.warning("node %s is DOWN: silent for over %g s", n.name, timeout)
@@ -331,8 +331,8 @@ class Controller:
 
     def _enforce_time_limits(self, now: float) -> None:
         with self._lock:
-            over = [j for j in self.jobs.values() if j.phase == JobPhase.RUNNING and j.time_limit_s
-                    and now - j.start_time > j.time_limit_s]
+            over = [j for j in self.jobs.in_phase(JobPhase.RUNNING)
+                    if j.time_limit_s and now - j.start_time > j.time_limit_s]
             changed = self._commit([(j, events.stop(j, now, JobResult.TIMEOUT, Reason.TIME_LIMIT,
                                                     "time limit reached")) for j in over], now, CONTROLLER_UID)
         for job in changed:
@@ -341,26 +341,41 @@ class Controller:
     def _forget_old(self, now: float) -> None:
         horizon = now - self.config.controller.min_job_age_s
         with self._lock:
-            old = [i for i, j in self.jobs.items() if j.phase == JobPhase.DONE and j.end_time < horizon]
-            for i in old:
-                del self.jobs[i]
-                self._brief.pop(i, None)
+            for job in self.jobs.in_phase(JobPhase.DONE):
+                if job.end_time < horizon:
+                    self.jobs.remove(job.job_id)
 
     def _schedule(self, now: float) -> None:
+        """Snapshot under the lock, plan without it, apply what still holds under it.
+
+        Only this loop starts jobs, so resources free in the snapshot cannot be taken meanwhile;
+        a job cancelled or a node lost during planning is checked again before it starts.
+        """
         with self._lock:
-            pending = [j for j in self.jobs.values() if j.phase == JobPhase.PENDING]
+            if not self._dirty:
+                return
+            self._dirty = False
+            pending = self.jobs.in_phase(JobPhase.PENDING)
             if not pending:
                 return
-            free = scheduler.free_resources(self.nodes.values(), self._active())
-            plan = scheduler.schedule(pending, free, self.partitions)
-            starts = [(self.jobs[i], events.start(self.jobs[i], now, alloc)) for i, alloc in plan.starts]
-            reasons = [(i, r) for i, r in plan.waiting.items() if self.jobs[i].reason != r]
+            free = scheduler.free_resources(self.nodes.values(), self.jobs.active())
+        plan = scheduler.schedule(pending, free, self.partitions)
+        with self._lock:
+            starts = []
+            for job_id, alloc in plan.starts:
+                job = self.jobs.get(job_id)
+                if job is None or job.phase != JobPhase.PENDING or \
+                        any(self.nodes[a.node].state != NodeState.UP for a in alloc):
+                    self._dirty = True
+                    continue
+                starts.append((job, events.start(job, now, alloc)))
+            reasons = [(i, r) for i, r in plan.waiting.items()
+                       if (j := self.jobs.get(i)) is not None and j.phase == JobPhase.PENDING and j.reason != r]
             with self.store.transaction():
                 started = self._commit(starts, now, CONTROLLER_UID)
                 self.store.set_pending_reasons(reasons)
             for i, r in reasons:
-                self.jobs[i] = events.waiting(self.jobs[i], r)
-                self._brief.pop(i, None)
+                self.jobs.put(events.waiting(self.jobs.get(i), r))
             self._launching.update(j.job_id for j in started)
         for job in started:
             self._actions.submit(self._launch, job)

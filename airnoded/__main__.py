@@ -1,7 +1,14 @@
 """airnoded: find this node in the configuration, take its GPU inventory, serve NodeAgent, heartbeat."""
 from __future__ import annotations
 
-import argparse
+import os
+
+# gRPC's fork handlers, run in the child of every job this daemon forks while gRPC threads are
+# busy, crash that child now and then (SIGSEGV before exec). The daemon never uses gRPC in a
+# child, so it turns them off before grpc is imported.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
+
+import argparse  # noqa: E402
 import logging
 import signal
 import socket

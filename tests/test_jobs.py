@@ -27,7 +27,7 @@ def test_job_runs_as_submitter_on_its_node_with_its_environment(cluster):
                              str(script), "a1", "a2", user="nobody",
                              env={"MY_SETTING": "kept"}).stdout)
     job = cluster.wait_state(job_id, "FAILED")
-    assert job["exit_code"] == 3 and job["reason"] == "NonZeroExitCode"
+    assert job["exit_code"] == 3 and job["reason"] == "NonZeroExitCode", str(job)
     assert job["uid"] == nobody.pw_uid and job["user"] == "nobody"
     out_path = cluster.work / f"air-{job_id}.out"
     assert os.stat(out_path).st_uid == nobody.pw_uid

@@ -1,0 +1,54 @@
+"""The controller's jobs in memory, indexed by phase so that each pass touches only what it needs."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from airctld.model import Job
+from protos.states import ACTIVE_PHASES, JobPhase
+
+
+class JobTable:
+    def __init__(self, jobs: list[Job] = ()):
+        self._jobs: dict[int, Job] = {}
+        self._by_phase: dict[JobPhase, dict[int, None]] = {p: {} for p in JobPhase}  # ordered sets
+        self._brief: dict[int, bytes] = {}
+        for job in jobs:
+            self.put(job)
+
+    def put(self, job: Job) -> None:
+        old = self._jobs.get(job.job_id)
+        if old is not None and old.phase != job.phase:
+            del self._by_phase[old.phase][job.job_id]
+        self._jobs[job.job_id] = job
+        self._by_phase[job.phase][job.job_id] = None
+        self._brief.pop(job.job_id, None)
+
+    def remove(self, job_id: int) -> None:
+        job = self._jobs.pop(job_id)
+        del self._by_phase[job.phase][job_id]
+        self._brief.pop(job_id, None)
+
+    def get(self, job_id: int) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def __contains__(self, job_id: int) -> bool:
+        return job_id in self._jobs
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self._jobs.values())
+
+    def in_phase(self, phase: JobPhase) -> list[Job]:
+        return [self._jobs[i] for i in self._by_phase[phase]]
+
+    def active(self) -> list[Job]:
+        return [self._jobs[i] for p in ACTIVE_PHASES for i in self._by_phase[p]]
+
+    def brief(self, job: Job, encode) -> bytes:
+        """The job's cached short encoding for listings, made with `encode` when missing."""
+        enc = self._brief.get(job.job_id)
+        if enc is None:
+            enc = self._brief[job.job_id] = encode(job)
+        return enc
