@@ -44,20 +44,25 @@ def compile_format(fmt: str, fields: dict[str, tuple[str, Callable]]) -> list:
     return items
 
 
-def _cell(text: str, width: int, right: bool) -> str:
-    if not width:
-        return text
-    text = text[:width]
-    return text.rjust(width) if right else text.ljust(width)
+def _printf(items: list, header: bool) -> str:
+    """The items as one %-format string: `%-9.9s` (left) or `%9.9s` (right) for a field of width 9."""
+    parts = []
+    for i in items:
+        if isinstance(i, str):
+            parts.append(i.replace("%", "%%"))
+        else:
+            width = f"{i[2]}.{i[2]}" if i[2] else ""
+            parts.append(f"%{'' if i[3] else '-'}{width}s")
+    return "".join(parts)
 
 
 def render(items: list, rows, header: bool) -> list[str]:
+    fmt = _printf(items, header)
+    getters = [i[1] for i in items if not isinstance(i, str)]
     lines = []
     if header:
-        lines.append("".join(i if isinstance(i, str) else _cell(i[0], i[2], i[3]) for i in items).rstrip())
-    for row in rows:
-        lines.append("".join(i if isinstance(i, str) else _cell(str(i[1](row)), i[2], i[3])
-                             for i in items).rstrip())
+        lines.append((fmt % tuple(i[0] for i in items if not isinstance(i, str))).rstrip())
+    lines.extend((fmt % tuple([g(row) for g in getters])).rstrip() for row in rows)
     return lines
 
 
@@ -69,6 +74,9 @@ def nodelist(job: pb.Job) -> str:
 
 def reason_text(job: pb.Job) -> str:
     return REASON_NAMES[Reason(job.reason)]
+
+
+_STATE_CODES = {(p, r): state_code(p, r) for p in pb.JobPhase.values() for r in pb.JobResult.values()}
 
 
 def elapsed(job: pb.Job, now: float) -> float:
@@ -101,9 +109,9 @@ def job_fields(now: float) -> dict[str, tuple[str, Callable[[pb.Job], object]]]:
         "u": ("USER", lambda j: j.user),
         "U": ("UID", lambda j: j.uid),
         "a": ("ACCOUNT", lambda j: j.request.account or "(null)"),
-        "t": ("ST", lambda j: state_code(j.phase, j.result)),
+        "t": ("ST", lambda j: _STATE_CODES[j.phase, j.result]),
         "T": ("STATE", lambda j: long_state(j.phase, j.result)),
-        "M": ("TIME", lambda j: format_duration(elapsed(j, now))),
+        "M": ("TIME", lambda j: format_duration(elapsed(j, now)) if j.start_time else "0:00"),
         "l": ("TIME_LIMIT", lambda j: format_limit(j.time_limit_s)),
         "D": ("NODES", lambda j: len(j.allocation) or j.request.nodes or 1),
         "C": ("CPUS", lambda j: sum(a.cpus for a in j.allocation) or

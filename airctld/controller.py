@@ -58,7 +58,9 @@ class Controller:
 
     # ------------------------------------------------------------ the loop
 
-    def run(self, interval: float = 0.5) -> None:
+    def run(self, interval: float = 0.5, min_interval: float = 0.005) -> None:
+        """Pass on every wake-up (a submission, an exit, a node change) or every `interval`; passes
+        are at least `min_interval` apart so that a burst of submissions shares one."""
         while not self._stopping.is_set():
             self._wake.wait(interval)
             self._wake.clear()
@@ -66,6 +68,7 @@ class Controller:
                 self.tick()
             except Exception:
                 log.exception("controller pass failed")
+            self._stopping.wait(min_interval)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -355,7 +358,7 @@ class Controller:
             if not self._dirty:
                 return
             self._dirty = False
-            pending = self.jobs.in_phase(JobPhase.PENDING)
+            pending = self.jobs.schedulable()  # held jobs keep the JobHeldUser reason set at submit
             if not pending:
                 return
             free = scheduler.free_resources(self.nodes.values(), self.jobs.active())

@@ -11,6 +11,7 @@ class JobTable:
     def __init__(self, jobs: list[Job] = ()):
         self._jobs: dict[int, Job] = {}
         self._by_phase: dict[JobPhase, dict[int, None]] = {p: {} for p in JobPhase}  # ordered sets
+        self._held: dict[int, None] = {}   # pending jobs held by their owner: no pass looks at them
         self._brief: dict[int, bytes] = {}
         for job in jobs:
             self.put(job)
@@ -21,11 +22,16 @@ class JobTable:
             del self._by_phase[old.phase][job.job_id]
         self._jobs[job.job_id] = job
         self._by_phase[job.phase][job.job_id] = None
+        if job.hold and job.phase == JobPhase.PENDING:
+            self._held[job.job_id] = None
+        else:
+            self._held.pop(job.job_id, None)
         self._brief.pop(job.job_id, None)
 
     def remove(self, job_id: int) -> None:
         job = self._jobs.pop(job_id)
         del self._by_phase[job.phase][job_id]
+        self._held.pop(job_id, None)
         self._brief.pop(job_id, None)
 
     def get(self, job_id: int) -> Job | None:
@@ -42,6 +48,11 @@ class JobTable:
 
     def in_phase(self, phase: JobPhase) -> list[Job]:
         return [self._jobs[i] for i in self._by_phase[phase]]
+
+    def schedulable(self) -> list[Job]:
+        """Pending jobs that are not held."""
+        held = self._held
+        return [self._jobs[i] for i in self._by_phase[JobPhase.PENDING] if i not in held]
 
     def active(self) -> list[Job]:
         return [self._jobs[i] for p in ACTIVE_PHASES for i in self._by_phase[p]]
