@@ -61,6 +61,8 @@ class Controller:
     def run(self, interval: float = 0.5, min_interval: float = 0.005) -> None:
         """Pass on every wake-up (a submission, an exit, a node change) or every `interval`; passes
         are at least `min_interval` apart so that a burst of submissions shares one."""
+        for job in self.jobs.in_phase(JobPhase.COMPLETING):  # a stop asked before a restart
+            self._send_signal(job, 0)
         while not self._stopping.is_set():
             self._wake.wait(interval)
             self._wake.clear()

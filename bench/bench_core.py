@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from multiprocessing import Pool
+from multiprocessing import get_context
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +52,8 @@ def _api_submit(args) -> int:
 def api_submit(config: str, total: int, clients: int, hold: bool, workdir: str) -> float:
     """Jobs acknowledged per second, `clients` processes in parallel; each reply comes after the commit."""
     per = total // clients
-    with Pool(clients) as pool:
+    # spawn, not fork: a forked child of this threaded process can inherit a held lock and hang
+    with get_context("spawn").Pool(clients) as pool:
         pool.map(_api_submit, [(config, 1, hold, workdir)] * clients)  # connect and warm up
         t = time.perf_counter()
         done = sum(pool.map(_api_submit, [(config, per, hold, workdir)] * clients))

@@ -52,3 +52,9 @@ def test_load_names_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("AIR_CONF", str(tmp_path / "missing.toml"))
     with pytest.raises(ConfigError, match="missing.toml does not exist"):
         load()
+
+
+def test_shipped_example_configuration_loads():
+    from pathlib import Path
+    cfg = load(str(Path(__file__).resolve().parent.parent / "etc" / "air.toml"))
+    assert [n.name for n in cfg.nodes] == ["node01", "node02"] and cfg.partition("").max_time_s == 7 * 86400

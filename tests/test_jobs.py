@@ -147,3 +147,32 @@ def test_airq_filters_and_airinfo_states(cluster):
     info = cluster.cli("airinfo", "-N", "-h", "-o", "%N %t %G").stdout.split("\n")
     assert "node01 idle 4/4" in info and "node02 idle 4/4" in info
     cluster.cli("aircancel", str(held))
+
+
+def test_time_limit_ends_the_job_as_timeout(cluster):
+    script = cluster.write_script("forever.sh", "#!/bin/sh\necho begun\nsleep 60\n")
+    job_id = cluster.submit(script, "--time=0:02")
+    job = cluster.wait_state(job_id, "TIMEOUT", timeout=15)
+    assert job["reason"] == "TimeLimit" and 2 <= job["elapsed_s"] < 10
+    assert cluster.cli("airq", "-j", str(job_id), "-h", "-o", "%t %l").stdout.split() == ["TO", "0:02"]
+
+
+def test_test_only_submits_nothing(cluster):
+    before = cluster.db_rows()
+    out = cluster.cli("airbatch", "--test-only", "-N", "2", "--gpus-per-node=1", "--wrap", "true").stdout
+    assert out.strip() == "airbatch: job would start now on node01,node02 in partition gpu"
+    assert cluster.db_rows() == before
+
+
+def test_signal_reaches_the_running_script(cluster):
+    script = cluster.write_script("trap.sh", "#!/bin/bash\ntrap 'echo got USR2; exit 7' USR2\n"
+                                             "echo ready\nwhile true; do sleep 0.1; done\n")
+    job_id = cluster.submit(script)
+    cluster.wait_state(job_id, "RUNNING")
+    out = cluster.work / f"air-{job_id}.out"
+    wait_for(lambda: out.exists() and "ready" in out.read_text(), what="the script to set its trap")
+    cluster.cli("aircancel", "-s", "USR2", str(job_id))
+    job = cluster.wait_state(job_id, "FAILED")
+    # the whole process group gets it (the sleep too, which bash reports), as scancel -s does
+    lines = out.read_text().splitlines()
+    assert job["exit_code"] == 7 and lines[0] == "ready" and lines[-1] == "got USR2"
