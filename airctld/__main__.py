@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     controller = Controller(cfg, store)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[
-        ("grpc.max_send_message_length", cc.max_message_bytes),
+        ("grpc.max_send_message_length", -1),  # listings of 100,000 jobs run past any request limit
         ("grpc.max_receive_message_length", cc.max_message_bytes),
         ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers(handlers(controller))

@@ -24,7 +24,7 @@ from airctld.nodes import NodeClients
 from airctld.store import Store
 from protos import air_pb2 as pb
 from protos.credential import Identity
-from protos.states import ACTIVE_PHASES, JobPhase, JobResult, NodeState, Reason
+from protos.states import ACTIVE_PHASES, JobPhase, JobResult, NodeState, Reason, long_state
 
 log = logging.getLogger("airctld")
 
@@ -54,7 +54,7 @@ class Controller:
         for nc in config.nodes:
             node = stored.get(nc.name, Node(name=nc.name, address=nc.endpoint))
             # A node that was up gets a full timeout from now to be heard again.
-            self.nodes[nc.name] = Node(**{**node.__dict__, "last_heartbeat": now})
+            self.nodes[nc.name] = _replace(node, last_heartbeat=now)
 
     # ------------------------------------------------------------ the loop
 
@@ -178,10 +178,9 @@ class Controller:
             if not who.is_root and job.uid != who.uid:
                 raise Denied(f"job {job.job_id} belongs to {job.user} (uid {job.uid}); "
                              "you may cancel only your own jobs")
-        if filt.job_ids:
-            done = [j for j in selected if j.phase not in (JobPhase.PENDING, JobPhase.RUNNING)]
-            if done and len(filt.job_ids) == 1:
-                events.stop(done[0], 0, JobResult.CANCELLED, Reason.CANCELLED)  # raises the message
+        if len(filt.job_ids) == 1 and selected and selected[0].phase not in (JobPhase.PENDING, JobPhase.RUNNING):
+            job = selected[0]
+            raise Conflict(f"job {job.job_id} is {long_state(job.phase, job.result).lower()}; cannot cancel it")
         return [j for j in selected if j.phase in (JobPhase.PENDING, JobPhase.RUNNING)]
 
     def _send_signal(self, job: Job, signal: int) -> None:
@@ -297,13 +296,11 @@ class Controller:
         if not changes:
             return []
         with self.store.transaction():
-            for old, new in changes:
-                self.store.update_job(old, new, now, who)
-        for old, new in changes:
+            self.store.update_jobs(changes, now, who)
+        for _, new in changes:
             self.jobs.put(new)
             if new.phase == JobPhase.DONE:
                 self._misses.pop(new.job_id, None)
-            if new.phase == JobPhase.DONE:
                 self._dirty = True  # resources freed, or a job that others waited behind is gone
         return [new for _, new in changes]
 

@@ -115,14 +115,22 @@ class Store:
         return job_id
 
     def update_job(self, old: Job, new: Job, now: float, who: int) -> None:
-        """Write a job's new state, and an event row when its state or reason changed."""
-        row = _job_row(new)
+        self.update_jobs([(old, new)], now, who)
+
+    def update_jobs(self, changes: list[tuple[Job, Job]], now: float, who: int) -> None:
+        """Write jobs' new states, and an event row for each whose state changed."""
         cols = [c for c in _JOB_COLUMNS if c != "request"]
-        self.db.execute(f"UPDATE jobs SET {', '.join(c + ' = ?' for c in cols)} WHERE id = ?",
-                        [row[c] for c in cols] + [new.job_id])
-        old_state, new_state = long_state(old.phase, old.result), long_state(new.phase, new.result)
-        if old_state != new_state or old.phase != new.phase:
-            self._event(new.job_id, now, old_state, new_state, new.reason, new.reason_detail, who)
+        rows, events = [], []
+        for old, new in changes:
+            row = _job_row(new, with_request=False)
+            rows.append([row[c] for c in cols] + [new.job_id])
+            old_state, new_state = long_state(old.phase, old.result), long_state(new.phase, new.result)
+            if old_state != new_state or old.phase != new.phase:
+                events.append((new.job_id, now, old_state, new_state, Reason(new.reason).name,
+                               new.reason_detail, who))
+        self.db.conn.executemany(f"UPDATE jobs SET {', '.join(c + ' = ?' for c in cols)} WHERE id = ?", rows)
+        self.db.conn.executemany("INSERT INTO events (job_id, time, old_state, new_state, reason, detail, who) "
+                                 "VALUES (?, ?, ?, ?, ?, ?, ?)", events)
 
     def set_pending_reasons(self, changes: Iterable[tuple[int, Reason]]) -> None:
         """Pending reasons are display state: no event row for each scheduling pass."""
@@ -179,8 +187,8 @@ class Store:
         return out
 
 
-def _job_row(job: Job) -> dict:
-    return {
+def _job_row(job: Job, with_request: bool = True) -> dict:
+    row = {
         "uid": job.uid, "gid": job.gid, "user": job.user, "name": job.name, "partition": job.partition,
         "num_nodes": job.num_nodes, "gpus_per_node": job.gpus_per_node, "cpus_per_node": job.cpus_per_node,
         "time_limit_s": job.time_limit_s, "submit_time": job.submit_time, "priority": job.priority,
@@ -188,8 +196,11 @@ def _job_row(job: Job) -> dict:
         "reason_detail": job.reason_detail, "hold": int(job.hold),
         "allocation": json.dumps([[a.node, list(a.gpus), a.cpus] for a in job.allocation]),
         "start_time": job.start_time, "end_time": job.end_time, "exit_code": job.exit_code,
-        "exit_signal": job.exit_signal, "request": job.request.SerializeToString(),
+        "exit_signal": job.exit_signal,
     }
+    if with_request:
+        row["request"] = job.request.SerializeToString()
+    return row
 
 
 def _job_from_row(row) -> Job:
