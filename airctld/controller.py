@@ -7,7 +7,6 @@ are not done and the recently done ones; the store holds all of them.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import pwd
 import threading
@@ -19,7 +18,7 @@ from airctld import events, scheduler
 from airctld.config import Config
 from airctld.jobtable import JobTable
 from airctld.errors import Conflict, Denied, InvalidRequest, NotFound
-from airctld.model import Job, Node
+from airctld.model import Job, Node, evolve
 from airctld.nodes import NodeClients
 from airctld.store import Store
 from protos import air_pb2 as pb
@@ -54,7 +53,7 @@ class Controller:
         for nc in config.nodes:
             node = stored.get(nc.name, Node(name=nc.name, address=nc.endpoint))
             # A node that was up gets a full timeout from now to be heard again.
-            self.nodes[nc.name] = _replace(node, last_heartbeat=now)
+            self.nodes[nc.name] = evolve(node, last_heartbeat=now)
 
     # ------------------------------------------------------------ the loop
 
@@ -94,7 +93,7 @@ class Controller:
         with self._lock:
             with self.store.transaction():
                 job_id = self.store.insert_job(job, who.uid)
-            self.jobs.put(_replace(job, job_id=job_id))
+            self.jobs.put(evolve(job, job_id=job_id))
             self._dirty = True
         self._wake.set()
         return job_id, ""
@@ -136,7 +135,7 @@ class Controller:
         with self._lock:
             free = scheduler.free_resources(self.nodes.values(), self.jobs.active())
             pending = self.jobs.in_phase(JobPhase.PENDING)
-        probe = _replace(job, job_id=-1, priority=job.priority)
+        probe = evolve(job, job_id=-1, priority=job.priority)
         plan = scheduler.schedule(pending + [probe], free, self.partitions)
         for job_id, alloc in plan.starts:
             if job_id == -1:
@@ -262,7 +261,7 @@ class Controller:
             node = self.nodes.get(req.name)
             if node is None or node.state not in (NodeState.UP, NodeState.DRAIN):
                 return pb.HeartbeatReply(reregister=True)
-            self.nodes[req.name] = _replace(node, last_heartbeat=now)
+            self.nodes[req.name] = evolve(node, last_heartbeat=now)
             reported = {e.job_id for e in req.exits}
             changes = []
             for e in req.exits:
@@ -320,7 +319,7 @@ class Controller:
                                                      f"node {sorted(down)[0]} stopped responding")))
             with self.store.transaction():
                 for n in silent:
-                    node = _replace(n, state=NodeState.DOWN, reason=f"not responding for over {timeout:g} s")
+                    node = evolve(n, state=NodeState.DOWN, reason=f"not responding for over {timeout:g} s")
                     self.store.save_node(node)
                     self.nodes[n.name] = node
                 self._dirty = True
@@ -400,10 +399,6 @@ class Controller:
                 current = self.jobs.get(job.job_id)
             if current is not None and current.phase == JobPhase.COMPLETING:
                 self._send_signal(current, 0)  # cancelled or timed out while launching
-
-
-def _replace(obj, **changes):
-    return dataclasses.replace(obj, **changes)
 
 
 def _matches(job: Job, f: pb.JobFilter) -> bool:

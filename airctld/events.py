@@ -5,10 +5,9 @@ transition that is not allowed raises TransitionError with a message for the use
 """
 from __future__ import annotations
 
-import dataclasses
 import signal as signals
 
-from airctld.model import Job, NodeAlloc
+from airctld.model import Job, NodeAlloc, evolve
 from protos.states import JobPhase, JobResult, Reason, long_state
 
 
@@ -23,7 +22,7 @@ def _require(job: Job, *phases: JobPhase, doing: str) -> None:
 
 def start(job: Job, now: float, allocation: tuple[NodeAlloc, ...]) -> Job:
     _require(job, JobPhase.PENDING, doing="start it")
-    return dataclasses.replace(job, phase=JobPhase.RUNNING, reason=Reason.NONE, reason_detail="",
+    return evolve(job, phase=JobPhase.RUNNING, reason=Reason.NONE, reason_detail="",
                                allocation=allocation, start_time=now)
 
 
@@ -31,9 +30,9 @@ def stop(job: Job, now: float, result: JobResult, reason: Reason, detail: str = 
     """Ask a job to end with the given result: a pending job ends now, a running one starts completing."""
     _require(job, JobPhase.PENDING, JobPhase.RUNNING, doing="cancel it")
     if job.phase == JobPhase.PENDING:
-        return dataclasses.replace(job, phase=JobPhase.DONE, result=result, reason=reason,
+        return evolve(job, phase=JobPhase.DONE, result=result, reason=reason,
                                    reason_detail=detail, end_time=now)
-    return dataclasses.replace(job, phase=JobPhase.COMPLETING, result=result, reason=reason,
+    return evolve(job, phase=JobPhase.COMPLETING, result=result, reason=reason,
                                reason_detail=detail)
 
 
@@ -43,7 +42,7 @@ def exited(job: Job, now: float, exit_code: int, exit_signal: int, detail: str =
     _require(job, JobPhase.RUNNING, JobPhase.COMPLETING, doing="record its exit")
     fields = dict(phase=JobPhase.DONE, end_time=now, exit_code=exit_code, exit_signal=exit_signal)
     if job.phase == JobPhase.COMPLETING:
-        return dataclasses.replace(job, **fields)  # the result chosen when the stop was asked
+        return evolve(job, **fields)  # the result chosen when the stop was asked
     if launch_failed:
         result, reason = JobResult.FAILED, Reason.LAUNCH_FAILED
     elif exit_signal:
@@ -53,20 +52,20 @@ def exited(job: Job, now: float, exit_code: int, exit_signal: int, detail: str =
         result, reason = JobResult.FAILED, Reason.NON_ZERO_EXIT
     else:
         result, reason = JobResult.COMPLETED, Reason.NONE
-    return dataclasses.replace(job, result=result, reason=reason, reason_detail=detail, **fields)
+    return evolve(job, result=result, reason=reason, reason_detail=detail, **fields)
 
 
 def lost(job: Job, now: float, reason: Reason, detail: str) -> Job:
     """The job's node failed or no longer has it: it ends as NODE_FAIL, whatever was asked before."""
     _require(job, JobPhase.RUNNING, JobPhase.COMPLETING, doing="mark it failed")
-    return dataclasses.replace(job, phase=JobPhase.DONE, result=JobResult.NODE_FAIL, reason=reason,
+    return evolve(job, phase=JobPhase.DONE, result=JobResult.NODE_FAIL, reason=reason,
                                reason_detail=detail, end_time=now)
 
 
 def waiting(job: Job, reason: Reason, detail: str = "") -> Job:
     """A pending job's reason for waiting, as the last scheduling pass found it."""
     _require(job, JobPhase.PENDING, doing="set its pending reason")
-    return dataclasses.replace(job, reason=reason, reason_detail=detail)
+    return evolve(job, reason=reason, reason_detail=detail)
 
 
 def _signal_name(num: int) -> str:

@@ -194,7 +194,7 @@ def _job_row(job: Job, with_request: bool = True) -> dict:
         "time_limit_s": job.time_limit_s, "submit_time": job.submit_time, "priority": job.priority,
         "phase": int(job.phase), "result": int(job.result), "reason": int(job.reason),
         "reason_detail": job.reason_detail, "hold": int(job.hold),
-        "allocation": json.dumps([[a.node, list(a.gpus), a.cpus] for a in job.allocation]),
+        "allocation": json.dumps([[a.node, list(a.gpus), a.cpus] for a in job.allocation]) if job.allocation else "[]",
         "start_time": job.start_time, "end_time": job.end_time, "exit_code": job.exit_code,
         "exit_signal": job.exit_signal,
     }
