@@ -209,7 +209,8 @@ def main() -> int:
     def ratio(ours: float, theirs: float | None, higher_is_better: bool) -> str:
         if not theirs:
             return "-"
-        return f"{(ours / theirs if higher_is_better else theirs / ours):.1f}x"
+        value = ours / theirs if higher_is_better else theirs / ours
+        return f"{value:.1f}x" if value >= 1 else f"{value:.2f}x"
 
     s = slurm.get
     rows.append(("submissions/s, API, 4 clients, held, durable", f"{api:.0f}", "-", "-", "1,000/s"))
