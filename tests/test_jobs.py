@@ -144,8 +144,9 @@ def test_airq_filters_and_airinfo_states(cluster):
     assert [r["job_id"] for r in rows] == [held] and rows[0]["reason"] == "JobHeldUser"
     assert f"{held}" in cluster.cli("airq", "--me", "-h", "-o", "%i").stdout.split()
     assert cluster.cli("airq", "-u", "nobody", "-t", "PD", "-h").stdout == ""
-    info = cluster.cli("airinfo", "-N", "-h", "-o", "%N %t %G").stdout.split("\n")
-    assert "node01 idle 4/4" in info and "node02 idle 4/4" in info
+    info = wait_for(lambda: (out := cluster.cli("airinfo", "-N", "-h", "-o", "%N %t %G").stdout.split("\n"))
+                    and "node01 idle 4/4" in out and out, what="both nodes idle")
+    assert "node02 idle 4/4" in info
     cluster.cli("aircancel", str(held))
 
 
