@@ -56,12 +56,15 @@ class Client:
             ("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", -1)])
         self._stub = rpc.ControllerStub(channel)
         self._grpc = grpc
+        self._auth = self.config.controller.authenticator()
 
     def call(self, method: str, request, timeout: float = 30.0):
-        from protos import credential
+        from protos.credential import CredentialError
         grpc = self._grpc
         try:
-            return getattr(self._stub, method)(request, timeout=timeout, metadata=credential.metadata())
+            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._auth.metadata())
+        except CredentialError as e:
+            raise CliError(str(e)) from None
         except grpc.RpcError as e:
             code = e.code()
             if code == grpc.StatusCode.UNAVAILABLE:

@@ -74,9 +74,19 @@ def local():
               help="the controller's address; nodes take the next ones")
 @click.option("--node-timeout", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="seconds of silence before a node is DOWN")
-def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_timeout):
+@click.option("--auth", type=click.Choice(["none", "munge"]), default="none", show_default=True)
+@click.option("--munge-socket", default="", help="munged's socket (default: libmunge's)")
+@click.option("--extra-config", type=click.Path(exists=True, dir_okay=False),
+              help="TOML appended to the generated air.toml ([[accounts]] tables, ...)")
+@click.option("--operator", "operators", multiple=True, help="a user or @group who may act on any job")
+@click.option("--private-jobs", is_flag=True, help="airq shows others' jobs only to root and operators")
+def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_timeout, auth, munge_socket,
+             extra_config, operators, private_jobs):
     from aircli.local import up
-    config = up(Path(directory), nodes, gpus_per_node, cpus_per_node, base_address, node_timeout)
+    extra = Path(extra_config).read_text() if extra_config else ""
+    config = up(Path(directory), nodes, gpus_per_node, cpus_per_node, base_address, node_timeout,
+                auth=auth, munge_socket=munge_socket, extra=extra, operators=operators,
+                private_jobs=private_jobs)
     click.echo(f"local cluster up: {nodes} nodes with {gpus_per_node} GPUs each; logs in {config.parent / 'log'}")
     click.echo(f"export AIR_CONF={config}")
 

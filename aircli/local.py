@@ -16,7 +16,8 @@ NODE_PORT = 6818
 
 
 def write_config(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int,
-                 base_address: str, node_timeout_s: float) -> Path:
+                 base_address: str, node_timeout_s: float, auth: str = "none", munge_socket: str = "",
+                 extra: str = "", operators: tuple = (), private_jobs: bool = False) -> Path:
     base = ipaddress.ip_address(base_address)
     if not base.is_loopback:
         raise CliError(f"--base-address {base_address} is not a loopback address")
@@ -32,7 +33,10 @@ def write_config(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node:
 [controller]
 address = "{base}:{CONTROLLER_PORT}"
 state_dir = "{directory / 'state'}"
-auth = "none"
+auth = "{auth}"
+munge_socket = "{munge_socket}"
+operators = [{", ".join(f'"{o}"' for o in operators)}]
+private_jobs = {"true" if private_jobs else "false"}
 heartbeat_interval_s = {min(1.0, node_timeout_s / 4):g}
 node_timeout_s = {node_timeout_s:g}
 kill_wait_s = 5
@@ -50,7 +54,7 @@ spool_dir = "{directory / 'spool' / '%n'}"
 name = "gpu"
 nodes = "{names}"
 default = true
-"""
+{extra}"""
     path = directory / "air.toml"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
@@ -66,13 +70,15 @@ def _spawn(args: list[str], log: Path, env: dict) -> int:
 
 
 def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base_address: str,
-       node_timeout_s: float, wait_s: float = 60.0) -> Path:
+       node_timeout_s: float, wait_s: float = 60.0, auth: str = "none", munge_socket: str = "",
+       extra: str = "", operators: tuple = (), private_jobs: bool = False) -> Path:
     directory = directory.resolve()
     (directory / "log").mkdir(parents=True, exist_ok=True)
     pids_file = directory / "pids"
     if pids_file.exists() and any(_alive(p) for p in _pids(pids_file)):
         raise CliError(f"a local cluster is already running in {directory}; run aircontrol local down first")
-    config = write_config(directory, nodes, gpus_per_node, cpus_per_node, base_address, node_timeout_s)
+    config = write_config(directory, nodes, gpus_per_node, cpus_per_node, base_address, node_timeout_s,
+                          auth, munge_socket, extra, operators, private_jobs)
     from airctld.config import load
     cfg = load(str(config))
     env = dict(os.environ, AIR_CONF=str(config))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import signal
@@ -14,18 +13,9 @@ import grpc
 
 from airctld import config as configuration
 from airctld.controller import Controller
+from airctld.nodes import NodeClients
 from airctld.service import handlers
 from airctld.store import Store, StoreError
-
-
-def _is_loopback(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cc = cfg.controller
     if cc.auth == "none":
-        if not _is_loopback(cc.host):
+        if not configuration.is_loopback(cc.host):
             print(f"airctld: error: auth = \"none\" is allowed only on a loopback address, "
                   f"not {cc.address}; configure MUNGE authentication", file=sys.stderr)
             return 2
@@ -54,12 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, StoreError) as e:
         print(f"airctld: error: cannot open the store in {cc.state_dir}: {e}", file=sys.stderr)
         return 2
-    controller = Controller(cfg, store)
+    try:
+        auth = cc.authenticator()
+        cc.service_uid()
+    except Exception as e:  # ConfigError, or libmunge missing
+        print(f"airctld: error: {e}", file=sys.stderr)
+        return 2
+    controller = Controller(cfg, store, clients=NodeClients(cfg, auth))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[
         ("grpc.max_send_message_length", -1),  # listings of 100,000 jobs run past any request limit
         ("grpc.max_receive_message_length", cc.max_message_bytes),
         ("grpc.so_reuseport", 0)])
-    server.add_generic_rpc_handlers(handlers(controller))
+    server.add_generic_rpc_handlers(handlers(controller, auth))
     if server.add_insecure_port(cc.address) == 0:
         print(f"airctld: error: cannot listen on {cc.address}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ import hostlist
 from airctld.timefmt import parse_duration
 
 DEFAULT_PATH = "/etc/air/air.toml"
-AUTH_MODES = ("none",)
+AUTH_MODES = ("none", "munge")
 
 
 class ConfigError(Exception):
@@ -28,7 +28,11 @@ class ConfigError(Exception):
 class ControllerConfig:
     address: str = "127.0.0.1:6817"
     state_dir: str = "/var/lib/air"
-    auth: str = "none"
+    auth: str = "munge"
+    munge_socket: str = ""     # "": libmunge's default (/run/munge/munge.socket.2)
+    service_user: str = "root"  # the user airctld runs as; node daemons accept calls from it
+    operators: tuple = ()      # users, or @groups, who may act on any job
+    private_jobs: bool = False  # airq shows others' jobs only to root and operators
     heartbeat_interval_s: float = 5.0
     node_timeout_s: float = 30.0
     kill_wait_s: float = 30.0
@@ -39,6 +43,17 @@ class ControllerConfig:
     @property
     def host(self) -> str:
         return self.address.rsplit(":", 1)[0]
+
+    def service_uid(self) -> int:
+        import pwd
+        try:
+            return pwd.getpwnam(self.service_user).pw_uid
+        except KeyError:
+            raise ConfigError(f"[controller] service_user = {self.service_user!r}: no such user on this host") from None
+
+    def authenticator(self):
+        from protos.credential import from_settings
+        return from_settings(self.auth, self.munge_socket)
 
 
 @dataclass(frozen=True)
@@ -71,10 +86,17 @@ class PartitionConfig:
 
 
 @dataclass(frozen=True)
+class AccountConfig:
+    name: str
+    users: tuple = ()         # user names, or @groups, who may charge jobs to this account
+
+
+@dataclass(frozen=True)
 class Config:
     controller: ControllerConfig
     nodes: tuple[NodeConfig, ...]
     partitions: tuple[PartitionConfig, ...]
+    accounts: tuple[AccountConfig, ...] = ()
     path: str = ""
 
     def node(self, name: str) -> NodeConfig | None:
@@ -84,6 +106,16 @@ class Config:
         if not name:
             return next((p for p in self.partitions if p.default), None)
         return next((p for p in self.partitions if p.name == name), None)
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def config_path(explicit: str | None = None) -> str:
@@ -109,7 +141,7 @@ def load(explicit: str | None = None) -> Config:
 
 
 def parse(data: dict) -> Config:
-    _check_keys("the top level", data, {"controller", "nodes", "partitions"})
+    _check_keys("the top level", data, {"controller", "nodes", "partitions", "accounts"})
     controller = _build(ControllerConfig, "[controller]", data.get("controller", {}))
     if controller.auth not in AUTH_MODES:
         raise ConfigError(f"[controller] auth = {controller.auth!r}: valid values are {', '.join(AUTH_MODES)}")
@@ -131,7 +163,14 @@ def parse(data: dict) -> Config:
                   for i, raw in enumerate(data.get("partitions", []))]
     if sum(p.default for p in partitions) > 1:
         raise ConfigError("more than one partition has default = true")
-    return Config(controller=controller, nodes=tuple(nodes), partitions=tuple(partitions))
+    accounts = []
+    for i, raw in enumerate(data.get("accounts", [])):
+        where = f"[[accounts]] #{i + 1}"
+        if not isinstance(raw, dict) or "name" not in raw:
+            raise ConfigError(f"{where} needs a name")
+        accounts.append(_build(AccountConfig, where, raw))
+    return Config(controller=controller, nodes=tuple(nodes), partitions=tuple(partitions),
+                  accounts=tuple(accounts))
 
 
 def _check_keys(where: str, raw: dict, allowed: set[str]) -> None:
@@ -150,12 +189,14 @@ def _build(cls, where: str, raw: dict, **extra):
         want = fields[key].type
         ok = {"str": isinstance(value, str), "int": isinstance(value, int) and not isinstance(value, bool),
               "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-              "bool": isinstance(value, bool)}.get(want, True)
+              "bool": isinstance(value, bool),
+              "tuple": isinstance(value, list) and all(isinstance(v, str) for v in value)}.get(want, True)
         if not ok:
-            raise ConfigError(f"{where} {key} = {value!r}: expected a {want}")
+            kind = "list of strings" if want == "tuple" else want
+            raise ConfigError(f"{where} {key} = {value!r}: expected a {kind}")
         if want in ("int", "float") and value < 0:
             raise ConfigError(f"{where} {key} = {value!r}: must not be negative")
-        values[key] = value
+        values[key] = tuple(value) if want == "tuple" else value
     return cls(**values, **extra)
 
 

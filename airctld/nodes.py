@@ -8,13 +8,13 @@ import grpc
 from airctld.config import Config
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
-from protos import credential
 
 CALL_TIMEOUT_S = 10.0
 
 
 class NodeClients:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, auth=None):
+        self.auth = auth or config.controller.authenticator()
         self._max = config.controller.max_message_bytes
         self._stubs: dict[str, rpc.NodeAgentStub] = {}
         self._lock = threading.Lock()
@@ -31,9 +31,9 @@ class NodeClients:
 
     def launch(self, address: str, job: pb.Job) -> None:
         self._stub(address).Launch(pb.LaunchRequest(job=job, batch=True), timeout=CALL_TIMEOUT_S,
-                                   metadata=credential.metadata())
+                                   metadata=self.auth.metadata())
 
     def signal(self, address: str, job_id: int, signal: int, grace_s: float) -> bool:
         reply = self._stub(address).Signal(pb.SignalRequest(job_id=job_id, signal=signal, grace_s=grace_s),
-                                           timeout=CALL_TIMEOUT_S, metadata=credential.metadata())
+                                           timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
         return reply.found

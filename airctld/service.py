@@ -10,7 +10,6 @@ from airctld.controller import Controller
 from airctld.errors import RequestError
 from airctld.events import TransitionError
 from protos import air_pb2 as pb
-from protos import credential
 
 log = logging.getLogger("airctld")
 
@@ -18,7 +17,7 @@ log = logging.getLogger("airctld")
 def _handle(fn):
     @functools.wraps(fn)
     def wrapper(self, request, context):
-        who = credential.identify(context)
+        who = self.auth.identify(context)
         try:
             return fn(self, request, context, who)
         except RequestError as e:
@@ -46,8 +45,9 @@ def encode_job_list(encoded_jobs: list[bytes]) -> bytes:
 
 
 class ControllerService:
-    def __init__(self, controller: Controller):
+    def __init__(self, controller: Controller, auth):
         self.c = controller
+        self.auth = auth
 
     @_handle
     def Submit(self, request: pb.SubmitRequest, context, who):
@@ -82,14 +82,15 @@ class ControllerService:
 
 
 class RegistryService:
-    def __init__(self, controller: Controller):
+    def __init__(self, controller: Controller, auth):
         self.c = controller
+        self.auth = auth
+        self.service_uid = controller.config.controller.service_uid()
 
-    @staticmethod
-    def _daemon_only(context, who) -> None:
-        if not who.is_root:
+    def _daemon_only(self, context, who) -> None:
+        if not who.is_root and who.uid != self.service_uid:
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"only node daemons running as root may call this (caller uid {who.uid})")
+                          f"only node daemons (root) may call this; the caller is uid {who.uid}")
 
     @_handle
     def Register(self, request: pb.RegisterRequest, context, who):
@@ -107,9 +108,9 @@ def _identity(x):
     return x
 
 
-def handlers(controller: Controller) -> list[grpc.GenericRpcHandler]:
+def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
     """Both services, with ListJobs answering from pre-encoded jobs."""
-    cs, rs = ControllerService(controller), RegistryService(controller)
+    cs, rs = ControllerService(controller, auth), RegistryService(controller, auth)
     unary = grpc.unary_unary_rpc_method_handler
     controller_methods = {
         "Submit": unary(cs.Submit, pb.SubmitRequest.FromString, pb.SubmitReply.SerializeToString),

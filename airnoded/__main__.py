@@ -48,7 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     except (GpuError, OSError) as e:
         print(f"airnoded: error: {e}", file=sys.stderr)
         return 2
-    agent = Agent(cfg, node, gpus)
+    if cfg.controller.auth == "none" and not configuration.is_loopback(node.address):
+        print(f"airnoded: error: auth = \"none\" is allowed only on loopback addresses, not {node.address}; "
+              "configure MUNGE authentication", file=sys.stderr)
+        return 2
+    try:
+        auth = cfg.controller.authenticator()
+        cfg.controller.service_uid()
+    except Exception as e:  # ConfigError, or libmunge missing
+        print(f"airnoded: error: {e}", file=sys.stderr)
+        return 2
+    agent = Agent(cfg, node, gpus, auth)
     agent.launcher.kill_orphans()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=[
         ("grpc.max_receive_message_length", cfg.controller.max_message_bytes),

@@ -13,7 +13,6 @@ from airnoded.gpus import GpuBackend
 from airnoded.launcher import Launcher
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
-from protos import credential
 
 log = logging.getLogger("airnoded")
 
@@ -21,8 +20,9 @@ CALL_TIMEOUT_S = 5.0
 
 
 class Agent:
-    def __init__(self, config: Config, node: NodeConfig, gpus: GpuBackend):
+    def __init__(self, config: Config, node: NodeConfig, gpus: GpuBackend, auth=None):
         self.config = config
+        self.auth = auth or config.controller.authenticator()
         self.node = node
         self.gpus = gpus
         self.interval = config.controller.heartbeat_interval_s
@@ -51,7 +51,7 @@ class Agent:
             try:
                 if not self._registered:
                     reply = self._registry.Register(pb.RegisterRequest(node=self.describe()),
-                                                    timeout=CALL_TIMEOUT_S, metadata=credential.metadata())
+                                                    timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
                     self.interval = reply.heartbeat_interval_s or self.interval
                     self._registered = True
                     log.info("registered with %s", self.config.controller.address)
@@ -70,7 +70,7 @@ class Agent:
             exits = list(self._exits.values())
         reply = self._registry.Heartbeat(
             pb.HeartbeatRequest(name=self.node.name, running=self.launcher.running(), exits=exits),
-            timeout=CALL_TIMEOUT_S, metadata=credential.metadata())
+            timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
         if reply.reregister:
             self._registered = False
             self._wake.set()
@@ -92,11 +92,11 @@ class AgentService:
 
     def __init__(self, agent: Agent):
         self.agent = agent
+        self.service_uid = agent.config.controller.service_uid()
 
-    @staticmethod
-    def _controller_only(context) -> None:
-        who = credential.identify(context)
-        if not who.is_root:
+    def _controller_only(self, context) -> None:
+        who = self.agent.auth.identify(context)
+        if not who.is_root and who.uid != self.service_uid:
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           f"only the controller may call the node agent (caller uid {who.uid})")
 
