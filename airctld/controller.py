@@ -8,7 +8,6 @@ are not done and the recently done ones; the store holds all of them.
 from __future__ import annotations
 
 import logging
-import pwd
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from airctld.jobtable import JobTable
 from airctld.errors import Conflict, Denied, InvalidRequest, NotFound
 from airctld.model import Job, Node, evolve
 from airctld.nodes import NodeClients
+from airctld.policy import Policy, user_name
 from airctld.store import Store
 from protos import air_pb2 as pb
 from protos.credential import Identity
@@ -39,6 +39,7 @@ class Controller:
         self.clock = clock
         self.clients = clients or NodeClients(config)
         self.partitions = {p.name: p for p in config.partitions}
+        self.policy = Policy(config)
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -125,7 +126,10 @@ class Controller:
         why = scheduler.infeasible(nodes, req.gpus_per_node, cpus, limit, part, capacity)
         if why:
             raise InvalidRequest(why)
-        return Job(job_id=0, uid=who.uid, gid=who.gid, user=_user_name(who.uid),
+        account = self.policy.account_for(who, req.account)
+        if account != req.account:
+            req = _with_account(req, account)
+        return Job(job_id=0, uid=who.uid, gid=who.gid, user=user_name(who.uid),
                    name=req.name or "batch", partition=part.name, num_nodes=nodes,
                    gpus_per_node=req.gpus_per_node, cpus_per_node=cpus, time_limit_s=limit,
                    submit_time=self.clock(), request=req, hold=req.hold,
@@ -172,11 +176,11 @@ class Controller:
             candidates = list(self.jobs)
         selected = [j for j in candidates if _matches(j, filt)]
         if not for_cancel:
+            if not self.policy.sees_all(who):
+                selected = [j for j in selected if j.uid == who.uid]
             return selected
         for job in selected:
-            if not who.is_root and job.uid != who.uid:
-                raise Denied(f"job {job.job_id} belongs to {job.user} (uid {job.uid}); "
-                             "you may cancel only your own jobs")
+            self.policy.check_may_act(who, job, "cancel or signal")
         if len(filt.job_ids) == 1 and selected and selected[0].phase not in (JobPhase.PENDING, JobPhase.RUNNING):
             job = selected[0]
             raise Conflict(f"job {job.job_id} is {long_state(job.phase, job.result).lower()}; cannot cancel it")
@@ -194,12 +198,12 @@ class Controller:
 
     # ------------------------------------------------------------ queries
 
-    def list_jobs(self, filt: pb.JobFilter) -> list[bytes]:
+    def list_jobs(self, filt: pb.JobFilter, who: Identity) -> list[bytes]:
         """Jobs matching the filter, each as an encoded brief Job (no script, no environment)."""
         now = self.clock()
         horizon = now - self.config.controller.min_job_age_s
         with self._lock:
-            jobs = self._select(filt, Identity(0, 0), for_cancel=False)
+            jobs = self._select(filt, who, for_cancel=False)
             out = []
             for job in jobs:
                 if job.phase == JobPhase.DONE and job.end_time < horizon and not filt.include_old \
@@ -208,12 +212,14 @@ class Controller:
                 out.append(self.jobs.brief(job, _brief))
             return out
 
-    def get_job(self, job_id: int) -> Job:
+    def get_job(self, job_id: int, who: Identity) -> Job:
         with self._lock:
             job = self.jobs.get(job_id)
         job = job or self.store.get_job(job_id)
         if job is None:
             raise NotFound(f"job {job_id} does not exist")
+        if job.uid != who.uid and not self.policy.sees_all(who):
+            raise Denied(f"job {job_id} belongs to another user; this cluster keeps jobs private")
         return job
 
     def node_views(self) -> list[pb.Node]:
@@ -420,15 +426,8 @@ def _brief(job: Job) -> bytes:
     return p.SerializeToString()
 
 
-_user_cache: dict[int, str] = {}
-
-
-def _user_name(uid: int) -> str:
-    name = _user_cache.get(uid)
-    if name is None:
-        try:
-            name = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            name = str(uid)
-        _user_cache[uid] = name
-    return name
+def _with_account(req: pb.JobRequest, account: str) -> pb.JobRequest:
+    out = pb.JobRequest()
+    out.CopyFrom(req)
+    out.account = account
+    return out

@@ -60,11 +60,11 @@ class ControllerService:
 
     @_handle
     def ListJobs(self, request: pb.JobFilter, context, who):
-        return self.c.list_jobs(request)
+        return self.c.list_jobs(request, who)
 
     @_handle
     def GetJob(self, request: pb.GetJobRequest, context, who):
-        return self.c.get_job(request.job_id).to_proto()
+        return self.c.get_job(request.job_id, who).to_proto()
 
     @_handle
     def ListNodes(self, request, context, who):

@@ -27,6 +27,19 @@ log = logging.getLogger("airnoded")
 
 DEFAULT_OUTPUT = "air-%j.out"
 
+# Runs as the job's owner: enter the working directory and open the output files with the
+# owner's rights (so a job writes only where its owner could), then exec the script. Any
+# failure is written to the status pipe (its stdout and stderr at start, kept as fd 3); every
+# copy of the pipe is closed by the time the script runs, so the daemon reads EOF at exec.
+START_AS_OWNER = """exec 3>&1
+{ cd "$1"; } 2>&3 || exit 126
+{ exec >>"$2"; } 2>&3 || exit 126
+if [ -n "$3" ]; then { exec 4>>"$3"; } 2>&3 || exit 126; exec 2>&4 4>&-; else exec 2>&1; fi
+exec 3>&-
+shift 3
+exec "$@"
+"""
+
 
 def expand_pattern(pattern: str, job: pb.Job, node: str) -> str:
     """Slurm's filename patterns: %j job id, %x job name, %u user, %N node, %% a percent sign."""
@@ -90,6 +103,7 @@ class RunningJob:
     job_id: int
     process: subprocess.Popen
     pgid: int
+    status_fd: int = -1      # read end of the start-up status pipe
     killed: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -150,22 +164,25 @@ class Launcher:
             except KeyError:
                 groups = [job.gid]
             kwargs = dict(user=job.uid, group=job.gid, extra_groups=groups)
-        out = _open_output(out_path, job)
-        err = _open_output(err_path, job) if err_path and err_path != out_path else None
+        status_r, status_w = os.pipe()
         try:
-            proc = subprocess.Popen([str(script), *req.argv], cwd=req.workdir, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=err if err is not None else subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True, **kwargs)
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", START_AS_OWNER, "air-job", req.workdir, out_path,
+                 err_path if err_path and err_path != out_path else "", str(script), *req.argv],
+                env=env, stdin=subprocess.DEVNULL, stdout=status_w, stderr=status_w,
+                start_new_session=True, **kwargs)
+        except BaseException:
+            os.close(status_r)
+            raise
         finally:
-            out.close()
-            if err is not None:
-                err.close()
+            os.close(status_w)
         (jobdir / "pgid").write_text(f"{proc.pid}\n")
         log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
-        return RunningJob(job.job_id, proc, proc.pid)
+        return RunningJob(job.job_id, proc, proc.pid, status_fd=status_r)
 
     def _wait(self, running: RunningJob) -> None:
+        with os.fdopen(running.status_fd, "rb") as status_pipe:  # EOF once the script is exec'd
+            problem = status_pipe.read().decode(errors="replace").strip()
         status = running.process.wait()
         running.done.set()
         _killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group
@@ -173,6 +190,11 @@ class Launcher:
             self.jobs.pop(running.job_id, None)
         shutil.rmtree(self.spool / f"job{running.job_id}", ignore_errors=True)
         code, sig = (0, -status) if status < 0 else (status, 0)
+        if problem:
+            log.warning("job %d could not start: %s", running.job_id, problem)
+            self.on_exit(pb.JobExit(job_id=running.job_id, exit_code=code, launch_failed=True,
+                                    detail=f"cannot start the job on {self.node}: {_last_line(problem)}"))
+            return
         self.on_exit(pb.JobExit(job_id=running.job_id, exit_code=code, exit_signal=sig, killed=running.killed))
 
     def kill_orphans(self) -> list[int]:
@@ -230,8 +252,7 @@ def _group_is_job(pgid: int, job_id: int) -> bool:
     return False
 
 
-def _open_output(path: str, job: pb.Job):
-    f = open(path, "ab")
-    if job.uid != os.getuid():
-        os.fchown(f.fileno(), job.uid, job.gid)
-    return f
+def _last_line(text: str) -> str:
+    """The shell's message without its "sh: 1:" prefix."""
+    line = text.splitlines()[-1]
+    return line.split(": ", 2)[-1] if line.startswith("/bin/sh: ") else line

@@ -177,3 +177,17 @@ def test_signal_reaches_the_running_script(cluster):
     # the whole process group gets it (the sleep too, which bash reports), as scancel -s does
     lines = out.read_text().splitlines()
     assert job["exit_code"] == 7 and lines[0] == "ready" and lines[-1] == "got USR2"
+
+
+def test_output_where_the_owner_cannot_write_fails_the_job_and_writes_nothing(cluster):
+    locked = cluster.root / "root-only"
+    locked.mkdir(mode=0o755, exist_ok=True)
+    script = cluster.write_script("out.sh", "#!/bin/sh\necho should-not-run > marker-$AIR_JOB_ID\n")
+    job_id = int(cluster.cli("airbatch", "--parsable", "-o", f"{locked}/%j.out", str(script),
+                             user="nobody").stdout)
+    job = cluster.wait_state(job_id, "FAILED")
+    assert job["reason"] == "LaunchFailed" and "Permission denied" in job["reason_detail"]
+    assert f"{locked}/{job_id}.out" in job["reason_detail"]
+    assert list(locked.iterdir()) == [] and not (cluster.work / f"marker-{job_id}").exists()
+    shown = cluster.cli("aircontrol", "show", "job", str(job_id)).stdout
+    assert "Reason=LaunchFailed" in shown and "Permission denied" in shown
