@@ -3,6 +3,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Identity tests need MUNGE (the tests start their own munged with their own keys) and three
+# unprivileged users of their own.
+if [ "$(id -u)" = 0 ]; then
+  if ! command -v munged >/dev/null || ! ldconfig -p | grep -q libmunge.so.2; then
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq munge >/dev/null
+  fi
+  for u in airtest-a airtest-b airtest-op; do
+    id "$u" >/dev/null 2>&1 || useradd --no-create-home --shell /bin/sh "$u"
+  done
+fi
 # The tests submit jobs as the user `nobody`, who must be able to run this venv's Python:
 # give "others" search (x) permission on the directories above the interpreter, nothing more.
 # The same for the tools in .venv/bin and for this checkout.

@@ -32,8 +32,11 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str
 
 
 class LocalCluster:
-    def __init__(self, base_address: str, nodes: int = 2, gpus_per_node: int = 4, node_timeout: float = 3.0):
+    def __init__(self, base_address: str, nodes: int = 2, gpus_per_node: int = 4, node_timeout: float = 3.0,
+                 options: tuple[str, ...] = (), extra_config: str = ""):
         self.base_address = base_address
+        self.options = options
+        self.extra_config = extra_config
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.node_timeout = node_timeout
@@ -48,9 +51,13 @@ class LocalCluster:
     # ------------------------------------------------------------ lifecycle
 
     def up(self) -> "LocalCluster":
+        extra = []
+        if self.extra_config:
+            (self.root / "extra.toml").write_text(self.extra_config)
+            extra = ["--extra-config", str(self.root / "extra.toml")]
         self.cli("aircontrol", "local", "up", "--dir", str(self.dir), "--nodes", str(self.nodes),
                  "--gpus-per-node", str(self.gpus_per_node), "--base-address", self.base_address,
-                 "--node-timeout", str(self.node_timeout), env_conf=False)
+                 "--node-timeout", str(self.node_timeout), *self.options, *extra, env_conf=False)
         return self
 
     def down(self) -> None:
