@@ -41,6 +41,7 @@ heartbeat_interval_s = {min(1.0, node_timeout_s / 4):g}
 node_timeout_s = {node_timeout_s:g}
 kill_wait_s = 5
 min_job_age_s = 300
+max_script_bytes = 1048576
 
 [[nodes]]
 name = "{names}"

@@ -37,7 +37,9 @@ class ControllerConfig:
     node_timeout_s: float = 30.0
     kill_wait_s: float = 30.0
     min_job_age_s: float = 300.0
-    max_script_bytes: int = 1024 * 1024
+    max_script_bytes: int = 4 * 1024 * 1024
+    max_env_bytes: int = 1024 * 1024
+    drop_env: tuple = ()       # variables never passed from the submit host to a job
     max_message_bytes: int = 8 * 1024 * 1024
 
     @property

@@ -21,6 +21,7 @@ from airctld.model import Job, Node, evolve
 from airctld.nodes import NodeClients
 from airctld.policy import Policy, user_name
 from airctld.store import Store
+from airctld.validate import check_request, filtered_environment
 from protos import air_pb2 as pb
 from protos.credential import Identity
 from protos.states import ACTIVE_PHASES, JobPhase, JobResult, NodeState, Reason, long_state
@@ -100,18 +101,7 @@ class Controller:
         return job_id, ""
 
     def _new_job(self, req: pb.JobRequest, who: Identity) -> Job:
-        cc = self.config.controller
-        if not req.script.strip():
-            raise InvalidRequest("the batch script is empty")
-        size = len(req.script.encode())
-        if size > cc.max_script_bytes:
-            raise InvalidRequest(f"the batch script is {size} bytes; the limit is {cc.max_script_bytes}")
-        if "\0" in req.script:
-            raise InvalidRequest("the batch script contains NUL bytes; is it a binary file?")
-        if not req.script.startswith("#!"):
-            raise InvalidRequest("the batch script must start with a #! line, such as #!/bin/bash")
-        if not req.workdir.startswith("/"):
-            raise InvalidRequest(f"working directory {req.workdir!r} is not an absolute path")
+        check_request(req, self.config.controller)
         part = self.config.partition(req.partition)
         if part is None:
             if req.partition:
@@ -127,8 +117,9 @@ class Controller:
         if why:
             raise InvalidRequest(why)
         account = self.policy.account_for(who, req.account)
-        if account != req.account:
-            req = _with_account(req, account)
+        env = filtered_environment(req.environment, self.config.controller.drop_env)
+        if account != req.account or len(env) != len(req.environment):
+            req = _amended(req, account, env)
         return Job(job_id=0, uid=who.uid, gid=who.gid, user=user_name(who.uid),
                    name=req.name or "batch", partition=part.name, num_nodes=nodes,
                    gpus_per_node=req.gpus_per_node, cpus_per_node=cpus, time_limit_s=limit,
@@ -426,8 +417,10 @@ def _brief(job: Job) -> bytes:
     return p.SerializeToString()
 
 
-def _with_account(req: pb.JobRequest, account: str) -> pb.JobRequest:
+def _amended(req: pb.JobRequest, account: str, env: dict[str, str]) -> pb.JobRequest:
     out = pb.JobRequest()
     out.CopyFrom(req)
     out.account = account
+    out.environment.clear()
+    out.environment.update(env)
     return out

@@ -1,0 +1,64 @@
+"""Checks on a submitted job request, pure: every limit names the field, the value and the bound.
+
+Paths are checked for shape only (absolute, no NUL, bounded); what a job may write is decided by
+the kernel, because node daemons open output files as the job's owner.
+"""
+from __future__ import annotations
+
+import re
+
+from airctld.config import ControllerConfig
+from airctld.errors import InvalidRequest
+from protos import air_pb2 as pb
+
+MAX_NAME = 256
+MAX_PATH = 4096
+MAX_ARGS = 1024
+MAX_ARGS_BYTES = 256 * 1024
+MAX_ENV_VARS = 4096
+ALWAYS_DROPPED = ("LD_PRELOAD", "LD_AUDIT")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
+    if not req.script.strip():
+        raise InvalidRequest("the batch script is empty")
+    size = len(req.script.encode())
+    if size > cc.max_script_bytes:
+        raise InvalidRequest(f"the batch script is {size} bytes; the limit is {cc.max_script_bytes}")
+    if "\0" in req.script:
+        raise InvalidRequest("the batch script contains NUL bytes; is it a binary file?")
+    if not req.script.startswith("#!"):
+        raise InvalidRequest("the batch script must start with a #! line, such as #!/bin/bash")
+    if len(req.name) > MAX_NAME or any(c < " " for c in req.name):
+        raise InvalidRequest(f"job name {req.name[:40]!r}...: at most {MAX_NAME} printable characters")
+    for field in ("account", "partition", "dependency"):
+        value = getattr(req, field)
+        if len(value) > MAX_NAME or any(c < " " for c in value):
+            raise InvalidRequest(f"{field} {value[:40]!r}: at most {MAX_NAME} printable characters")
+    if not req.workdir.startswith("/"):
+        raise InvalidRequest(f"working directory {req.workdir!r} is not an absolute path")
+    for field in ("workdir", "output", "error"):
+        value = getattr(req, field)
+        if len(value) > MAX_PATH or "\0" in value or "\n" in value:
+            raise InvalidRequest(f"{field} {value[:40]!r}...: a path of at most {MAX_PATH} characters, "
+                                 "without NUL or newline")
+    if len(req.argv) > MAX_ARGS or sum(len(a) for a in req.argv) > MAX_ARGS_BYTES:
+        raise InvalidRequest(f"{len(req.argv)} script arguments; the limit is {MAX_ARGS} "
+                             f"and {MAX_ARGS_BYTES} bytes in all")
+    if len(req.environment) > MAX_ENV_VARS:
+        raise InvalidRequest(f"{len(req.environment)} environment variables; the limit is {MAX_ENV_VARS}")
+    env_bytes = sum(len(k) + len(v) + 2 for k, v in req.environment.items())
+    if env_bytes > cc.max_env_bytes:
+        raise InvalidRequest(f"the environment is {env_bytes} bytes; the limit is {cc.max_env_bytes} "
+                             "(submit with --export=NONE,VAR,... to send less)")
+    bad = next((k for k in req.environment if not _ENV_NAME.fullmatch(k)), None)
+    if bad is not None:
+        raise InvalidRequest(f"environment variable name {bad[:40]!r} is not valid")
+
+
+def filtered_environment(env, dropped: tuple[str, ...]) -> dict[str, str]:
+    """The submitter's environment less what no job may carry in (loader hooks) and what the
+    sysadmin lists in drop_env."""
+    drop = set(ALWAYS_DROPPED) | set(dropped)
+    return {k: v for k, v in env.items() if k not in drop}

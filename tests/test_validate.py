@@ -1,0 +1,42 @@
+"""Request limits and environment filtering, pure."""
+import pytest
+
+from airctld.config import ControllerConfig
+from airctld.errors import InvalidRequest
+from airctld.validate import check_request, filtered_environment
+from protos import air_pb2 as pb
+
+CC = ControllerConfig(max_script_bytes=1000, max_env_bytes=100)
+
+
+def _req(**kw):
+    base = dict(script="#!/bin/sh\ntrue\n", workdir="/home/u", name="j")
+    base.update(kw)
+    return pb.JobRequest(**base)
+
+
+def test_good_request_passes():
+    check_request(_req(environment={"A": "1"}, argv=["x"]), CC)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(script=""), "the batch script is empty"),
+    (dict(script="#!/bin/sh\n" + "x" * 1000), "bytes; the limit is 1000"),
+    (dict(script="echo hi\n"), "must start with a #! line"),
+    (dict(workdir="relative/dir"), "is not an absolute path"),
+    (dict(name="n" * 300), "at most 256 printable characters"),
+    (dict(name="bad\nname"), "at most 256 printable characters"),
+    (dict(output="/tmp/a\0b"), "without NUL or newline"),
+    (dict(environment={"BIG": "x" * 200}), "the environment is 205 bytes; the limit is 100"),
+    (dict(environment={"1BAD": "x"}), "environment variable name '1BAD' is not valid"),
+    (dict(argv=["a"] * 2000), "2000 script arguments; the limit is 1024"),
+])
+def test_limits_name_field_and_bound(kw, message):
+    with pytest.raises(InvalidRequest, match=message.replace("(", r"\(")):
+        check_request(_req(**kw), CC)
+
+
+def test_loader_hooks_and_listed_variables_are_dropped():
+    env = {"LD_PRELOAD": "/tmp/evil.so", "LD_AUDIT": "x", "LD_LIBRARY_PATH": "/opt/cuda/lib64",
+           "SECRET_TOKEN": "t", "PATH": "/usr/bin"}
+    assert filtered_environment(env, ("SECRET_TOKEN",)) == {"LD_LIBRARY_PATH": "/opt/cuda/lib64", "PATH": "/usr/bin"}
