@@ -14,6 +14,7 @@ import grpc
 from airctld import config as configuration
 from airctld.controller import Controller
 from airctld.nodes import NodeClients
+from airctld.sdnotify import notify
 from airctld.service import handlers
 from airctld.store import Store, StoreError
 
@@ -63,11 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     loop = threading.Thread(target=controller.run, name="controller", daemon=True)
     loop.start()
     log.info("serving on %s, store %s, %d jobs in memory", cc.address, cc.state_dir, len(controller.jobs))
+    notify(f"READY=1\nSTATUS=serving on {cc.address}")
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
     log.info("shutting down")
+    notify("STOPPING=1")
     controller.stop()
     server.stop(grace=2).wait()
     store.close()

@@ -19,6 +19,7 @@ from concurrent import futures
 import grpc
 
 from airctld import config as configuration
+from airctld.sdnotify import notify
 from airnoded.agent import Agent, AgentService
 from airnoded.gpus import GpuError, open_backend
 from protos import air_pb2_grpc as rpc
@@ -70,10 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     threading.Thread(target=agent.run, name="agent", daemon=True).start()
     logging.getLogger("airnoded").info("serving on %s with %d GPUs", node.endpoint, len(gpus.inventory()))
+    notify(f"READY=1\nSTATUS=serving on {node.endpoint}")
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
+    notify("STOPPING=1")
     agent.stop()
     server.stop(grace=1).wait()
     return 0

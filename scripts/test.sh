@@ -4,10 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # Identity tests need MUNGE (the tests start their own munged with their own keys) and three
-# unprivileged users of their own.
+# unprivileged users of their own; the unit-file test needs systemd-analyze.
 if [ "$(id -u)" = 0 ]; then
   if ! command -v munged >/dev/null || ! ldconfig -p | grep -q libmunge.so.2; then
     apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq munge >/dev/null
+  fi
+  if ! command -v systemd-analyze >/dev/null; then
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null
   fi
   for u in airtest-a airtest-b airtest-op; do
     id "$u" >/dev/null 2>&1 || useradd --no-create-home --shell /bin/sh "$u"

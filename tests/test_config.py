@@ -58,3 +58,4 @@ def test_shipped_example_configuration_loads():
     from pathlib import Path
     cfg = load(str(Path(__file__).resolve().parent.parent / "etc" / "air.toml"))
     assert [n.name for n in cfg.nodes] == ["node01", "node02"] and cfg.partition("").max_time_s == 7 * 86400
+    assert cfg.controller.auth == "munge" and [a.name for a in cfg.accounts] == ["ml-research", "vision"]
