@@ -60,6 +60,32 @@ def show_hostnames(hostlist_text):
         raise CliError(f"{hostlist_text!r} is not a host list: {e}") from None
 
 
+def _hold(ids, hold, config):
+    from aircli.client import Client
+    from aircli.queue import job_ids
+    from protos import air_pb2 as pb
+    filt = pb.JobFilter()
+    for text in ids:
+        filt.job_ids.extend(job_ids(text, "'JOB_ID'"))
+    Client(config).call("Hold", pb.HoldRequest(filter=filt, hold=hold))
+
+
+@command.command("hold")
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--config", hidden=True)
+def hold(ids, config):
+    """Keep pending jobs from starting (reason JobHeldUser)."""
+    _hold(ids, True, config)
+
+
+@command.command("release")
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--config", hidden=True)
+def release(ids, config):
+    """Let held jobs be scheduled again."""
+    _hold(ids, False, config)
+
+
 @command.group()
 def local():
     """A whole cluster on this machine, for trying AIR and for tests."""

@@ -157,7 +157,20 @@ class Controller:
         self._wake.set()
         return [j.job_id for j in changed]
 
-    def _select(self, filt: pb.JobFilter, who: Identity, for_cancel: bool) -> list[Job]:
+    def hold(self, filt: pb.JobFilter, hold: bool, who: Identity) -> list[int]:
+        with self._lock:
+            selected = self._select(filt, who, for_cancel=True, doing="hold or release")
+            targets = [j for j in selected if j.phase == JobPhase.PENDING and j.hold != hold]
+            if len(filt.job_ids) == 1 and selected and selected[0].phase != JobPhase.PENDING:
+                events.held(selected[0], hold)  # raises TransitionError: not pending
+            now = self.clock()
+            changed = self._commit([(j, events.held(j, hold)) for j in targets], now, who.uid)
+            self._dirty = True
+        self._wake.set()
+        return [j.job_id for j in changed]
+
+    def _select(self, filt: pb.JobFilter, who: Identity, for_cancel: bool,
+                doing: str = "cancel or signal") -> list[Job]:
         if filt.job_ids:
             missing = [i for i in filt.job_ids if i not in self.jobs and self.store.get_job(i) is None]
             if missing:
@@ -171,7 +184,9 @@ class Controller:
                 selected = [j for j in selected if j.uid == who.uid]
             return selected
         for job in selected:
-            self.policy.check_may_act(who, job, "cancel or signal")
+            self.policy.check_may_act(who, job, doing)
+        if doing == "hold or release":
+            return selected
         if len(filt.job_ids) == 1 and selected and selected[0].phase not in (JobPhase.PENDING, JobPhase.RUNNING):
             job = selected[0]
             raise Conflict(f"job {job.job_id} is {long_state(job.phase, job.result).lower()}; cannot cancel it")

@@ -62,6 +62,12 @@ def lost(job: Job, now: float, reason: Reason, detail: str) -> Job:
                                reason_detail=detail, end_time=now)
 
 
+def held(job: Job, hold: bool) -> Job:
+    """Hold a pending job, or release it."""
+    _require(job, JobPhase.PENDING, doing="hold or release it")
+    return evolve(job, hold=hold, reason=Reason.JOB_HELD_USER if hold else Reason.NONE, reason_detail="")
+
+
 def waiting(job: Job, reason: Reason, detail: str = "") -> Job:
     """A pending job's reason for waiting, as the last scheduling pass found it."""
     _require(job, JobPhase.PENDING, doing="set its pending reason")

@@ -125,7 +125,7 @@ class Store:
             row = _job_row(new, with_request=False)
             rows.append([row[c] for c in cols] + [new.job_id])
             old_state, new_state = long_state(old.phase, old.result), long_state(new.phase, new.result)
-            if old_state != new_state or old.phase != new.phase:
+            if old_state != new_state or old.phase != new.phase or old.hold != new.hold:
                 events.append((new.job_id, now, old_state, new_state, Reason(new.reason).name,
                                new.reason_detail, who))
         self.db.conn.executemany(f"UPDATE jobs SET {', '.join(c + ' = ?' for c in cols)} WHERE id = ?", rows)

@@ -45,6 +45,11 @@ class ControllerStub:
                 request_serializer=protos_dot_air__pb2.CancelRequest.SerializeToString,
                 response_deserializer=protos_dot_air__pb2.CancelReply.FromString,
                 _registered_method=True)
+        self.Hold = channel.unary_unary(
+                '/air.v1.Controller/Hold',
+                request_serializer=protos_dot_air__pb2.HoldRequest.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.CancelReply.FromString,
+                _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/air.v1.Controller/ListJobs',
                 request_serializer=protos_dot_air__pb2.JobFilter.SerializeToString,
@@ -78,6 +83,12 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Cancel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Hold(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -118,6 +129,11 @@ def add_ControllerServicer_to_server(servicer, server):
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
                     request_deserializer=protos_dot_air__pb2.CancelRequest.FromString,
+                    response_serializer=protos_dot_air__pb2.CancelReply.SerializeToString,
+            ),
+            'Hold': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hold,
+                    request_deserializer=protos_dot_air__pb2.HoldRequest.FromString,
                     response_serializer=protos_dot_air__pb2.CancelReply.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
@@ -195,6 +211,33 @@ class Controller:
             target,
             '/air.v1.Controller/Cancel',
             protos_dot_air__pb2.CancelRequest.SerializeToString,
+            protos_dot_air__pb2.CancelReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Hold(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/Hold',
+            protos_dot_air__pb2.HoldRequest.SerializeToString,
             protos_dot_air__pb2.CancelReply.FromString,
             options,
             channel_credentials,

@@ -182,3 +182,18 @@ def test_oversized_message_is_refused_in_one_line(cluster):
     assert proc.returncode != 0 and len(proc.stderr.splitlines()) == 1
     assert "larger than max" in proc.stderr or "too large" in proc.stderr
     assert cluster.db_rows() == before
+
+
+def test_hold_and_release_are_the_owners_or_an_operators(cluster):
+    job_id = cluster.submit(cluster.write_script("hr.sh", "#!/bin/sh\ntrue\n"), "-H", user="airtest-a")
+    proc = cluster.cli("aircontrol", "release", str(job_id), user="airtest-b", check=False)
+    assert proc.returncode != 0 and "you may hold or release only your own jobs" in proc.stderr
+    assert cluster.job(job_id)["reason"] == "JobHeldUser"
+    cluster.cli("aircontrol", "release", str(job_id), user="airtest-a")
+    cluster.wait_state(job_id, "COMPLETED")
+    proc = cluster.cli("aircontrol", "hold", str(job_id), user="airtest-a", check=False)
+    assert proc.returncode != 0 and f"job {job_id} is completed; cannot hold or release it" in proc.stderr
+    held = cluster.submit(cluster.write_script("hr2.sh", "#!/bin/sh\nsleep 30\n"), "-H", user="airtest-a")
+    cluster.cli("aircontrol", "release", str(held), user="airtest-op")
+    cluster.wait_state(held, "RUNNING")
+    cluster.cli("aircancel", str(held))
