@@ -44,7 +44,7 @@ def compile_format(fmt: str, fields: dict[str, tuple[str, Callable]]) -> list:
     return items
 
 
-def _printf(items: list, header: bool) -> str:
+def _printf(items: list) -> str:
     """The items as one %-format string: `%-9.9s` (left) or `%9.9s` (right) for a field of width 9."""
     parts = []
     for i in items:
@@ -57,7 +57,7 @@ def _printf(items: list, header: bool) -> str:
 
 
 def render(items: list, rows, header: bool) -> list[str]:
-    fmt = _printf(items, header)
+    fmt = _printf(items)
     getters = [i[1] for i in items if not isinstance(i, str)]
     lines = []
     if header:

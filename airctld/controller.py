@@ -141,7 +141,7 @@ class Controller:
 
     def cancel(self, filt: pb.JobFilter, signal: int, who: Identity) -> list[int]:
         with self._lock:
-            targets = self._select(filt, who, for_cancel=True)
+            targets = self._select(filt, who, acting=True)
             if signal:
                 targets = [j for j in targets if j.phase == JobPhase.RUNNING]
                 for job in targets:
@@ -159,7 +159,7 @@ class Controller:
 
     def hold(self, filt: pb.JobFilter, hold: bool, who: Identity) -> list[int]:
         with self._lock:
-            selected = self._select(filt, who, for_cancel=True, doing="hold or release")
+            selected = self._select(filt, who, acting=True, doing="hold or release")
             targets = [j for j in selected if j.phase == JobPhase.PENDING and j.hold != hold]
             if len(filt.job_ids) == 1 and selected and selected[0].phase != JobPhase.PENDING:
                 events.held(selected[0], hold)  # raises TransitionError: not pending
@@ -169,7 +169,7 @@ class Controller:
         self._wake.set()
         return [j.job_id for j in changed]
 
-    def _select(self, filt: pb.JobFilter, who: Identity, for_cancel: bool,
+    def _select(self, filt: pb.JobFilter, who: Identity, acting: bool,
                 doing: str = "cancel or signal") -> list[Job]:
         if filt.job_ids:
             missing = [i for i in filt.job_ids if i not in self.jobs and self.store.get_job(i) is None]
@@ -179,7 +179,7 @@ class Controller:
         else:
             candidates = list(self.jobs)
         selected = [j for j in candidates if _matches(j, filt)]
-        if not for_cancel:
+        if not acting:
             if not self.policy.sees_all(who):
                 selected = [j for j in selected if j.uid == who.uid]
             return selected
@@ -209,7 +209,7 @@ class Controller:
         now = self.clock()
         horizon = now - self.config.controller.min_job_age_s
         with self._lock:
-            jobs = self._select(filt, who, for_cancel=False)
+            jobs = self._select(filt, who, acting=False)
             out = []
             for job in jobs:
                 if job.phase == JobPhase.DONE and job.end_time < horizon and not filt.include_old \
