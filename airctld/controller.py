@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
-from airctld import events, scheduler
+from airctld import events, scheduler, steps
 from airctld.config import Config
 from airctld.jobtable import JobTable
 from airctld.errors import Conflict, Denied, InvalidRequest, NotFound
@@ -47,6 +47,7 @@ class Controller:
         self._actions = ThreadPoolExecutor(max_workers=16, thread_name_prefix="act")
         self._misses: dict[int, int] = {}
         self._launching: set[int] = set()
+        self._step_ids: dict[int, int] = {}
         now = clock()
         self.jobs = JobTable(store.load_jobs(now - config.controller.min_job_age_s))
         self._dirty = True   # something changed that may let a pending job start
@@ -193,14 +194,41 @@ class Controller:
         return [j for j in selected if j.phase in (JobPhase.PENDING, JobPhase.RUNNING)]
 
     def _send_signal(self, job: Job, signal: int) -> None:
+        """To every node of the job: the batch script and any step ranks there."""
         grace = self.config.controller.kill_wait_s
-        self._actions.submit(self._deliver_signal, job.batch_node, job.job_id, signal, grace)
+        for node in job.node_names:
+            if self.nodes[node].state in (NodeState.UP, NodeState.DRAIN):
+                self._actions.submit(self._deliver_signal, node, job.job_id, signal, grace)
 
     def _deliver_signal(self, node: str, job_id: int, signal: int, grace: float) -> None:
         try:
             self.clients.signal(self.nodes[node].address, job_id, signal, grace)
         except Exception as e:  # the node's liveness check ends the job if the node is gone
             log.warning("could not signal job %d on %s: %s", job_id, node, e)
+
+    # ------------------------------------------------------------ steps (airrun)
+
+    def create_step(self, spec: pb.StepSpec, who: Identity) -> pb.Step:
+        """Lay out a step of a running job and have every node of it ready its ranks."""
+        with self._lock:
+            job = self.jobs.get(spec.job_id)
+            if job is None:
+                raise NotFound(f"job {spec.job_id} does not exist or is not running")
+            if job.uid != who.uid and not who.is_root:
+                raise Denied(f"job {job.job_id} belongs to {job.user}; only its owner may start steps in it")
+            if job.phase != JobPhase.RUNNING:
+                raise Conflict(f"job {job.job_id} is {long_state(job.phase, job.result).lower()}; "
+                               "steps run only in running jobs")
+            addresses = {a.node: self.nodes[a.node].address for a in job.allocation}
+            nodes, world = steps.layout(job, spec, addresses)
+            step_id = self._step_ids[job.job_id] = self._step_ids.get(job.job_id, -1) + 1
+        step = pb.Step(job_id=job.job_id, step_id=step_id, uid=job.uid, gid=job.gid, world_size=world,
+                       master_addr=nodes[0].address.rsplit(":", 1)[0], nodes=nodes, spec=spec)
+        first = self.clients.prepare_step(nodes[0].address, step)
+        step.master_port = first.free_port
+        for node in nodes:  # every node gets the final step, the first one again with its port
+            self.clients.prepare_step(node.address, step)
+        return step
 
     # ------------------------------------------------------------ queries
 

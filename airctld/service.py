@@ -78,6 +78,13 @@ class ControllerService:
         return pb.ListNodesReply(nodes=self.c.node_views(), partitions=parts)
 
     @_handle
+    def CreateStep(self, request: pb.StepSpec, context, who):
+        try:
+            return self.c.create_step(request, who)
+        except grpc.RpcError as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"a node of the step did not answer: {e.details()}")
+
+    @_handle
     def GetNode(self, request: pb.GetNodeRequest, context, who):
         for node in self.c.node_views():
             if node.name == request.name:
@@ -123,6 +130,7 @@ def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
         "ListJobs": unary(cs.ListJobs, pb.JobFilter.FromString, encode_job_list),
         "GetJob": unary(cs.GetJob, pb.GetJobRequest.FromString, pb.Job.SerializeToString),
         "ListNodes": unary(cs.ListNodes, pb.ListNodesRequest.FromString, pb.ListNodesReply.SerializeToString),
+        "CreateStep": unary(cs.CreateStep, pb.StepSpec.FromString, pb.Step.SerializeToString),
         "GetNode": unary(cs.GetNode, pb.GetNodeRequest.FromString, pb.Node.SerializeToString),
     }
     registry_methods = {

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 
 import grpc
@@ -11,6 +12,7 @@ import psutil
 from airctld.config import Config, NodeConfig
 from airnoded.gpus import GpuBackend
 from airnoded.launcher import Launcher
+from airnoded.steps import StepError, StepRunner
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
 
@@ -27,6 +29,7 @@ class Agent:
         self.gpus = gpus
         self.interval = config.controller.heartbeat_interval_s
         self.launcher = Launcher(node.name, node.spool, self._exited)
+        self.steps = StepRunner(node.name, node.address)
         self._exits: dict[int, pb.JobExit] = {}   # reported exits not yet acknowledged
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -81,6 +84,7 @@ class Agent:
         for job_id in reply.kill:
             log.warning("job %d is not running here as far as the controller knows; killing it", job_id)
             self.launcher.signal(job_id, 0, self.config.controller.kill_wait_s)
+            self.steps.signal(job_id, 0)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -107,4 +111,26 @@ class AgentService:
 
     def Signal(self, request: pb.SignalRequest, context):
         self._controller_only(context)
-        return pb.SignalReply(found=self.agent.launcher.signal(request.job_id, request.signal, request.grace_s))
+        batch = self.agent.launcher.signal(request.job_id, request.signal, request.grace_s)
+        if request.signal == 0:
+            self.agent.steps.forget_job(request.job_id)
+        # steps get the signal at once; on a stop, SIGTERM now and SIGKILL with the batch script's group
+        ranks = self.agent.steps.signal(request.job_id, request.signal or signal.SIGTERM)
+        if request.signal == 0 and ranks:
+            threading.Timer(request.grace_s, self.agent.steps.signal, (request.job_id, signal.SIGKILL)).start()
+        return pb.SignalReply(found=batch or ranks)
+
+    def PrepareStep(self, request: pb.Step, context):
+        self._controller_only(context)
+        return pb.PrepareStepReply(free_port=self.agent.steps.prepare(request))
+
+    def RunStep(self, request: pb.RunStepRequest, context):
+        who = self.agent.auth.identify(context)
+        try:
+            events, stop = self.agent.steps.run(request.job_id, request.step_id, who.uid)
+        except StepError as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except PermissionError as e:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+        context.add_callback(stop)  # airrun went away (Ctrl-C, a failed rank elsewhere): kill the ranks
+        yield from events

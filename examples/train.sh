@@ -4,12 +4,9 @@
 #AIR --gpus-per-node=2
 #AIR --time=10:00
 #SBATCH --output=air-%j.out
-# A 2-node job: where each part of the allocation is, then a small real torch training run
-# on the batch node (two gloo ranks on the CPU).
+# A 2-node job: the allocation, then a small real torch training run with one rank per GPU
+# (4 gloo ranks on the CPU here), launched on both nodes by airrun.
 echo "job $AIR_JOB_ID ($AIR_JOB_NAME) on $AIR_NNODES nodes: $AIR_JOB_NODELIST"
 echo "batch script on $AIR_NODENAME with CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
-for node in $(aircontrol show hostnames "$AIR_JOB_NODELIST"); do
-  echo "  allocated: $node"
-done
-aircontrol show job "$AIR_JOB_ID" | grep -E 'GpuIndices|NodeList'
-python train_tiny.py
+airrun --label bash -c 'echo "rank $RANK of $WORLD_SIZE on $AIR_NODENAME, local rank $LOCAL_RANK, CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"'
+airrun --label python train_tiny.py

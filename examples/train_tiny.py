@@ -1,15 +1,17 @@
-"""A small real training run: two gloo ranks fit a linear model with DistributedDataParallel."""
+"""A small real training run: every rank of the step fits a shared linear model with DDP (gloo).
+
+Started by `airrun`, which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every rank.
+"""
 import os
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 
-def worker(rank: int, world: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     true_w = torch.tensor([[2.0], [-3.0], [0.5]])
     model = DistributedDataParallel(torch.nn.Linear(3, 1))
@@ -22,7 +24,7 @@ def worker(rank: int, world: int, port: int) -> None:
         loss.backward()
         opt.step()
         if rank == 0 and step % 50 == 0:
-            print(f"step {step:3d} loss {loss.item():.5f}", flush=True)
+            print(f"step {step:3d} loss {loss.item():.5f} ({world} ranks)", flush=True)
     if rank == 0:
         w = model.module.weight.detach().flatten().tolist()
         print("learned weights " + " ".join(f"{v:.3f}" for v in w) + f" (job {os.environ.get('AIR_JOB_ID')})")
@@ -30,8 +32,4 @@ def worker(rank: int, world: int, port: int) -> None:
 
 
 if __name__ == "__main__":
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(2, port), nprocs=2)
+    main()

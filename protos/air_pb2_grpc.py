@@ -70,6 +70,11 @@ class ControllerStub:
                 request_serializer=protos_dot_air__pb2.GetNodeRequest.SerializeToString,
                 response_deserializer=protos_dot_air__pb2.Node.FromString,
                 _registered_method=True)
+        self.CreateStep = channel.unary_unary(
+                '/air.v1.Controller/CreateStep',
+                request_serializer=protos_dot_air__pb2.StepSpec.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.Step.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -118,6 +123,13 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateStep(self, request, context):
+        """airrun inside a running job: lay out a step, and have each node of it ready its ranks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -155,6 +167,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.GetNode,
                     request_deserializer=protos_dot_air__pb2.GetNodeRequest.FromString,
                     response_serializer=protos_dot_air__pb2.Node.SerializeToString,
+            ),
+            'CreateStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateStep,
+                    request_deserializer=protos_dot_air__pb2.StepSpec.FromString,
+                    response_serializer=protos_dot_air__pb2.Step.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -357,6 +374,33 @@ class Controller:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def CreateStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/CreateStep',
+            protos_dot_air__pb2.StepSpec.SerializeToString,
+            protos_dot_air__pb2.Step.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class NodeRegistryStub:
     """Node daemons call this on airctld.
@@ -496,6 +540,16 @@ class NodeAgentStub:
                 request_serializer=protos_dot_air__pb2.SignalRequest.SerializeToString,
                 response_deserializer=protos_dot_air__pb2.SignalReply.FromString,
                 _registered_method=True)
+        self.PrepareStep = channel.unary_unary(
+                '/air.v1.NodeAgent/PrepareStep',
+                request_serializer=protos_dot_air__pb2.Step.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.PrepareStepReply.FromString,
+                _registered_method=True)
+        self.RunStep = channel.unary_stream(
+                '/air.v1.NodeAgent/RunStep',
+                request_serializer=protos_dot_air__pb2.RunStepRequest.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.StepEvent.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServicer:
@@ -514,6 +568,21 @@ class NodeAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareStep(self, request, context):
+        """From airctld: this node's part of a step, to be started when airrun attaches.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RunStep(self, request, context):
+        """From airrun, as the job's owner: start this node's ranks and stream their output and exits.
+        Cancelling the call kills them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -526,6 +595,16 @@ def add_NodeAgentServicer_to_server(servicer, server):
                     servicer.Signal,
                     request_deserializer=protos_dot_air__pb2.SignalRequest.FromString,
                     response_serializer=protos_dot_air__pb2.SignalReply.SerializeToString,
+            ),
+            'PrepareStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareStep,
+                    request_deserializer=protos_dot_air__pb2.Step.FromString,
+                    response_serializer=protos_dot_air__pb2.PrepareStepReply.SerializeToString,
+            ),
+            'RunStep': grpc.unary_stream_rpc_method_handler(
+                    servicer.RunStep,
+                    request_deserializer=protos_dot_air__pb2.RunStepRequest.FromString,
+                    response_serializer=protos_dot_air__pb2.StepEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -583,6 +662,60 @@ class NodeAgent:
             '/air.v1.NodeAgent/Signal',
             protos_dot_air__pb2.SignalRequest.SerializeToString,
             protos_dot_air__pb2.SignalReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.NodeAgent/PrepareStep',
+            protos_dot_air__pb2.Step.SerializeToString,
+            protos_dot_air__pb2.PrepareStepReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/air.v1.NodeAgent/RunStep',
+            protos_dot_air__pb2.RunStepRequest.SerializeToString,
+            protos_dot_air__pb2.StepEvent.FromString,
             options,
             channel_credentials,
             insecure,

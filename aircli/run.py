@@ -1,0 +1,103 @@
+"""airrun: launch a step on the job's allocation (srun's job inside a batch script)."""
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+
+import click
+
+from aircli.client import CliError, entry
+
+
+@click.command(context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]})
+@click.option("-N", "--nodes", type=click.IntRange(1), help="run on the job's first N nodes")
+@click.option("--ntasks-per-node", type=click.IntRange(1), help="ranks on each node (default: one per GPU)")
+@click.option("-w", "--nodelist", help="run on these nodes of the job (hostlist)")
+@click.option("--gpus-per-task", type=click.IntRange(1), help="GPUs for each rank")
+@click.option("-l", "--label", is_flag=True, help="prefix each output line with its rank")
+@click.option("--kill-on-bad-exit/--no-kill-on-bad-exit", default=True, show_default=True,
+              help="one rank failing ends the step")
+@click.option("--jobid", type=int, help="the job to run in (default: $AIR_JOB_ID)")
+@click.option("--config", hidden=True)
+@click.argument("command", nargs=-1, required=True)
+def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_exit, jobid, config, command):
+    import grpc
+    import hostlist
+    from aircli.client import Client
+    from protos import air_pb2 as pb
+    from protos import air_pb2_grpc as rpc
+    job_id = jobid or int(os.environ.get("AIR_JOB_ID", "0") or 0)
+    if not job_id:
+        raise CliError("not inside a job: $AIR_JOB_ID is not set (use airbatch, or --jobid)")
+    try:
+        names = hostlist.expand_hostlist(nodelist) if nodelist else []
+    except hostlist.BadHostlist as e:
+        raise click.BadParameter(str(e), param_hint="'-w'") from None
+    client = Client(config)
+    spec = pb.StepSpec(job_id=job_id, nodes=nodes or 0, nodelist=names, ntasks_per_node=ntasks_per_node or 0,
+                       gpus_per_task=gpus_per_task or 0, argv=list(command), environment=dict(os.environ),
+                       workdir=os.getcwd())
+    step = client.call("CreateStep", spec)
+    auth = client.config.controller.authenticator()
+    events: queue.Queue = queue.Queue()
+    calls = []
+    for node in step.nodes:
+        stub = rpc.NodeAgentStub(grpc.insecure_channel(node.address))
+        call = stub.RunStep(pb.RunStepRequest(job_id=step.job_id, step_id=step.step_id), metadata=auth.metadata())
+        calls.append(call)
+        threading.Thread(target=_drain, args=(node.node, call, events), daemon=True).start()
+
+    out, err = sys.stdout.buffer, sys.stderr.buffer
+    remaining, first_bad, streams_left = step.world_size, 0, len(calls)
+    try:
+        while remaining and streams_left:
+            kind, value = events.get()
+            if kind == "end":
+                streams_left -= 1
+                if value:  # a node's stream broke: its ranks are gone
+                    err.write(f"airrun: error: {value}\n".encode())
+                    first_bad = first_bad or 1
+                    if kill_on_bad_exit:
+                        break
+                continue
+            event = value
+            if event.exited:
+                remaining -= 1
+                code = event.exit_code or (128 + event.exit_signal if event.exit_signal else 0)
+                if code and not first_bad:
+                    first_bad = code
+                    if kill_on_bad_exit and remaining:
+                        err.write(f"airrun: rank {event.rank} exited with {code}; ending the step\n".encode())
+                        break
+                continue
+            stream = err if event.stderr else out
+            stream.write((f"{event.rank}: ".encode() if label else b"") + event.data)
+            stream.flush()
+    except KeyboardInterrupt:
+        first_bad = 130
+    finally:
+        for call in calls:
+            call.cancel()
+    if first_bad:
+        sys.exit(first_bad)
+
+
+def _drain(node: str, call, events: queue.Queue) -> None:
+    import grpc
+    try:
+        for event in call:
+            events.put(("event", event))
+        events.put(("end", ""))
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.CANCELLED:
+            events.put(("end", ""))
+        else:
+            events.put(("end", f"{node}: {e.details() or e.code().name}"))
+
+
+main = entry(command, "airrun")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Laying out a job step (airrun) over a job's allocation: which ranks and GPUs go where. Pure."""
+from __future__ import annotations
+
+from airctld.errors import InvalidRequest
+from airctld.model import Job
+from protos import air_pb2 as pb
+
+
+def layout(job: Job, spec: pb.StepSpec, addresses: dict[str, str]) -> tuple[list[pb.StepNode], int]:
+    """The step's nodes (each with its global ranks and per-rank GPU sets) and its world size."""
+    allocated = {a.node: a for a in job.allocation}
+    if spec.nodelist:
+        unknown = [n for n in spec.nodelist if n not in allocated]
+        if unknown:
+            raise InvalidRequest(f"node {unknown[0]} is not in job {job.job_id}'s allocation "
+                                 f"({','.join(allocated)})")
+        names = list(spec.nodelist)
+    else:
+        count = spec.nodes or len(job.allocation)
+        if count > len(job.allocation):
+            raise InvalidRequest(f"{count} nodes asked for, but job {job.job_id} has {len(job.allocation)}")
+        names = [a.node for a in job.allocation[:count]]
+    nodes, rank = [], 0
+    for node_rank, name in enumerate(names):
+        gpus = list(allocated[name].gpus)
+        ntasks = spec.ntasks_per_node or (len(gpus) // spec.gpus_per_task if spec.gpus_per_task else len(gpus)) or 1
+        per_task = spec.gpus_per_task or (len(gpus) // ntasks if gpus else 0)
+        if ntasks * per_task > len(gpus):
+            raise InvalidRequest(f"{ntasks} tasks with {per_task} GPUs each need {ntasks * per_task} GPUs, "
+                                 f"but job {job.job_id} has {len(gpus)} on {name}")
+        sets = [",".join(str(g) for g in gpus[i * per_task:(i + 1) * per_task]) for i in range(ntasks)]
+        nodes.append(pb.StepNode(node=name, address=addresses[name], node_rank=node_rank,
+                                 ranks=list(range(rank, rank + ntasks)), gpu_sets=sets))
+        rank += ntasks
+    return nodes, rank
+
+
+def rank_environment(step: pb.Step, node_index: int, local_rank: int, base: dict[str, str]) -> dict[str, str]:
+    """What torch.distributed (and srun-style scripts) expect in every rank."""
+    here = step.nodes[node_index]
+    env = dict(base)
+    env.update({
+        "RANK": str(here.ranks[local_rank]),
+        "WORLD_SIZE": str(step.world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(len(here.ranks)),
+        "NODE_RANK": str(here.node_rank),
+        "GROUP_RANK": str(here.node_rank),
+        "MASTER_ADDR": step.master_addr,
+        "MASTER_PORT": str(step.master_port),
+        "CUDA_VISIBLE_DEVICES": here.gpu_sets[local_rank],
+        "AIR_STEP_ID": str(step.step_id),
+        "AIR_NODENAME": here.node,
+        "SLURM_PROCID": str(here.ranks[local_rank]),
+        "SLURM_LOCALID": str(local_rank),
+        "SLURM_NODEID": str(here.node_rank),
+        "SLURM_NTASKS": str(step.world_size),
+        "SLURM_STEP_ID": str(step.step_id),
+        "SLURM_STEPID": str(step.step_id),
+        "SLURMD_NODENAME": here.node,
+    })
+    return env

@@ -1,0 +1,142 @@
+"""This node's part of a job step: ranks started as the job's owner when airrun attaches,
+their output streamed back line by line, and every rank killed when the stream ends."""
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import queue
+import signal
+import socket
+import subprocess
+import threading
+from typing import Iterator
+
+from airctld.steps import rank_environment
+from protos import air_pb2 as pb
+
+log = logging.getLogger("airnoded")
+
+
+class StepError(Exception):
+    pass
+
+
+class StepRunner:
+    def __init__(self, node: str, address: str):
+        self.node = node
+        self.address = address
+        self._prepared: dict[tuple[int, int], pb.Step] = {}
+        self._groups: dict[int, set[int]] = {}   # job id -> process groups of its running ranks
+        self._lock = threading.Lock()
+
+    def prepare(self, step: pb.Step) -> int:
+        """Remember the step; return a port free on this node's address (for the first node's MASTER_PORT)."""
+        with self._lock:
+            self._prepared[(step.job_id, step.step_id)] = step
+        with socket.socket() as s:
+            s.bind((self.address, 0))
+            return s.getsockname()[1]
+
+    def forget_job(self, job_id: int) -> None:
+        with self._lock:
+            for key in [k for k in self._prepared if k[0] == job_id]:
+                del self._prepared[key]
+
+    def signal(self, job_id: int, sig: int) -> bool:
+        with self._lock:
+            groups = list(self._groups.get(job_id, ()))
+        for pgid in groups:
+            _killpg(pgid, sig or signal.SIGKILL)
+        return bool(groups)
+
+    def run(self, job_id: int, step_id: int, uid: int) -> tuple[Iterator[pb.StepEvent], callable]:
+        """Start this node's ranks; returns (events, stop). `uid` is the verified caller."""
+        with self._lock:
+            step = self._prepared.pop((job_id, step_id), None)
+        if step is None:
+            raise StepError(f"step {job_id}.{step_id} is not prepared on {self.node}")
+        if uid not in (step.uid, 0):
+            raise PermissionError(f"step {job_id}.{step_id} belongs to uid {step.uid}")
+        index = next(i for i, n in enumerate(step.nodes) if n.node == self.node)
+        here = step.nodes[index]
+        events: queue.Queue = queue.Queue()
+        procs: list[subprocess.Popen] = []
+        kwargs, extra_env = _as_owner(step.uid, step.gid)
+        for local_rank, rank in enumerate(here.ranks):
+            env = rank_environment(step, index, local_rank, {**step.spec.environment, **extra_env})
+            try:
+                proc = subprocess.Popen(list(step.spec.argv), env=env, cwd=step.spec.workdir or "/",
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, start_new_session=True, **kwargs)
+            except OSError as e:
+                message = f"airrun: {self.node}: cannot run {step.spec.argv[0]}: {e.strerror}\n"
+                events.put(pb.StepEvent(rank=rank, stderr=True, data=message.encode()))
+                events.put(pb.StepEvent(rank=rank, exited=True, exit_code=127 if e.errno == 2 else 126))
+                continue
+            procs.append(proc)
+            with self._lock:
+                self._groups.setdefault(job_id, set()).add(proc.pid)
+            threading.Thread(target=self._watch, args=(proc, rank, events), daemon=True).start()
+        log.info("step %d.%d: %d ranks started", job_id, step_id, len(procs))
+        stopped = threading.Event()
+
+        def stop() -> None:
+            if stopped.is_set():
+                return
+            stopped.set()
+            for proc in procs:
+                _killpg(proc.pid, signal.SIGKILL)
+            with self._lock:
+                groups = self._groups.get(job_id, set())
+                groups.difference_update(p.pid for p in procs)
+
+        def stream() -> Iterator[pb.StepEvent]:
+            remaining = len(here.ranks)
+            try:
+                while remaining:
+                    event = events.get()
+                    if event.exited:
+                        remaining -= 1
+                    yield event
+            finally:
+                stop()
+        return stream(), stop
+
+    @staticmethod
+    def _watch(proc: subprocess.Popen, rank: int, events: queue.Queue) -> None:
+        readers = [threading.Thread(target=_pump, args=(pipe, rank, is_err, events), daemon=True)
+                   for pipe, is_err in ((proc.stdout, False), (proc.stderr, True))]
+        for r in readers:
+            r.start()
+        status = proc.wait()
+        _killpg(proc.pid, signal.SIGKILL)  # what the rank left behind
+        for r in readers:
+            r.join(timeout=5)
+        code, sig = (0, -status) if status < 0 else (status, 0)
+        events.put(pb.StepEvent(rank=rank, exited=True, exit_code=code, exit_signal=sig))
+
+
+def _pump(pipe, rank: int, is_err: bool, events: queue.Queue) -> None:
+    with pipe:
+        for line in iter(pipe.readline, b""):
+            events.put(pb.StepEvent(rank=rank, stderr=is_err, data=line))
+
+
+def _as_owner(uid: int, gid: int) -> tuple[dict, dict]:
+    if uid == os.getuid():
+        return {}, {}
+    try:
+        entry = pwd.getpwuid(uid)
+        groups = os.getgrouplist(entry.pw_name, gid)
+        env = {"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name}
+    except KeyError:
+        groups, env = [gid], {}
+    return dict(user=uid, group=gid, extra_groups=groups), env
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,103 @@
+"""airrun: steps across the nodes of a job, with real torch.distributed ranks (gloo)."""
+import psutil
+
+from airctld.model import Job, NodeAlloc
+from airctld.steps import layout, rank_environment
+from cluster import wait_for
+from protos import air_pb2 as pb
+
+BASE_ADDRESS = "127.0.5.1"
+
+ALLREDUCE = r'''
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "CUDA_VISIBLE_DEVICES", "AIR_NODENAME")
+print("sum=%d" % t.item(), " ".join(k + "=" + os.environ[k] for k in keys), flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_two_node_allreduce_with_labelled_output(cluster):
+    (cluster.work / "allreduce.py").write_text(ALLREDUCE)
+    script = cluster.write_script("step.sh", "#!/bin/sh\n#AIR -N 2 --gpus-per-node=2\n"
+                                             "airrun --label python allreduce.py\necho airrun=$?\n")
+    job_id = cluster.submit(script, user="nobody")
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=90)
+    out = (cluster.work / f"air-{job_id}.out").read_text().splitlines()
+    assert job["state"] == "COMPLETED", out
+    assert out[-1] == "airrun=0"
+    rows = sorted(line for line in out if line[:1].isdigit())
+    gpus = {n: job["gpus"][n] for n in job["nodes"]}
+    first, second = job["nodes"]
+    expected = []
+    for rank in range(4):
+        node = first if rank < 2 else second
+        local = rank % 2
+        expected.append(f"{rank}: sum=10 RANK={rank} WORLD_SIZE=4 LOCAL_RANK={local} LOCAL_WORLD_SIZE=2 "
+                        f"NODE_RANK={rank // 2} CUDA_VISIBLE_DEVICES={gpus[node][local]} AIR_NODENAME={node}")
+    assert rows == expected
+
+
+def _step_processes():
+    return [p for p in psutil.process_iter(["cmdline"]) if " ".join(p.info["cmdline"] or []) == "sleep 77.5"]
+
+
+def test_bad_rank_ends_the_step_everywhere(cluster):
+    script = cluster.write_script("bad.sh", "#!/bin/sh\n#AIR -N 2\n"
+                                            "airrun --ntasks-per-node=2 sh -c "
+                                            "'if [ $RANK = 3 ]; then sleep 1; exit 3; fi; sleep 77.5'\n"
+                                            "echo airrun=$?\n")
+    job_id = cluster.submit(script)
+    wait_for(lambda: len(_step_processes()) >= 3, timeout=20, what="three ranks sleeping")
+    job = cluster.wait_state(job_id, "COMPLETED", timeout=30)
+    assert (cluster.work / f"air-{job_id}.out").read_text().splitlines()[-1] == "airrun=3"
+    wait_for(lambda: not _step_processes(), timeout=10, what="no rank of the step left")
+    assert job["exit_code"] == 0
+
+
+def test_cancel_kills_ranks_on_every_node(cluster):
+    script = cluster.write_script("long.sh", "#!/bin/sh\n#AIR -N 2\nairrun sleep 77.5\n")
+    job_id = cluster.submit(script)
+    wait_for(lambda: len(_step_processes()) == 2, timeout=20, what="a rank on each node")
+    cluster.cli("aircancel", str(job_id))
+    cluster.wait_state(job_id, "CANCELLED", timeout=20)
+    wait_for(lambda: not _step_processes(), timeout=10, what="no rank left after cancel")
+
+
+def test_airrun_outside_a_job_and_bad_layouts(cluster):
+    proc = cluster.cli("airrun", "true", check=False, env={"AIR_JOB_ID": ""})
+    assert proc.returncode != 0 and "not inside a job" in proc.stderr
+    script = cluster.write_script("lay.sh", "#!/bin/sh\n#AIR -N 1 --gpus-per-node=2\n"
+                                            "airrun --ntasks-per-node=2 --gpus-per-task=2 true\necho rc=$?\n")
+    job_id = cluster.submit(script)
+    cluster.wait_state(job_id, "COMPLETED")
+    out = (cluster.work / f"air-{job_id}.out").read_text()
+    assert "2 tasks with 2 GPUs each need 4 GPUs" in out and out.endswith("rc=1\n")
+
+
+def _job(allocation):
+    return Job(job_id=5, uid=0, gid=0, user="u", name="n", partition="p", num_nodes=len(allocation),
+               gpus_per_node=4, cpus_per_node=1, time_limit_s=0, submit_time=0, request=pb.JobRequest(),
+               allocation=tuple(allocation))
+
+
+def test_layout_and_rank_environment():
+    job = _job([NodeAlloc("a", (0, 1, 2, 3), 1), NodeAlloc("b", (4, 5, 6, 7), 1)])
+    nodes, world = layout(job, pb.StepSpec(gpus_per_task=2), {"a": "10.0.0.1:6818", "b": "10.0.0.2:6818"})
+    assert world == 4
+    assert [(n.node, list(n.ranks), list(n.gpu_sets)) for n in nodes] == [
+        ("a", [0, 1], ["0,1", "2,3"]), ("b", [2, 3], ["4,5", "6,7"])]
+    step = pb.Step(job_id=5, step_id=2, world_size=world, master_addr="10.0.0.1", master_port=29500, nodes=nodes)
+    env = rank_environment(step, 1, 1, {"PATH": "/bin", "RANK": "stale"})
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "AIR_STEP_ID",
+                                "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
+                                "SLURM_STEP_ID", "PATH")} == {
+        "RANK": "3", "LOCAL_RANK": "1", "NODE_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "CUDA_VISIBLE_DEVICES": "6,7", "AIR_STEP_ID": "2",
+        "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NTASKS": "4",
+        "SLURM_STEP_ID": "2", "PATH": "/bin"}
+    nodes, world = layout(_job([NodeAlloc("a", (), 1)]), pb.StepSpec(), {"a": "x:1"})
+    assert world == 1 and list(nodes[0].gpu_sets) == [""]
