@@ -87,6 +87,60 @@ def release(ids, config):
 
 
 @command.group()
+def node():
+    """Drain, resume, or (simulated hardware only) inject faults into a node."""
+
+
+def _update_node(name, state, reason, config):
+    from aircli import formats
+    from aircli.client import Client
+    from protos import air_pb2 as pb
+    node = Client(config).call("UpdateNode", pb.UpdateNodeRequest(name=name, state=state, reason=reason))
+    click.echo(f"{node.name}: {formats.node_state(node)}" + (f" ({node.reason})" if node.reason else ""))
+
+
+@node.command("drain")
+@click.argument("name")
+@click.option("--reason", required=True)
+@click.option("--config", hidden=True)
+def node_drain(name, reason, config):
+    """Take a node out of service: running jobs finish, no new ones start."""
+    from protos import air_pb2 as pb
+    _update_node(name, pb.NODE_STATE_DRAIN, reason, config)
+
+
+@node.command("resume")
+@click.argument("name")
+@click.option("--config", hidden=True)
+def node_resume(name, config):
+    """Return a drained node to service."""
+    from protos import air_pb2 as pb
+    _update_node(name, pb.NODE_STATE_UP, "", config)
+
+
+@node.command("fault")
+@click.argument("name")
+@click.option("--gpu", type=click.IntRange(-1), default=-1, show_default=True, help="GPU index; -1: the node")
+@click.option("--xid", type=click.IntRange(1), help="an XID event on --gpu")
+@click.option("--ecc-dbe", is_flag=True, help="an uncorrectable ECC error on --gpu")
+@click.option("--nvlink-down", type=click.IntRange(0), help="NVLink link number that goes down on --gpu")
+@click.option("--ib-down", metavar="DEVICE/PORT", help="an InfiniBand port that goes down, e.g. mlx5_0/1")
+@click.option("--config", hidden=True)
+def node_fault(name, gpu, xid, ecc_dbe, nvlink_down, ib_down, config):
+    """Inject a hardware fault into a node with simulated GPUs (for tests and drills)."""
+    from aircli.client import Client
+    from protos import air_pb2 as pb
+    if not (xid or ecc_dbe or nvlink_down is not None or ib_down):
+        raise CliError("say which fault: --xid, --ecc-dbe, --nvlink-down or --ib-down")
+    if (xid or ecc_dbe or nvlink_down is not None) and gpu < 0:
+        raise click.BadParameter("GPU faults need --gpu", param_hint="'--gpu'")
+    fault = pb.FaultRequest(node=name, gpu=gpu, xid=xid or 0, ecc_dbe=ecc_dbe, ib_down=ib_down or "")
+    if nvlink_down is not None:
+        fault.nvlink_down = nvlink_down
+    Client(config).call("InjectFault", fault)
+
+
+@command.group()
 def local():
     """A whole cluster on this machine, for trying AIR and for tests."""
 
@@ -106,13 +160,14 @@ def local():
               help="TOML appended to the generated air.toml ([[accounts]] tables, ...)")
 @click.option("--operator", "operators", multiple=True, help="a user or @group who may act on any job")
 @click.option("--private-jobs", is_flag=True, help="airq shows others' jobs only to root and operators")
+@click.option("--health-program", default="", help="run on every node each second; non-zero exit drains it")
 def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_timeout, auth, munge_socket,
-             extra_config, operators, private_jobs):
+             extra_config, operators, private_jobs, health_program):
     from aircli.local import up
     extra = Path(extra_config).read_text() if extra_config else ""
     config = up(Path(directory), nodes, gpus_per_node, cpus_per_node, base_address, node_timeout,
                 auth=auth, munge_socket=munge_socket, extra=extra, operators=operators,
-                private_jobs=private_jobs)
+                private_jobs=private_jobs, health_program=health_program)
     click.echo(f"local cluster up: {nodes} nodes with {gpus_per_node} GPUs each; logs in {config.parent / 'log'}")
     click.echo(f"export AIR_CONF={config}")
 

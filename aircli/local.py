@@ -17,7 +17,8 @@ NODE_PORT = 6818
 
 def write_config(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int,
                  base_address: str, node_timeout_s: float, auth: str = "none", munge_socket: str = "",
-                 extra: str = "", operators: tuple = (), private_jobs: bool = False) -> Path:
+                 extra: str = "", operators: tuple = (), private_jobs: bool = False,
+                 health_program: str = "") -> Path:
     base = ipaddress.ip_address(base_address)
     if not base.is_loopback:
         raise CliError(f"--base-address {base_address} is not a loopback address")
@@ -50,6 +51,9 @@ port = {NODE_PORT}
 gpus = "sim:{gpus_per_node}"
 cpus = {cpus_per_node}
 spool_dir = "{directory / 'spool' / '%n'}"
+ib_sysfs = "{directory / 'ib' / '%n'}"
+health_program = "{health_program}"
+health_interval_s = 1.0
 
 [[partitions]]
 name = "gpu"
@@ -72,14 +76,14 @@ def _spawn(args: list[str], log: Path, env: dict) -> int:
 
 def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base_address: str,
        node_timeout_s: float, wait_s: float = 60.0, auth: str = "none", munge_socket: str = "",
-       extra: str = "", operators: tuple = (), private_jobs: bool = False) -> Path:
+       extra: str = "", operators: tuple = (), private_jobs: bool = False, health_program: str = "") -> Path:
     directory = directory.resolve()
     (directory / "log").mkdir(parents=True, exist_ok=True)
     pids_file = directory / "pids"
     if pids_file.exists() and any(_alive(p) for p in _pids(pids_file)):
         raise CliError(f"a local cluster is already running in {directory}; run aircontrol local down first")
     config = write_config(directory, nodes, gpus_per_node, cpus_per_node, base_address, node_timeout_s,
-                          auth, munge_socket, extra, operators, private_jobs)
+                          auth, munge_socket, extra, operators, private_jobs, health_program)
     from airctld.config import load
     cfg = load(str(config))
     env = dict(os.environ, AIR_CONF=str(config))

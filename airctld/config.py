@@ -67,6 +67,10 @@ class NodeConfig:
     cpus: int = 0             # 0: what the host has
     memory_mb: int = 0        # 0: what the host has
     spool_dir: str = "/var/spool/air/%n"
+    ib_sysfs: str = "/sys/class/infiniband"   # %n: the node's name (tests point this at a fake tree)
+    health_program: str = ""  # run every health_interval_s; a non-zero exit drains the node
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 30.0
 
     @property
     def endpoint(self) -> str:
@@ -75,6 +79,10 @@ class NodeConfig:
     @property
     def spool(self) -> Path:
         return Path(self.spool_dir.replace("%n", self.name))
+
+    @property
+    def ib_root(self) -> Path:
+        return Path(self.ib_sysfs.replace("%n", self.name))
 
 
 @dataclass(frozen=True)

@@ -321,11 +321,74 @@ class Controller:
                 elif misses >= MISSES_BEFORE_LOST:
                     changes.append((job, events.lost(job, now, Reason.JOB_LOST,
                                                      f"node {req.name} no longer has the job")))
+            if req.health:
+                changes += self._health(node, req.health, now, {old.job_id for old, _ in changes})
             self._commit(changes, now, CONTROLLER_UID)
             kill = [i for i in running if (j := self.jobs.get(i)) is None or j.phase == JobPhase.DONE]
         if changes:
             self._wake.set()
         return pb.HeartbeatReply(acked=sorted(reported), kill=kill)
+
+    def _health(self, node: Node, health, now: float, already: set[int]) -> list[tuple[Job, Job]]:
+        """Record a node's health events; a critical one drains the node and ends the jobs on the
+        failing GPU (every job on the node, for a node-wide fault) as NODE_FAIL."""
+        critical = [e for e in health if e.critical]
+        node = self.nodes[node.name]
+        with self.store.transaction():
+            self.store.add_node_events(node.name, health)
+            if critical and node.state == NodeState.UP:
+                first = critical[0]
+                where = f"GPU {first.gpu}" if first.gpu >= 0 else "node"
+                node = evolve(node, state=NodeState.DRAIN, reason=f"{where}: {first.signal} ({first.message})")
+                self.store.save_node(node)
+                self.nodes[node.name] = node
+                log.warning("node %s drained: %s", node.name, node.reason)
+        changes = []
+        for event in critical:
+            for job in self.jobs.active():
+                if job.job_id in already:
+                    continue
+                mine = [a for a in job.allocation if a.node == node.name]
+                if mine and (event.gpu < 0 or event.gpu in mine[0].gpus):
+                    where = f"GPU {event.gpu} of {node.name}" if event.gpu >= 0 else node.name
+                    changes.append((job, events.lost(job, now, Reason.NODE_FAIL,
+                                                     f"{where}: {event.signal} ({event.message})")))
+                    already.add(job.job_id)
+        for _, job in changes:
+            self._send_signal(job, 0)
+        return changes
+
+    def update_node(self, name: str, state: NodeState, reason: str, who: Identity) -> None:
+        if not self.policy.is_operator(who):
+            raise Denied("only root and operators may drain or resume nodes")
+        with self._lock:
+            node = self.nodes.get(name)
+            if node is None:
+                raise NotFound(f"node {name} does not exist")
+            if state == NodeState.DRAIN:
+                new = evolve(node, state=NodeState.DRAIN, reason=reason or f"drained by uid {who.uid}")
+            elif state == NodeState.UP:
+                if node.state != NodeState.DRAIN:
+                    raise Conflict(f"node {name} is {node.state.name.lower()}; only a drained node can be resumed")
+                new = evolve(node, state=NodeState.UP, reason="")
+            else:
+                raise InvalidRequest("a node can be set to DRAIN or UP")
+            with self.store.transaction():
+                self.store.save_node(new)
+                self.store.add_node_events(name, [pb.HealthEvent(
+                    gpu=-1, signal="admin", message=f"{new.state.name} by uid {who.uid}: {reason}",
+                    time=self.clock())])
+            self.nodes[name] = new
+            self._dirty = True
+        self._wake.set()
+
+    def inject_fault(self, fault: pb.FaultRequest, who: Identity) -> None:
+        if not self.policy.is_operator(who):
+            raise Denied("only root and operators may inject faults")
+        node = self.nodes.get(fault.node)
+        if node is None:
+            raise NotFound(f"node {fault.node} does not exist")
+        self.clients.inject_fault(node.address, fault)
 
     # ------------------------------------------------------------ passes
 

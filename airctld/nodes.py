@@ -36,6 +36,9 @@ class NodeClients:
     def prepare_step(self, address: str, step: pb.Step) -> pb.PrepareStepReply:
         return self._stub(address).PrepareStep(step, timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
 
+    def inject_fault(self, address: str, fault: pb.FaultRequest) -> None:
+        self._stub(address).InjectFault(fault, timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
+
     def signal(self, address: str, job_id: int, signal: int, grace_s: float) -> bool:
         reply = self._stub(address).Signal(pb.SignalRequest(job_id=job_id, signal=signal, grace_s=grace_s),
                                            timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())

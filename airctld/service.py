@@ -10,6 +10,7 @@ from airctld.controller import Controller
 from airctld.errors import RequestError
 from airctld.events import TransitionError
 from protos import air_pb2 as pb
+from protos.states import NodeState
 
 log = logging.getLogger("airctld")
 
@@ -85,6 +86,19 @@ class ControllerService:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"a node of the step did not answer: {e.details()}")
 
     @_handle
+    def UpdateNode(self, request: pb.UpdateNodeRequest, context, who):
+        self.c.update_node(request.name, NodeState(request.state), request.reason, who)
+        return self.GetNode.__wrapped__(self, pb.GetNodeRequest(name=request.name), context, who)
+
+    @_handle
+    def InjectFault(self, request: pb.FaultRequest, context, who):
+        try:
+            self.c.inject_fault(request, who)
+        except grpc.RpcError as e:
+            context.abort(e.code(), e.details())
+        return pb.FaultReply()
+
+    @_handle
     def GetNode(self, request: pb.GetNodeRequest, context, who):
         for node in self.c.node_views():
             if node.name == request.name:
@@ -131,6 +145,8 @@ def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
         "GetJob": unary(cs.GetJob, pb.GetJobRequest.FromString, pb.Job.SerializeToString),
         "ListNodes": unary(cs.ListNodes, pb.ListNodesRequest.FromString, pb.ListNodesReply.SerializeToString),
         "CreateStep": unary(cs.CreateStep, pb.StepSpec.FromString, pb.Step.SerializeToString),
+        "UpdateNode": unary(cs.UpdateNode, pb.UpdateNodeRequest.FromString, pb.Node.SerializeToString),
+        "InjectFault": unary(cs.InjectFault, pb.FaultRequest.FromString, pb.FaultReply.SerializeToString),
         "GetNode": unary(cs.GetNode, pb.GetNodeRequest.FromString, pb.Node.SerializeToString),
     }
     registry_methods = {

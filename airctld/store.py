@@ -45,7 +45,14 @@ def _migrate_1(db: sqlite_utils.Database) -> None:
                         "state": int, "reason": str, "last_heartbeat": float}, pk="name")
 
 
-MIGRATIONS = [_migrate_1]
+def _migrate_2(db: sqlite_utils.Database) -> None:
+    """Node health history."""
+    db["node_events"].create({"id": int, "node": str, "time": float, "gpu": int, "signal": str,
+                              "message": str, "critical": int}, pk="id")
+    db["node_events"].create_index(["node", "time"])
+
+
+MIGRATIONS = [_migrate_1, _migrate_2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -175,6 +182,16 @@ class Store:
             "reason=excluded.reason, last_heartbeat=excluded.last_heartbeat",
             [node.name, node.address, node.cpus, node.memory_mb, gpus, int(node.state), node.reason,
              node.last_heartbeat])
+
+    def add_node_events(self, node: str, events) -> None:
+        self.db.conn.executemany(
+            "INSERT INTO node_events (node, time, gpu, signal, message, critical) VALUES (?, ?, ?, ?, ?, ?)",
+            [(node, e.time, e.gpu, e.signal, e.message, int(e.critical)) for e in events])
+
+    def node_events(self, node: str) -> list[dict]:
+        cur = self.db.execute("SELECT time, gpu, signal, message, critical FROM node_events WHERE node = ? "
+                              "ORDER BY id", [node])
+        return [dict(zip(("time", "gpu", "signal", "message", "critical"), r)) for r in cur]
 
     def load_nodes(self) -> list[Node]:
         cur = self.db.execute("SELECT name, address, cpus, memory_mb, gpus, state, reason, last_heartbeat "

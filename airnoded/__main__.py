@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     agent = Agent(cfg, node, gpus, auth)
     agent.launcher.kill_orphans()
+    agent.monitor.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=[  # a thread per streaming step
         ("grpc.max_receive_message_length", cfg.controller.max_message_bytes),
         ("grpc.so_reuseport", 0)])

@@ -5,12 +5,14 @@ import logging
 import os
 import signal
 import threading
+import time
 
 import grpc
 import psutil
 
 from airctld.config import Config, NodeConfig
-from airnoded.gpus import GpuBackend
+from airnoded.gpus import GpuBackend, GpuError
+from airnoded.health import HealthMonitor
 from airnoded.launcher import Launcher
 from airnoded.steps import StepError, StepRunner
 from protos import air_pb2 as pb
@@ -31,6 +33,9 @@ class Agent:
         self.launcher = Launcher(node.name, node.spool, self._exited)
         self.steps = StepRunner(node.name, node.address)
         self._exits: dict[int, pb.JobExit] = {}   # reported exits not yet acknowledged
+        self._health: list[pb.HealthEvent] = []   # health events not yet delivered
+        self.monitor = HealthMonitor(node.name, gpus, node.ib_root, node.health_program, node.health_interval_s,
+                                     node.health_timeout_s, self._health_event)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -43,6 +48,13 @@ class Agent:
         memory = self.node.memory_mb or psutil.virtual_memory().total // (1024 * 1024)
         return pb.Node(name=self.node.name, address=self.node.endpoint, cpus=cpus, memory_mb=memory,
                        gpus=self.gpus.inventory())
+
+    def _health_event(self, event: pb.HealthEvent) -> None:
+        log.warning("health: %s%s: %s", f"GPU {event.gpu} " if event.gpu >= 0 else "", event.signal, event.message)
+        with self._lock:
+            self._health.append(event)
+        if event.critical:
+            self._wake.set()
 
     def _exited(self, exit: pb.JobExit) -> None:
         with self._lock:
@@ -71,9 +83,13 @@ class Agent:
     def _beat(self) -> None:
         with self._lock:
             exits = list(self._exits.values())
+            health = list(self._health)
         reply = self._registry.Heartbeat(
-            pb.HeartbeatRequest(name=self.node.name, running=self.launcher.running(), exits=exits),
+            pb.HeartbeatRequest(name=self.node.name, running=self.launcher.running(), exits=exits, health=health),
             timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
+        if not reply.reregister:
+            with self._lock:
+                del self._health[:len(health)]
         if reply.reregister:
             self._registered = False
             self._wake.set()
@@ -119,6 +135,19 @@ class AgentService:
         if request.signal == 0 and ranks:
             threading.Timer(request.grace_s, self.agent.steps.signal, (request.job_id, signal.SIGKILL)).start()
         return pb.SignalReply(found=batch or ranks)
+
+    def InjectFault(self, request: pb.FaultRequest, context):
+        self._controller_only(context)
+        gpus = self.agent.gpus
+        if not getattr(gpus, "simulated", False):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"node {self.agent.node.name} has real GPUs; faults are injected only into simulated ones")
+        try:
+            gpus.inject(request, time.time())
+        except GpuError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        self.agent.monitor.check(time.time())  # seen at once, not at the next interval
+        return pb.FaultReply()
 
     def PrepareStep(self, request: pb.Step, context):
         self._controller_only(context)

@@ -1,6 +1,7 @@
 """GPU inventory behind one interface: NVML on hosts that have NVIDIA GPUs, simulated elsewhere."""
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Protocol
 
@@ -15,21 +16,59 @@ class GpuError(Exception):
 
 
 class GpuBackend(Protocol):
+    simulated: bool
+
     def inventory(self) -> list[pb.Gpu]: ...
+
+    def take_xids(self) -> list[tuple[int, int]]:
+        """(gpu, xid) events since the last call."""
+
+    def faults(self, now: float) -> list[pb.HealthEvent]:
+        """Critical conditions that appeared since the last call (ECC, remapped rows, NVLink)."""
 
 
 class SimulatedGpus:
     """GPUs described by the configuration; UUIDs are stable for a node name and index."""
 
+    simulated = True
+
     def __init__(self, count: int, node: str):
+        self._xids: list[tuple[int, int]] = []
+        self._faults: list[pb.HealthEvent] = []
         self._gpus = [pb.Gpu(index=i, uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{i}.air')}",
                              name=SIM_NAME, memory_mb=SIM_MEMORY_MB) for i in range(count)]
 
     def inventory(self) -> list[pb.Gpu]:
         return list(self._gpus)
 
+    def inject(self, fault: pb.FaultRequest, now: float) -> None:
+        """What `aircontrol node fault` asks for, delivered the way the real signals arrive."""
+        if fault.gpu >= len(self._gpus) or fault.gpu < -1:
+            raise GpuError(f"GPU {fault.gpu} does not exist on this node ({len(self._gpus)} GPUs)")
+        if fault.xid:
+            self._xids.append((fault.gpu, fault.xid))
+        if fault.ecc_dbe:
+            self._faults.append(pb.HealthEvent(gpu=fault.gpu, signal="ECC DBE", critical=True, time=now,
+                                               message="uncorrectable (double-bit) ECC error"))
+        if fault.HasField("nvlink_down"):
+            self._faults.append(pb.HealthEvent(gpu=fault.gpu, signal=f"NVLink {fault.nvlink_down} down",
+                                               critical=True, time=now, message="NVLink link is down"))
+        if fault.ib_down:
+            self._faults.append(pb.HealthEvent(gpu=-1, signal=f"IB {fault.ib_down} DOWN", critical=True,
+                                               time=now, message=f"InfiniBand port {fault.ib_down} is DOWN"))
+
+    def take_xids(self) -> list[tuple[int, int]]:
+        out, self._xids = self._xids, []
+        return out
+
+    def faults(self, now: float) -> list[pb.HealthEvent]:
+        out, self._faults = self._faults, []
+        return out
+
 
 class NvmlGpus:
+    simulated = False
+
     def __init__(self):
         try:
             import pynvml
@@ -38,6 +77,69 @@ class NvmlGpus:
             raise GpuError(f"NVML is not available on this host ({e}); "
                            "set gpus = \"none\" or \"sim:N\" for this node") from None
         self._nvml = pynvml
+        self._ecc_seen: dict[int, int] = {}
+        self._links_down: set[tuple[int, int]] = set()
+        self._xids: list[tuple[int, int]] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch_xids, name="xid", daemon=True).start()
+
+    def _watch_xids(self) -> None:
+        """XIDs as they happen: nvmlEventSetWait on a thread of its own."""
+        nvml = self._nvml
+        try:
+            events = nvml.nvmlEventSetCreate()
+            for i in range(nvml.nvmlDeviceGetCount()):
+                try:
+                    nvml.nvmlDeviceRegisterEvents(nvml.nvmlDeviceGetHandleByIndex(i), nvml.nvmlEventTypeXidCriticalError,
+                                                  events)
+                except nvml.NVMLError:
+                    continue
+            while True:
+                try:
+                    data = nvml.nvmlEventSetWait(events, 5000)
+                except nvml.NVMLError_Timeout:
+                    continue
+                index = nvml.nvmlDeviceGetIndex(data.device)
+                with self._lock:
+                    self._xids.append((index, int(data.eventData)))
+        except nvml.NVMLError:
+            return
+
+    def take_xids(self) -> list[tuple[int, int]]:
+        with self._lock:
+            out, self._xids = self._xids, []
+        return out
+
+    def faults(self, now: float) -> list[pb.HealthEvent]:
+        nvml, out = self._nvml, []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                dbe = nvml.nvmlDeviceGetTotalEccErrors(h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                       nvml.NVML_VOLATILE_ECC)
+                if dbe > self._ecc_seen.get(i, 0):
+                    out.append(pb.HealthEvent(gpu=i, signal="ECC DBE", critical=True, time=now,
+                                              message=f"{dbe} uncorrectable ECC errors (volatile)"))
+                self._ecc_seen[i] = dbe
+            except nvml.NVMLError:
+                pass
+            try:
+                _, _, _, failure = nvml.nvmlDeviceGetRemappedRows(h)
+                if failure:
+                    out.append(pb.HealthEvent(gpu=i, signal="row remap failure", critical=True, time=now,
+                                              message="row remapping failed"))
+            except nvml.NVMLError:
+                pass
+            for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+                try:
+                    active = nvml.nvmlDeviceGetNvLinkState(h, link)
+                except nvml.NVMLError:
+                    break
+                if not active and (i, link) not in self._links_down:
+                    self._links_down.add((i, link))
+                    out.append(pb.HealthEvent(gpu=i, signal=f"NVLink {link} down", critical=True, time=now,
+                                              message="NVLink link is down"))
+        return out
 
     def inventory(self) -> list[pb.Gpu]:
         nvml = self._nvml

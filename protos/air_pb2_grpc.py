@@ -75,6 +75,16 @@ class ControllerStub:
                 request_serializer=protos_dot_air__pb2.StepSpec.SerializeToString,
                 response_deserializer=protos_dot_air__pb2.Step.FromString,
                 _registered_method=True)
+        self.UpdateNode = channel.unary_unary(
+                '/air.v1.Controller/UpdateNode',
+                request_serializer=protos_dot_air__pb2.UpdateNodeRequest.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.Node.FromString,
+                _registered_method=True)
+        self.InjectFault = channel.unary_unary(
+                '/air.v1.Controller/InjectFault',
+                request_serializer=protos_dot_air__pb2.FaultRequest.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.FaultReply.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -130,6 +140,18 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InjectFault(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -172,6 +194,16 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.CreateStep,
                     request_deserializer=protos_dot_air__pb2.StepSpec.FromString,
                     response_serializer=protos_dot_air__pb2.Step.SerializeToString,
+            ),
+            'UpdateNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateNode,
+                    request_deserializer=protos_dot_air__pb2.UpdateNodeRequest.FromString,
+                    response_serializer=protos_dot_air__pb2.Node.SerializeToString,
+            ),
+            'InjectFault': grpc.unary_unary_rpc_method_handler(
+                    servicer.InjectFault,
+                    request_deserializer=protos_dot_air__pb2.FaultRequest.FromString,
+                    response_serializer=protos_dot_air__pb2.FaultReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -401,6 +433,60 @@ class Controller:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def UpdateNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/UpdateNode',
+            protos_dot_air__pb2.UpdateNodeRequest.SerializeToString,
+            protos_dot_air__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InjectFault(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/InjectFault',
+            protos_dot_air__pb2.FaultRequest.SerializeToString,
+            protos_dot_air__pb2.FaultReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class NodeRegistryStub:
     """Node daemons call this on airctld.
@@ -550,6 +636,11 @@ class NodeAgentStub:
                 request_serializer=protos_dot_air__pb2.RunStepRequest.SerializeToString,
                 response_deserializer=protos_dot_air__pb2.StepEvent.FromString,
                 _registered_method=True)
+        self.InjectFault = channel.unary_unary(
+                '/air.v1.NodeAgent/InjectFault',
+                request_serializer=protos_dot_air__pb2.FaultRequest.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.FaultReply.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServicer:
@@ -583,6 +674,12 @@ class NodeAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InjectFault(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -605,6 +702,11 @@ def add_NodeAgentServicer_to_server(servicer, server):
                     servicer.RunStep,
                     request_deserializer=protos_dot_air__pb2.RunStepRequest.FromString,
                     response_serializer=protos_dot_air__pb2.StepEvent.SerializeToString,
+            ),
+            'InjectFault': grpc.unary_unary_rpc_method_handler(
+                    servicer.InjectFault,
+                    request_deserializer=protos_dot_air__pb2.FaultRequest.FromString,
+                    response_serializer=protos_dot_air__pb2.FaultReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -716,6 +818,33 @@ class NodeAgent:
             '/air.v1.NodeAgent/RunStep',
             protos_dot_air__pb2.RunStepRequest.SerializeToString,
             protos_dot_air__pb2.StepEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InjectFault(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.NodeAgent/InjectFault',
+            protos_dot_air__pb2.FaultRequest.SerializeToString,
+            protos_dot_air__pb2.FaultReply.FromString,
             options,
             channel_credentials,
             insecure,

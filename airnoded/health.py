@@ -1,0 +1,123 @@
+"""Node health: which GPU and network signals are critical, and the monitor that watches them.
+
+The policy (classify_xid, ib_port_faults) is pure or reads only files; the monitor polls the GPU
+backend, the InfiniBand ports in sysfs and the admin's health program on an interval, and hands
+new events to the agent, which sends them with the next heartbeat.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from protos import air_pb2 as pb
+
+log = logging.getLogger("airnoded")
+
+# XIDs that mean the GPU (or its memory, or its link) needs attention before it runs another job.
+CRITICAL_XIDS = {48: "double-bit ECC error", 64: "ECC page retirement failure", 74: "NVLink error",
+                 79: "GPU fell off the bus", 94: "contained ECC error", 95: "uncontained ECC error"}
+CRITICAL_ON_REPEAT = {63: "ECC page retirement or row remapping"}
+# XIDs an application causes (bad memory access, a killed context): recorded, never drain.
+APPLICATION_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
+                    45: "preemptive cleanup", 68: "video processor exception", 109: "context switch timeout"}
+
+
+def classify_xid(gpu: int, xid: int, seen_before: int, now: float) -> pb.HealthEvent:
+    if xid in CRITICAL_XIDS:
+        return pb.HealthEvent(gpu=gpu, signal=f"XID {xid}", message=CRITICAL_XIDS[xid], critical=True, time=now)
+    if xid in CRITICAL_ON_REPEAT:
+        return pb.HealthEvent(gpu=gpu, signal=f"XID {xid}", message=CRITICAL_ON_REPEAT[xid],
+                              critical=seen_before > 0, time=now)
+    what = APPLICATION_XIDS.get(xid, "not classified")
+    return pb.HealthEvent(gpu=gpu, signal=f"XID {xid}", message=what, critical=False, time=now)
+
+
+def ib_port_faults(root: Path) -> dict[str, str]:
+    """Ports under an /sys/class/infiniband-shaped tree that are not ACTIVE: {"mlx5_0/1": "1: DOWN"}."""
+    faults = {}
+    if not root.is_dir():
+        return faults
+    for state_file in sorted(root.glob("*/ports/*/state")):
+        port = f"{state_file.parents[2].name}/{state_file.parent.name}"
+        try:
+            state = state_file.read_text().strip()
+        except OSError as e:
+            state = f"unreadable ({e.strerror})"
+        if not state.endswith("ACTIVE"):
+            faults[port] = state
+    return faults
+
+
+class HealthMonitor:
+    def __init__(self, node: str, gpus, ib_root: Path | None, program: str, interval_s: float, timeout_s: float,
+                 report: Callable[[pb.HealthEvent], None]):
+        self.node = node
+        self.gpus = gpus
+        self.ib_root = ib_root
+        self.program = program
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.report = report
+        self._ib_down: dict[str, str] = {}
+        self._program_failing = False
+        self._xids: dict[tuple[int, int], int] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()   # the monitor thread and fault injection both check
+        self.cpu_seconds = 0.0
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="health", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.thread_time()
+            try:
+                self.check(time.time())
+            except Exception:
+                log.exception("health check failed")
+            self.cpu_seconds += time.thread_time() - started
+            self._stop.wait(self.interval_s)
+
+    def check(self, now: float) -> None:
+        with self._lock:
+            self._check(now)
+
+    def _check(self, now: float) -> None:
+        for gpu, xid in self.gpus.take_xids():
+            seen = self._xids.get((gpu, xid), 0)
+            self._xids[(gpu, xid)] = seen + 1
+            self.report(classify_xid(gpu, xid, seen, now))
+        for event in self.gpus.faults(now):
+            self.report(event)
+        if self.ib_root is not None:
+            down = ib_port_faults(self.ib_root)
+            for port, state in down.items():
+                if port not in self._ib_down:
+                    self.report(pb.HealthEvent(gpu=-1, signal=f"IB {port} {state.split(': ')[-1]}",
+                                               message=f"InfiniBand port {port} is {state}, not ACTIVE",
+                                               critical=True, time=now))
+            self._ib_down = down
+        if self.program:
+            self._run_program(now)
+
+    def _run_program(self, now: float) -> None:
+        try:
+            proc = subprocess.run([self.program], capture_output=True, text=True, timeout=self.timeout_s,
+                                  env={**os.environ, "AIR_NODENAME": self.node})
+            failing, text = proc.returncode != 0, (proc.stdout + proc.stderr).strip()
+            text = text.splitlines()[0] if text else f"exit {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            failing, text = True, f"no answer within {self.timeout_s:g} s"
+        except OSError as e:
+            failing, text = True, f"cannot run {self.program}: {e.strerror}"
+        if failing and not self._program_failing:
+            self.report(pb.HealthEvent(gpu=-1, signal="health program", message=text, critical=True, time=now))
+        self._program_failing = failing
