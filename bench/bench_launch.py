@@ -1,0 +1,145 @@
+"""Rank launch latency (airrun called -> every rank running) and the cost of node health checks.
+
+    python bench/bench_launch.py [--no-slurm] [--write bench/RESULTS.md]
+
+AIR: 2 nodes x 4 ranks, and 16 simulated hosts on loopback x 8 ranks; 1 node x 8 ranks beside
+Slurm's `srun -n 8` on the peer's one node. Health: CPU time of one check of a node with 8
+simulated GPUs and 8 InfiniBand ports, as a share of one core at the default 5 s interval.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SLURM = ROOT.parent / "shared" / "peers" / "slurm"
+RANK_MARK = 'date +%s.%N > "$MARKS/r.$RANK$SLURM_PROCID"'
+
+
+def _latency(marks: Path, ranks: int, timeout: float = 120) -> float:
+    deadline = time.time() + timeout
+    while len([p for p in marks.glob("r.*") if p.read_text().strip()]) < ranks or not (marks / "t0").exists() \
+            or not (marks / "t0").read_text().strip():
+        if time.time() > deadline:
+            raise RuntimeError(f"only {len(list(marks.glob('r.*')))} of {ranks} ranks reported")
+        time.sleep(0.05)
+    t0 = float((marks / "t0").read_text())
+    return max(float(p.read_text()) for p in marks.glob("r.*")) - t0
+
+
+def air_launch(nodes: int, per_node: int, runs: int, base: str) -> float:
+    work = Path(tempfile.mkdtemp(prefix="air-bench-launch-"))
+    os.chmod(work, 0o755)
+    conf = work / "cluster" / "air.toml"
+    subprocess.run([str(BIN / "aircontrol"), "local", "up", "--dir", str(work / "cluster"), "--nodes", str(nodes),
+                    "--gpus-per-node", str(per_node), "--cpus-per-node", "64", "--base-address", base,
+                    "--node-timeout", "30"], check=True, capture_output=True)
+    env = dict(os.environ, AIR_CONF=str(conf))
+    try:
+        results = []
+        for i in range(runs):
+            marks = work / f"m{i}"
+            marks.mkdir()
+            script = work / f"launch{i}.sh"
+            script.write_text(f"#!/bin/sh\n#AIR -N {nodes} --gpus-per-node={per_node}\nexport MARKS={marks}\n"
+                              f"date +%s.%N > $MARKS/t0.tmp; mv $MARKS/t0.tmp $MARKS/t0\n"
+                              f"airrun sh -c '{RANK_MARK}'\n")
+            subprocess.run([str(BIN / "airbatch"), "-o", "/dev/null", str(script)], check=True, env=env,
+                           capture_output=True, cwd=work)
+            results.append(_latency(marks, nodes * per_node))
+        return statistics.median(results)
+    finally:
+        subprocess.run([str(BIN / "aircontrol"), "local", "down", "--dir", str(work / "cluster")], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def slurm_launch(tasks: int, runs: int) -> float:
+    subprocess.run(["bash", str(SLURM / "up.sh")], check=True, capture_output=True)
+    work = Path(tempfile.mkdtemp(prefix="slurm-bench-launch-"))
+    os.chmod(work, 0o755)
+    try:
+        results = []
+        for i in range(runs):
+            marks = work / f"m{i}"
+            marks.mkdir()
+            script = work / f"launch{i}.sh"
+            script.write_text(f"#!/bin/sh\n#SBATCH -n {tasks}\nexport MARKS={marks}\n"
+                              f"date +%s.%N > $MARKS/t0.tmp; mv $MARKS/t0.tmp $MARKS/t0\n"
+                              f"srun sh -c '{RANK_MARK}'\n")
+            subprocess.run(["sbatch", "-o", "/dev/null", str(script)], check=True, capture_output=True)
+            results.append(_latency(marks, tasks))
+        return statistics.median(results)
+    finally:
+        subprocess.run(["bash", str(SLURM / "down.sh")], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def health_cost(checks: int = 200) -> tuple[float, float]:
+    """(CPU ms per check without a health program, with a trivial one)."""
+    sys.path.insert(0, str(ROOT))
+    from airnoded.gpus import SimulatedGpus
+    from airnoded.health import HealthMonitor
+    root = Path(tempfile.mkdtemp(prefix="air-bench-ib-"))
+    try:
+        for dev in range(8):
+            port = root / f"mlx5_{dev}" / "ports" / "1"
+            port.mkdir(parents=True)
+            (port / "state").write_text("4: ACTIVE\n")
+        out = []
+        for program in ("", "/bin/true"):
+            monitor = HealthMonitor("n", SimulatedGpus(8, "n"), root, program, 5.0, 10.0, lambda e: None)
+            cpu0 = time.process_time()
+            children0 = os.times().children_user + os.times().children_system
+            for _ in range(checks):
+                monitor.check(time.time())
+            children = os.times().children_user + os.times().children_system - children0
+            out.append((time.process_time() - cpu0 + children) / checks * 1000)
+        return out[0], out[1]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--no-slurm", action="store_true")
+    parser.add_argument("--write")
+    args = parser.parse_args()
+    srun = None if args.no_slurm else slurm_launch(8, args.runs)
+    one = air_launch(1, 8, args.runs, "127.0.12.1")
+    two = air_launch(2, 4, args.runs, "127.0.13.1")
+    sixteen = air_launch(16, 8, args.runs, "127.0.14.1")
+    bare, program = health_cost()
+    rows = [
+        ("rank launch, 1 node x 8 ranks (s)", f"{one:.3f}", f"{srun:.3f}" if srun else "-",
+         f"{srun / one:.1f}x" if srun else "-"),
+        ("rank launch, 2 nodes x 4 ranks (s)", f"{two:.3f}", "-", "-"),
+        ("rank launch, 16 hosts x 8 ranks on loopback (s)", f"{sixteen:.3f}", "-", "-"),
+        ("health check CPU per node per 5 s interval, 8 GPUs + 8 IB ports (% of a core)",
+         f"{bare / 5000 * 100:.4f}%", "-", "-"),
+        ("the same with a health program (/bin/true) each interval (% of a core)",
+         f"{program / 5000 * 100:.3f}%", "-", "-"),
+    ]
+    table = ("| figure | AIR | Slurm | AIR vs Slurm |\n|---|---|---|---|\n"
+             + "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows))
+    print(table)
+    if args.write:
+        with open(args.write, "a") as f:
+            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: rank launch and health checks\n\n"
+                    f"`python bench/bench_launch.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} cores, median of "
+                    f"{args.runs} runs; launch latency is from the batch script calling airrun (srun) to the last "
+                    "rank's first line. The Slurm peer has one node, so only 1 x 8 has a Slurm figure.\n\n"
+                    + table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
