@@ -1,0 +1,20 @@
+"""The AIR training runtime: what a job's script calls.
+
+    ctx = runtime.init()
+    sampler = runtime.ResumableSampler(len(dataset), seed=0, rank=ctx.rank, world_size=ctx.world_size)
+    ckpt = runtime.Checkpointer(ctx, every_steps=100)
+    state = {"model": model, "optim": optim, "sampler": sampler}
+    start = ckpt.restore(state)           # 0, or the step of the newest complete checkpoint
+    for step in range(start + 1, total + 1):
+        ...
+        ckpt.maybe_save(step, state)
+        if ctx.stop.requested():          # SIGTERM on any rank; every rank agrees on this step
+            ckpt.save(step, state)
+            break
+"""
+from runtime.checkpoint import Checkpointer
+from runtime.context import Context, init
+from runtime.data import ResumableSampler
+from runtime.stop import StopSignal
+
+__all__ = ["Checkpointer", "Context", "ResumableSampler", "StopSignal", "init"]

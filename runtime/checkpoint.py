@@ -1,0 +1,198 @@
+"""Checkpoints through torch.distributed.checkpoint: each rank writes its own part, and a checkpoint
+counts only once it is complete.
+
+Layout: CHECKPOINT_DIR/step-000120/ holds DCP's files; rank 0 writes COMPLETE there last (written
+aside, fsynced, then renamed), after every rank has finished. Restore takes the newest directory
+that has COMPLETE and whose metadata reads back; a newer one without it (interrupted mid-write)
+or with unreadable metadata is skipped with a warning. The newest `keep` complete checkpoints stay.
+
+What goes in: every nn.Module and optimizer of the state (through DCP's state-dict helpers),
+anything else with state_dict()/load_state_dict(), plain values, and per rank the RNG states
+(python, torch, CUDA, numpy) and the state of per-rank objects such as a ResumableSampler.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+
+from runtime.context import Context
+from runtime.data import ResumableSampler
+
+log = logging.getLogger("air.runtime")
+STEP_DIR = re.compile(r"^step-(\d+)$")
+MARKER = "COMPLETE"
+PER_RANK = (ResumableSampler,)
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+        state["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy
+        numpy.random.set_state(state["numpy"])
+
+
+class Checkpointer:
+    def __init__(self, ctx: Context, every_steps: int = 0, every_seconds: float = 0, keep: int = 2,
+                 directory: str | os.PathLike | None = None):
+        if keep < 2:
+            raise ValueError("keep at least 2 checkpoints, so that a bad newest one has a fallback")
+        self.ctx = ctx
+        self.dir = Path(directory or ctx.checkpoint_dir)
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self.keep = keep
+        self._last_save = time.monotonic()
+        self.last_step = 0
+        if ctx.is_main:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        ctx.barrier()
+
+    # ------------------------------------------------------------ what goes in
+
+    def _models(self, state: dict):
+        return [v for v in state.values() if isinstance(v, torch.nn.Module)]
+
+    def _to_save(self, state: dict, step: int) -> dict:
+        models = self._models(state)
+        out: dict = {"step": step, f"rank{self.ctx.rank}": {"rng": _rng_state()}}
+        for name, value in state.items():
+            if isinstance(value, torch.nn.Module):
+                out[name] = get_model_state_dict(value)
+            elif isinstance(value, torch.optim.Optimizer):
+                out[name] = get_optimizer_state_dict(models[0], value)
+            elif isinstance(value, PER_RANK):
+                out[f"rank{self.ctx.rank}"][name] = value.state_dict()
+            elif hasattr(value, "state_dict"):
+                out[name] = value.state_dict()
+            else:
+                out[name] = value
+        return out
+
+    def _apply(self, state: dict, loaded: dict) -> None:
+        models = self._models(state)
+        mine = loaded[f"rank{self.ctx.rank}"]
+        for name, value in state.items():
+            if isinstance(value, torch.nn.Module):
+                set_model_state_dict(value, loaded[name])
+            elif isinstance(value, torch.optim.Optimizer):
+                set_optimizer_state_dict(models[0], value, loaded[name])
+            elif isinstance(value, PER_RANK):
+                value.load_state_dict(mine[name])
+            elif hasattr(value, "load_state_dict"):
+                value.load_state_dict(loaded[name])
+            else:
+                state[name] = loaded[name]
+        _set_rng_state(mine["rng"])
+
+    # ------------------------------------------------------------ save
+
+    def maybe_save(self, step: int, state: dict) -> bool:
+        due = (self.every_steps and step % self.every_steps == 0) or \
+              (self.every_seconds and time.monotonic() - self._last_save >= self.every_seconds)
+        if self.ctx.world_size > 1 and self.every_seconds:  # every rank must agree to save
+            flag = torch.tensor([1 if due else 0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            due = bool(flag.item())
+        if due:
+            self.save(step, state)
+        return bool(due)
+
+    def save(self, step: int, state: dict) -> Path:
+        """Write a checkpoint of `state` at `step` (a collective: every rank calls it)."""
+        path = self.dir / f"step-{step:09d}"
+        if self.ctx.is_main and path.exists():
+            shutil.rmtree(path)   # an earlier, interrupted attempt at the same step
+        self.ctx.barrier()
+        dcp.save(self._to_save(state, step), checkpoint_id=str(path))
+        self.ctx.barrier()        # every rank's part is on disk
+        if self.ctx.is_main:
+            _write_marker(path, step)
+            self._prune()
+        self.ctx.barrier()
+        self._last_save = time.monotonic()
+        self.last_step = step
+        return path
+
+    def _prune(self) -> None:
+        complete = [p for _, p in self._checkpoints() if (p / MARKER).exists()]
+        for old in complete[self.keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+        newest = complete[0] if complete else None
+        for _, p in self._checkpoints():   # incomplete ones older than the newest complete one
+            if newest is not None and not (p / MARKER).exists() and p.name < newest.name:
+                shutil.rmtree(p, ignore_errors=True)
+
+    # ------------------------------------------------------------ restore
+
+    def _checkpoints(self) -> list[tuple[int, Path]]:
+        if not self.dir.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := STEP_DIR.match(p.name))]
+        return sorted(found, reverse=True)
+
+    def _choose(self) -> str:
+        for step, path in self._checkpoints():
+            if not (path / MARKER).exists():
+                log.warning("checkpoint %s is incomplete (no %s); skipping it", path, MARKER)
+                continue
+            try:
+                dcp.FileSystemReader(str(path)).read_metadata()
+            except Exception as e:  # truncated or damaged metadata
+                log.warning("checkpoint %s cannot be read (%s); skipping it", path, e)
+                continue
+            return str(path)
+        return ""
+
+    def restore(self, state: dict) -> int:
+        """Load the newest complete checkpoint into `state`; return its step, or 0 when there is none."""
+        choice = [self._choose() if self.ctx.is_main else ""]
+        if self.ctx.world_size > 1:
+            dist.broadcast_object_list(choice, src=0)   # every rank loads the same one
+        if not choice[0]:
+            return 0
+        loaded = self._to_save(state, 0)
+        dcp.load(loaded, checkpoint_id=choice[0])
+        self._apply(state, loaded)
+        self.last_step = int(loaded["step"])
+        log.info("resumed from %s (step %d)", choice[0], self.last_step)
+        return self.last_step
+
+
+def _write_marker(path: Path, step: int) -> None:
+    tmp = path / f".{MARKER}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"step {step}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path / MARKER)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,57 @@
+"""init(): the job and rank environment, the device, and torch.distributed when there are several ranks."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from runtime.stop import StopSignal
+
+
+@dataclass
+class Context:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    job_id: str
+    restart_count: int
+    checkpoint_dir: Path
+    stop: StopSignal = field(repr=False, default=None)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else default
+
+
+def init(checkpoint_dir: str | None = None) -> Context:
+    """Read RANK/WORLD_SIZE/LOCAL_RANK (as airrun and torchrun set them), pick cuda:LOCAL_RANK when GPUs
+    are visible and CPU otherwise, and initialise torch.distributed (NCCL on GPU, gloo on CPU)."""
+    rank = _env_int("RANK", _env_int("SLURM_PROCID", 0))
+    world = _env_int("WORLD_SIZE", _env_int("SLURM_NTASKS", 1))
+    local = _env_int("LOCAL_RANK", _env_int("SLURM_LOCALID", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
+    job_id = os.environ.get("AIR_JOB_ID", "local")
+    where = checkpoint_dir or os.environ.get("AIR_CHECKPOINT_DIR") or \
+        os.path.join(os.environ.get("AIR_SUBMIT_DIR", os.getcwd()), f"air-ckpt-{job_id}")
+    return Context(rank=rank, world_size=world, local_rank=local, device=device, job_id=job_id,
+                   restart_count=_env_int("AIR_RESTART_COUNT", 0), checkpoint_dir=Path(where),
+                   stop=StopSignal(world > 1))
