@@ -70,6 +70,20 @@ def _hold(ids, hold, config):
     Client(config).call("Hold", pb.HoldRequest(filter=filt, hold=hold))
 
 
+@command.command("requeue")
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--config", hidden=True)
+def requeue(ids, config):
+    """Stop running jobs cleanly (SIGTERM, grace time to checkpoint) and put them back in the queue."""
+    from aircli.client import Client
+    from aircli.queue import job_ids
+    from protos import air_pb2 as pb
+    filt = pb.JobFilter()
+    for text in ids:
+        filt.job_ids.extend(job_ids(text, "'JOB_ID'"))
+    Client(config).call("Requeue", filt)
+
+
 @command.command("hold")
 @click.argument("ids", nargs=-1, required=True)
 @click.option("--config", hidden=True)

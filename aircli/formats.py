@@ -141,6 +141,8 @@ def job_json(job: pb.Job, now: float) -> dict:
         "elapsed_s": round(elapsed(job, now), 3), "submit_time": job.submit_time,
         "start_time": job.start_time or None, "end_time": job.end_time or None,
         "exit_code": job.exit_code, "exit_signal": job.exit_signal, "workdir": job.request.workdir,
+        "restart_count": job.restart_count,
+        "last_stop_reason": REASON_NAMES[Reason(job.last_stop_reason)] if job.restart_count else None,
     }
 
 
@@ -157,7 +159,9 @@ def job_keyvalues(job: pb.Job, now: float) -> list[str]:
         [f"JobState={long_state(job.phase, job.result)}", f"Reason={reason_text(job)}",
          f"Dependency={req.dependency or '(null)'}"],
         [f"ReasonDetail={job.reason_detail or '(null)'}"],
-        [f"ExitCode={job.exit_code}:{job.exit_signal}"],
+        [f"ExitCode={job.exit_code}:{job.exit_signal}", f"Restarts={job.restart_count}",
+         f"LastStopReason={REASON_NAMES[Reason(job.last_stop_reason)] if job.restart_count else '(null)'}",
+         f"Requeue={0 if req.no_requeue else 1}"],
         [f"RunTime={format_duration(elapsed(job, now))}", f"TimeLimit={format_limit(job.time_limit_s)}"],
         [f"SubmitTime={_timestamp(job.submit_time)}", f"StartTime={_timestamp(job.start_time)}",
          f"EndTime={_timestamp(job.end_time)}"],

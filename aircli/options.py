@@ -45,6 +45,9 @@ OPTIONS: tuple[Opt, ...] = (
         help="ALL, NONE, or VAR[=value],... to pass to the job"),
     Opt("hold", "--hold", "-H", "flag", help="submit held"),
     Opt("dependency", "--dependency", "-d", help="afterok:ID etc. (stored)"),
+    Opt("requeue", "--requeue", None, "flag", help="may be requeued (the default)"),
+    Opt("no_requeue", "--no-requeue", None, "flag", help="never requeue: a node failure ends the job"),
+    Opt("retries", "--retries", None, "count", help="requeue after a failure of its own, up to N times"),
 )
 BY_NAME = {o.long: o for o in OPTIONS} | {o.short: o for o in OPTIONS if o.short}
 DIRECTIVE = re.compile(r"^#(AIR|SBATCH)(\s|$)")

@@ -158,6 +158,25 @@ class Controller:
         self._wake.set()
         return [j.job_id for j in changed]
 
+    def requeue(self, filt: pb.JobFilter, who: Identity) -> list[int]:
+        """Running jobs stop cleanly (SIGTERM, then the grace time to checkpoint) and go back to the queue."""
+        with self._lock:
+            selected = self._select(filt, who, acting=True, doing="requeue")
+            running = [j for j in selected if j.phase == JobPhase.RUNNING]
+            if len(filt.job_ids) == 1 and not running:
+                raise Conflict(f"job {selected[0].job_id} is not running; only running jobs can be requeued")
+            refused = [j for j in running if not j.requeue_allowed]
+            if refused:
+                raise Conflict(f"job {refused[0].job_id} was submitted with --no-requeue")
+            now = self.clock()
+            changed = self._commit([(j, events.stop(j, now, JobResult.NONE, Reason.REQUEUE_REQUESTED,
+                                                    f"requeue asked by uid {who.uid}")) for j in running], now, who.uid)
+            launching = set(self._launching)
+        for job in changed:
+            if job.job_id not in launching:
+                self._send_signal(job, 0)
+        return [j.job_id for j in changed]
+
     def hold(self, filt: pb.JobFilter, hold: bool, who: Identity) -> list[int]:
         with self._lock:
             selected = self._select(filt, who, acting=True, doing="hold or release")
@@ -186,7 +205,7 @@ class Controller:
             return selected
         for job in selected:
             self.policy.check_may_act(who, job, doing)
-        if doing == "hold or release":
+        if doing != "cancel or signal":
             return selected
         if len(filt.job_ids) == 1 and selected and selected[0].phase not in (JobPhase.PENDING, JobPhase.RUNNING):
             job = selected[0]
@@ -307,8 +326,8 @@ class Controller:
             for e in req.exits:
                 job = self.jobs.get(e.job_id)
                 if job is not None and job.phase in ACTIVE_PHASES and job.batch_node == req.name:
-                    changes.append((job, events.exited(job, now, e.exit_code, e.exit_signal, e.detail,
-                                                       e.launch_failed)))
+                    changes.append((job, events.finished(job, now, e.exit_code, e.exit_signal, e.detail,
+                                                         e.launch_failed)))
             running = set(req.running)
             for job in self.jobs.active():
                 if job.batch_node != req.name or job.job_id in running or job.job_id in reported \
@@ -317,14 +336,15 @@ class Controller:
                     continue
                 misses = self._misses[job.job_id] = self._misses.get(job.job_id, 0) + 1
                 if misses >= MISSES_BEFORE_LOST and job.phase == JobPhase.COMPLETING:
-                    changes.append((job, events.exited(job, now, 0, 0)))  # stopped before it ran
+                    changes.append((job, events.finished(job, now, 0, 0)))  # stopped before it ran
                 elif misses >= MISSES_BEFORE_LOST:
-                    changes.append((job, events.lost(job, now, Reason.JOB_LOST,
+                    changes.append((job, events.node_lost(job, now, Reason.JOB_LOST,
                                                      f"node {req.name} no longer has the job")))
             if req.health:
                 changes += self._health(node, req.health, now, {old.job_id for old, _ in changes})
             self._commit(changes, now, CONTROLLER_UID)
-            kill = [i for i in running if (j := self.jobs.get(i)) is None or j.phase == JobPhase.DONE]
+            kill = [i for i in running if (j := self.jobs.get(i)) is None
+                    or j.phase in (JobPhase.DONE, JobPhase.PENDING)]   # ended, or requeued meanwhile
         if changes:
             self._wake.set()
         return pb.HeartbeatReply(acked=sorted(reported), kill=kill)
@@ -351,11 +371,11 @@ class Controller:
                 mine = [a for a in job.allocation if a.node == node.name]
                 if mine and (event.gpu < 0 or event.gpu in mine[0].gpus):
                     where = f"GPU {event.gpu} of {node.name}" if event.gpu >= 0 else node.name
-                    changes.append((job, events.lost(job, now, Reason.NODE_FAIL,
-                                                     f"{where}: {event.signal} ({event.message})")))
+                    changes.append((job, events.node_lost(job, now, Reason.NODE_FAIL,
+                                                          f"{where}: {event.signal} ({event.message})")))
                     already.add(job.job_id)
-        for _, job in changes:
-            self._send_signal(job, 0)
+        for old, _ in changes:
+            self._send_signal(old, 0)
         return changes
 
     def update_node(self, name: str, state: NodeState, reason: str, who: Identity) -> None:
@@ -399,11 +419,11 @@ class Controller:
             return []
         with self.store.transaction():
             self.store.update_jobs(changes, now, who)
-        for _, new in changes:
+        for old, new in changes:
             self.jobs.put(new)
-            if new.phase == JobPhase.DONE:
+            if new.phase != old.phase and new.phase != JobPhase.COMPLETING:
                 self._misses.pop(new.job_id, None)
-                self._dirty = True  # resources freed, or a job that others waited behind is gone
+                self._dirty = True  # resources freed, a job that others waited behind gone, or one requeued
         return [new for _, new in changes]
 
     def _check_liveness(self, now: float) -> None:
@@ -418,20 +438,19 @@ class Controller:
             for job in self.jobs.active():
                 down = names.intersection(job.node_names)
                 if down:
-                    changes.append((job, events.lost(job, now, Reason.NODE_FAIL,
-                                                     f"node {sorted(down)[0]} stopped responding")))
+                    changes.append((job, events.node_lost(job, now, Reason.NODE_FAIL,
+                                                          f"node {sorted(down)[0]} stopped responding")))
             with self.store.transaction():
                 for n in silent:
                     node = evolve(n, state=NodeState.DOWN, reason=f"not responding for over {timeout:g} s")
                     self.store.save_node(node)
                     self.nodes[n.name] = node
                 self._dirty = True
-                failed = self._commit(changes, now, CONTROLLER_UID)
+                self._commit(changes, now, CONTROLLER_UID)
         for n in silent:
             log.warning("node %s is DOWN: silent for over %g s", n.name, timeout)
-        for job in failed:  # the batch node may still be alive when another node died
-            if job.batch_node not in names:
-                self._send_signal(job, 0)
+        for old, _ in changes:  # the rest of the job may still run on nodes that are up
+            self._send_signal(old, 0)
 
     def _enforce_time_limits(self, now: float) -> None:
         with self._lock:

@@ -55,6 +55,14 @@ def exited(job: Job, now: float, exit_code: int, exit_signal: int, detail: str =
     return evolve(job, result=result, reason=reason, reason_detail=detail, **fields)
 
 
+def requeued(job: Job, now: float, reason: Reason, detail: str = "") -> Job:
+    """Back to the queue after a stop: the allocation is given up, the restart counted."""
+    _require(job, JobPhase.RUNNING, JobPhase.COMPLETING, doing="requeue it")
+    return evolve(job, phase=JobPhase.PENDING, result=JobResult.NONE, reason=Reason.NONE, reason_detail=detail,
+                  allocation=(), start_time=0.0, end_time=0.0, restart_count=job.restart_count + 1,
+                  last_stop_reason=reason)
+
+
 def lost(job: Job, now: float, reason: Reason, detail: str) -> Job:
     """The job's node failed or no longer has it: it ends as NODE_FAIL, whatever was asked before."""
     _require(job, JobPhase.RUNNING, JobPhase.COMPLETING, doing="mark it failed")
@@ -66,6 +74,27 @@ def held(job: Job, hold: bool) -> Job:
     """Hold a pending job, or release it."""
     _require(job, JobPhase.PENDING, doing="hold or release it")
     return evolve(job, hold=hold, reason=Reason.JOB_HELD_USER if hold else Reason.NONE, reason_detail="")
+
+
+def finished(job: Job, now: float, exit_code: int, exit_signal: int, detail: str = "",
+             launch_failed: bool = False) -> Job:
+    """The batch script ended: back to the queue when a requeue was asked for, or when it failed on its
+    own and has retries left (--retries); otherwise done."""
+    if job.phase == JobPhase.COMPLETING and job.reason == Reason.REQUEUE_REQUESTED and job.requeue_allowed:
+        return requeued(job, now, Reason.REQUEUE_REQUESTED, "requeued on request")
+    done = exited(job, now, exit_code, exit_signal, detail, launch_failed)
+    if done.result == JobResult.FAILED and not launch_failed and job.restart_count < job.request.retries:
+        return requeued(job, now, done.reason, f"exit {exit_code}:{exit_signal}; retry {job.restart_count + 1} "
+                                               f"of {job.request.retries}")
+    return done
+
+
+def node_lost(job: Job, now: float, reason: Reason, detail: str) -> Job:
+    """A node of the job failed: requeued (to resume from its last checkpoint) when the job allows it,
+    NODE_FAIL otherwise. A job already being cancelled or timed out is not requeued."""
+    if job.requeue_allowed and (job.phase == JobPhase.RUNNING or job.reason == Reason.REQUEUE_REQUESTED):
+        return requeued(job, now, reason, detail)
+    return lost(job, now, reason, detail)
 
 
 def waiting(job: Job, reason: Reason, detail: str = "") -> Job:

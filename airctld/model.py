@@ -51,6 +51,12 @@ class Job:
     end_time: float = 0.0
     exit_code: int = 0
     exit_signal: int = 0
+    restart_count: int = 0
+    last_stop_reason: Reason = Reason.NONE
+
+    @property
+    def requeue_allowed(self) -> bool:
+        return not self.request.no_requeue
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -67,7 +73,8 @@ class Job:
             partition=self.partition, time_limit_s=self.time_limit_s,
             allocation=[pb.NodeAlloc(node=a.node, gpus=a.gpus, cpus=a.cpus) for a in self.allocation],
             submit_time=self.submit_time, start_time=self.start_time, end_time=self.end_time,
-            exit_code=self.exit_code, exit_signal=self.exit_signal, priority=self.priority)
+            exit_code=self.exit_code, exit_signal=self.exit_signal, priority=self.priority,
+            restart_count=self.restart_count, last_stop_reason=self.last_stop_reason)
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,10 @@ class ControllerService:
         return pb.CancelReply(job_ids=self.c.cancel(request.filter, request.signal, who))
 
     @_handle
+    def Requeue(self, request: pb.JobFilter, context, who):
+        return pb.CancelReply(job_ids=self.c.requeue(request, who))
+
+    @_handle
     def Hold(self, request: pb.HoldRequest, context, who):
         return pb.CancelReply(job_ids=self.c.hold(request.filter, request.hold, who))
 
@@ -140,6 +144,7 @@ def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
     controller_methods = {
         "Submit": unary(cs.Submit, pb.SubmitRequest.FromString, pb.SubmitReply.SerializeToString),
         "Cancel": unary(cs.Cancel, pb.CancelRequest.FromString, pb.CancelReply.SerializeToString),
+        "Requeue": unary(cs.Requeue, pb.JobFilter.FromString, pb.CancelReply.SerializeToString),
         "Hold": unary(cs.Hold, pb.HoldRequest.FromString, pb.CancelReply.SerializeToString),
         "ListJobs": unary(cs.ListJobs, pb.JobFilter.FromString, encode_job_list),
         "GetJob": unary(cs.GetJob, pb.GetJobRequest.FromString, pb.Job.SerializeToString),

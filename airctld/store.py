@@ -22,7 +22,7 @@ from protos.states import JobPhase, JobResult, NodeState, Reason, long_state
 _JOB_COLUMNS = ("uid", "gid", "user", "name", "partition", "num_nodes", "gpus_per_node",
                 "cpus_per_node", "time_limit_s", "submit_time", "priority", "phase", "result",
                 "reason", "reason_detail", "hold", "allocation", "start_time", "end_time",
-                "exit_code", "exit_signal", "request")
+                "exit_code", "exit_signal", "restart_count", "last_stop_reason", "request")
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -52,7 +52,13 @@ def _migrate_2(db: sqlite_utils.Database) -> None:
     db["node_events"].create_index(["node", "time"])
 
 
-MIGRATIONS = [_migrate_1, _migrate_2]
+def _migrate_3(db: sqlite_utils.Database) -> None:
+    """Requeue: how many times a job restarted, and why it last stopped."""
+    db.execute("ALTER TABLE jobs ADD COLUMN restart_count INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE jobs ADD COLUMN last_stop_reason INTEGER NOT NULL DEFAULT 0")
+
+
+MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -213,7 +219,8 @@ def _job_row(job: Job, with_request: bool = True) -> dict:
         "reason_detail": job.reason_detail, "hold": int(job.hold),
         "allocation": json.dumps([[a.node, list(a.gpus), a.cpus] for a in job.allocation]) if job.allocation else "[]",
         "start_time": job.start_time, "end_time": job.end_time, "exit_code": job.exit_code,
-        "exit_signal": job.exit_signal,
+        "exit_signal": job.exit_signal, "restart_count": job.restart_count,
+        "last_stop_reason": int(job.last_stop_reason),
     }
     if with_request:
         row["request"] = job.request.SerializeToString()
@@ -225,6 +232,7 @@ def _job_from_row(row) -> Job:
     values["phase"] = JobPhase(values["phase"])
     values["result"] = JobResult(values["result"])
     values["reason"] = Reason(values["reason"])
+    values["last_stop_reason"] = Reason(values["last_stop_reason"])
     values["hold"] = bool(values["hold"])
     values["allocation"] = tuple(NodeAlloc(n, tuple(g), c) for n, g, c in json.loads(values["allocation"]))
     values["request"] = pb.JobRequest.FromString(values["request"])

@@ -22,6 +22,7 @@ import hostlist
 import psutil
 
 from protos import air_pb2 as pb
+from protos.states import REASON_NAMES, Reason
 
 log = logging.getLogger("airnoded")
 
@@ -93,6 +94,9 @@ def job_environment(job: pb.Job, node: str) -> dict[str, str]:
         "SLURM_JOB_PARTITION": job.partition,
         "SLURMD_NODENAME": node,
         "SLURM_GPUS_ON_NODE": str(len(gpus)),
+        "AIR_RESTART_COUNT": str(job.restart_count),
+        "SLURM_RESTART_COUNT": str(job.restart_count),
+        "AIR_LAST_STOP_REASON": REASON_NAMES[Reason(job.last_stop_reason)] if job.restart_count else "",
     }
     env.update(air)
     return env

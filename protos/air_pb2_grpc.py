@@ -50,6 +50,11 @@ class ControllerStub:
                 request_serializer=protos_dot_air__pb2.HoldRequest.SerializeToString,
                 response_deserializer=protos_dot_air__pb2.CancelReply.FromString,
                 _registered_method=True)
+        self.Requeue = channel.unary_unary(
+                '/air.v1.Controller/Requeue',
+                request_serializer=protos_dot_air__pb2.JobFilter.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.CancelReply.FromString,
+                _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/air.v1.Controller/ListJobs',
                 request_serializer=protos_dot_air__pb2.JobFilter.SerializeToString,
@@ -105,6 +110,13 @@ class ControllerServicer:
 
     def Hold(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Requeue(self, request, context):
+        """Running jobs: SIGTERM, a grace time to checkpoint, then back to the queue.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -168,6 +180,11 @@ def add_ControllerServicer_to_server(servicer, server):
             'Hold': grpc.unary_unary_rpc_method_handler(
                     servicer.Hold,
                     request_deserializer=protos_dot_air__pb2.HoldRequest.FromString,
+                    response_serializer=protos_dot_air__pb2.CancelReply.SerializeToString,
+            ),
+            'Requeue': grpc.unary_unary_rpc_method_handler(
+                    servicer.Requeue,
+                    request_deserializer=protos_dot_air__pb2.JobFilter.FromString,
                     response_serializer=protos_dot_air__pb2.CancelReply.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
@@ -287,6 +304,33 @@ class Controller:
             target,
             '/air.v1.Controller/Hold',
             protos_dot_air__pb2.HoldRequest.SerializeToString,
+            protos_dot_air__pb2.CancelReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Requeue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/Requeue',
+            protos_dot_air__pb2.JobFilter.SerializeToString,
             protos_dot_air__pb2.CancelReply.FromString,
             options,
             channel_credentials,

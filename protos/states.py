@@ -53,6 +53,7 @@ REASON_NAMES = {
     Reason.LAUNCH_FAILED: "LaunchFailed",
     Reason.JOB_LOST: "JobLost",
     Reason.PREEMPTED: "Preempted",
+    Reason.REQUEUE_REQUESTED: "Requeued",
 }
 
 TERMINAL_PHASES = frozenset({JobPhase.DONE})

@@ -8,6 +8,7 @@ parameters to OUT.pt. --crash-at ends the process abruptly (no checkpoint) at th
 """
 import argparse
 import os
+import time
 
 import torch
 
@@ -22,6 +23,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--crash-at", type=int, default=0)
     p.add_argument("--stop-at", type=int, default=0)
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds per step, to be caught mid-run")
     args = p.parse_args()
 
     ctx = runtime.init(checkpoint_dir=args.dir)
@@ -54,6 +56,8 @@ def main() -> None:
         optim.zero_grad()
         loss.backward()
         optim.step()
+        if args.sleep:
+            time.sleep(args.sleep)
         log.write(f"{step} {','.join(map(str, idx))}\n")
         log.flush()
         if step == args.crash_at:

@@ -64,3 +64,22 @@ def test_forbidden_transitions_say_why():
         events.start(done, 3, ALLOC)
     with pytest.raises(events.TransitionError):
         events.exited(_job(), 3, 0, 0)
+
+
+def test_requeue_paths():
+    running = events.start(_job(request=pb.JobRequest(retries=1)), 1, ALLOC)
+    again = events.finished(running, 2, 3, 0)
+    assert (again.phase, again.restart_count, again.last_stop_reason) == (JobPhase.PENDING, 1, Reason.NON_ZERO_EXIT)
+    assert again.allocation == () and "retry 1 of 1" in again.reason_detail
+    second = events.finished(events.start(again, 3, ALLOC), 4, 3, 0)
+    assert second.result == JobResult.FAILED                       # no retries left
+    asked = events.stop(events.start(_job(), 1, ALLOC), 2, JobResult.NONE, Reason.REQUEUE_REQUESTED)
+    back = events.finished(asked, 3, 0, 15)
+    assert back.phase == JobPhase.PENDING and back.last_stop_reason == Reason.REQUEUE_REQUESTED
+    lost = events.node_lost(events.start(_job(), 1, ALLOC), 2, Reason.NODE_FAIL, "node01 stopped responding")
+    assert lost.phase == JobPhase.PENDING and lost.restart_count == 1
+    never = events.node_lost(events.start(_job(request=pb.JobRequest(no_requeue=True)), 1, ALLOC), 2,
+                             Reason.NODE_FAIL, "x")
+    assert state_code(never.phase, never.result) == "NF"
+    cancelling = events.stop(events.start(_job(), 1, ALLOC), 2, JobResult.CANCELLED, Reason.CANCELLED)
+    assert events.node_lost(cancelling, 3, Reason.NODE_FAIL, "x").result == JobResult.NODE_FAIL

@@ -41,7 +41,7 @@ def test_controller_kill9_and_restart_keeps_every_job(cluster):
 
 def test_node_kill9_goes_down_and_its_job_ends_node_fail(cluster):
     script = cluster.write_script("stuck.sh", "#!/bin/sh\nsleep 120.25\n")
-    job_id = cluster.submit(script, "-N", "2", "--gpus-per-node=1")
+    job_id = cluster.submit(script, "-N", "2", "--gpus-per-node=1", "--no-requeue")
     job = cluster.wait_state(job_id, "RUNNING")
     wait_for(lambda: _processes("sleep 120.25"), what="the job's script to run")
     cluster.kill_node(1)  # node02: not the batch node, so only the gang's other half dies
@@ -65,7 +65,7 @@ def test_batch_node_kill9_and_restart_kills_the_orphaned_script(cluster):
     import subprocess
     import sys
     script = cluster.write_script("orphan.sh", "#!/bin/sh\nsleep 120.5\n")
-    job_id = cluster.submit(script, "--gpus-per-node=4")
+    job_id = cluster.submit(script, "--gpus-per-node=4", "--no-requeue")
     job = cluster.wait_state(job_id, "RUNNING")
     index = int(job["nodes"][0][-2:]) - 1
     name = job["nodes"][0]

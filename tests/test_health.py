@@ -40,7 +40,7 @@ def _resume(cluster, name):
 
 def test_xid_79_drains_the_node_and_fails_the_job_on_that_gpu(cluster):
     job_id = cluster.submit(cluster.write_script("long.sh", "#!/bin/sh\nsleep 60\n"), "--gpus-per-node=4",
-                            "-N", "1")
+                            "-N", "1", "--no-requeue")
     job = cluster.wait_state(job_id, "RUNNING")
     name = job["nodes"][0]
     cluster.cli("aircontrol", "node", "fault", name, "--gpu", "2", "--xid", "79")

@@ -20,7 +20,7 @@ def test_batch_environment_golden():
         "SLURM_JOB_ID": "42", "SLURM_JOBID": "42", "SLURM_JOB_NAME": "train", "SLURM_JOB_NODELIST": "node[03-05]",
         "SLURM_NODELIST": "node[03-05]", "SLURM_NNODES": "3", "SLURM_JOB_NUM_NODES": "3",
         "SLURM_SUBMIT_DIR": "/home/alice/run", "SLURM_JOB_PARTITION": "gpu", "SLURMD_NODENAME": "node03",
-        "SLURM_GPUS_ON_NODE": "2",
+        "SLURM_GPUS_ON_NODE": "2", "AIR_RESTART_COUNT": "0", "SLURM_RESTART_COUNT": "0", "AIR_LAST_STOP_REASON": "",
     }
     assert env["PATH"] == "/usr/bin"
 
@@ -40,3 +40,10 @@ def test_output_patterns():
     assert output_paths(job, "node03") == ("/home/alice/run/air-42.out", None)
     job.request.output, job.request.error = "/logs/%j.out", "err/%x.err"
     assert output_paths(job, "node03") == ("/logs/42.out", "/home/alice/run/err/train.err")
+
+
+def test_restart_count_and_last_stop_reason():
+    job = _job()
+    job.restart_count, job.last_stop_reason = 2, pb.REASON_NODE_FAIL
+    env = job_environment(job, "node03")
+    assert (env["AIR_RESTART_COUNT"], env["SLURM_RESTART_COUNT"], env["AIR_LAST_STOP_REASON"]) == ("2", "2", "NodeFail")

@@ -1,0 +1,96 @@
+"""Requeue and resume on a real cluster: the job ends where an uninterrupted run would have."""
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import torch
+
+from cluster import wait_for
+
+BASE_ADDRESS = "127.0.15.1"
+HERE = Path(__file__).resolve().parent
+
+
+def _baseline(tmp: Path, steps: int) -> dict:
+    out = tmp / "baseline"
+    subprocess.run([sys.executable, str(HERE / "runtime_train.py"), "--dir", str(tmp / "ckpt-baseline"),
+                    "--out", str(out), "--steps", str(steps)], check=True, capture_output=True, timeout=120,
+                   env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
+    return torch.load(f"{out}.pt")
+
+
+def _training_job(cluster, name: str, steps: int, *options: str) -> tuple[int, Path]:
+    out = cluster.work / name
+    script = cluster.write_script(f"{name}.sh", f"#!/bin/sh\nexec {sys.executable} {HERE / 'runtime_train.py'} "
+                                  f"--dir {cluster.work / (name + '-ckpt')} --out {out} --steps {steps} "
+                                  f"--every 5 --sleep 0.3\n")
+    return cluster.submit(script, *options), out
+
+
+def _steps_done(out: Path) -> int:
+    log = Path(f"{out}.rank0.log")
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_requeue_checkpoints_stops_and_resumes_to_the_same_result(cluster, tmp_path):
+    job_id, out = _training_job(cluster, "req", 30)
+    wait_for(lambda: _steps_done(out) >= 8, timeout=60, what="training to pass step 8")
+    cluster.cli("aircontrol", "requeue", str(job_id))
+    job = wait_for(lambda: (j := cluster.job(job_id))["restart_count"] == 1 and j, timeout=30,
+                   what="the job to be requeued")
+    assert job["last_stop_reason"] == "Requeued"
+    job = cluster.wait_state(job_id, "COMPLETED", timeout=90)
+    shown = cluster.cli("aircontrol", "show", "job", str(job_id)).stdout
+    assert "Restarts=1" in shown and "LastStopReason=Requeued" in shown
+    # it stopped at the step it was told at and checkpointed there, then went on from it
+    steps = [int(line.split()[0]) for line in Path(f"{out}.rank0.log").read_text().splitlines()]
+    assert steps == list(range(1, 31))
+    final, base = torch.load(f"{out}.pt"), _baseline(tmp_path, 30)
+    assert all(torch.equal(final[k], base[k]) for k in base)
+
+
+def test_node_death_requeues_and_resumes_from_the_last_checkpoint(cluster, tmp_path):
+    job_id, out = _training_job(cluster, "nf", 25)
+    job = cluster.wait_state(job_id, "RUNNING")
+    wait_for(lambda: _steps_done(out) >= 12, timeout=60, what="training to pass step 12")
+    node = job["nodes"][0]
+    # the host dies: its daemon and the job's processes with it
+    cluster.kill_node(int(node[-2:]) - 1)
+    for p in psutil.process_iter(["cmdline"]):
+        if str(out) in " ".join(p.info["cmdline"] or []):
+            p.send_signal(signal.SIGKILL)
+    job = wait_for(lambda: (j := cluster.job(job_id))["restart_count"] == 1 and j, timeout=20,
+                   what="the job to be requeued after the node failure")
+    assert job["last_stop_reason"] == "NodeFail"
+    import sqlite3
+    conn = sqlite3.connect(cluster.dir / "state" / "air.db")
+    details = [d for (d,) in conn.execute("SELECT detail FROM events WHERE job_id = ? AND new_state = 'PENDING' "
+                                          "AND old_state = 'RUNNING'", [job_id])]
+    conn.close()
+    assert details == [f"node {node} stopped responding"]
+    job = cluster.wait_state(job_id, "COMPLETED", timeout=90)
+    assert job["nodes"] != [node]
+    final, base = torch.load(f"{out}.pt"), _baseline(tmp_path, 25)
+    assert all(torch.equal(final[k], base[k]) for k in base)
+
+
+def test_retries_requeue_a_failing_job(cluster):
+    script = cluster.write_script("flaky.sh", "#!/bin/sh\necho try $AIR_RESTART_COUNT $AIR_LAST_STOP_REASON\n"
+                                              "[ \"$AIR_RESTART_COUNT\" -ge 1 ]\n")
+    job_id = cluster.submit(script, "--retries=2")
+    job = cluster.wait_state(job_id, "COMPLETED", timeout=30)
+    assert job["restart_count"] == 1 and job["last_stop_reason"] == "NonZeroExitCode"
+    assert (cluster.work / f"air-{job_id}.out").read_text() == "try 0\ntry 1 NonZeroExitCode\n"
+    once = cluster.submit(script)   # no --retries: a failure of its own is final
+    assert cluster.wait_state(once, "FAILED")["restart_count"] == 0
+
+
+def test_no_requeue_jobs_refuse_requeue(cluster):
+    job_id = cluster.submit(cluster.write_script("nr.sh", "#!/bin/sh\nsleep 30\n"), "--no-requeue")
+    cluster.wait_state(job_id, "RUNNING")
+    proc = cluster.cli("aircontrol", "requeue", str(job_id), check=False)
+    assert proc.returncode != 0 and "was submitted with --no-requeue" in proc.stderr
+    cluster.cli("aircancel", str(job_id))
