@@ -94,7 +94,9 @@ class LocalCluster:
     def cli(self, tool: str, *args: str, check: bool = True, user: str | None = None,
             cwd: Path | None = None, env_conf: bool = True, timeout: float = 60,
             env: dict | None = None) -> subprocess.CompletedProcess:
-        full_env = dict(os.environ, **(env or {}))
+        # as a user who has AIR's tools (and this Python) first on PATH; jobs inherit it
+        full_env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+        full_env.update(env or {})
         if env_conf:
             full_env["AIR_CONF"] = str(self.config)
         as_user = {}
