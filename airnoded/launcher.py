@@ -168,6 +168,12 @@ class Launcher:
             except KeyError:
                 groups = [job.gid]
             kwargs = dict(user=job.uid, group=job.gid, extra_groups=groups)
+        separate_err = err_path if err_path and err_path != out_path else ""
+        if same_user:
+            proc = self._spawn_as_self(job, script, out_path, separate_err, env)
+            (jobdir / "pgid").write_text(f"{proc.pid}\n")
+            log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
+            return RunningJob(job.job_id, proc, proc.pid)
         status_r, status_w = os.pipe()
         try:
             proc = subprocess.Popen(
@@ -184,9 +190,29 @@ class Launcher:
         log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
         return RunningJob(job.job_id, proc, proc.pid, status_fd=status_r)
 
+    @staticmethod
+    def _spawn_as_self(job: pb.Job, script: Path, out_path: str, err_path: str, env: dict) -> subprocess.Popen:
+        """A job of the daemon's own user: the daemon's rights are the owner's, so it opens the output
+        itself and spares the wrapper's extra shell (about 1.3 ms a job). Failures raise OSError."""
+        out = open(out_path, "ab")
+        try:
+            err = open(err_path, "ab") if err_path else None
+            try:
+                return subprocess.Popen([str(script), *job.request.argv], cwd=job.request.workdir, env=env,
+                                        stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=err if err is not None else subprocess.STDOUT,
+                                        start_new_session=True)
+            finally:
+                if err is not None:
+                    err.close()
+        finally:
+            out.close()
+
     def _wait(self, running: RunningJob) -> None:
-        with os.fdopen(running.status_fd, "rb") as status_pipe:  # EOF once the script is exec'd
-            problem = status_pipe.read().decode(errors="replace").strip()
+        problem = ""
+        if running.status_fd >= 0:
+            with os.fdopen(running.status_fd, "rb") as status_pipe:  # EOF once the script is exec'd
+                problem = status_pipe.read().decode(errors="replace").strip()
         status = running.process.wait()
         running.done.set()
         _killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group

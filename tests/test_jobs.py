@@ -191,3 +191,11 @@ def test_output_where_the_owner_cannot_write_fails_the_job_and_writes_nothing(cl
     assert list(locked.iterdir()) == [] and not (cluster.work / f"marker-{job_id}").exists()
     shown = cluster.cli("aircontrol", "show", "job", str(job_id)).stdout
     assert "Reason=LaunchFailed" in shown and "Permission denied" in shown
+
+
+def test_output_into_a_missing_directory_fails_a_root_job_with_the_reason(cluster):
+    script = cluster.write_script("root-out.sh", "#!/bin/sh\necho hi\n")
+    job_id = cluster.submit(script, "-o", "/nonexistent-air-dir/%j.out")
+    job = cluster.wait_state(job_id, "FAILED")
+    assert job["reason"] == "LaunchFailed"
+    assert "No such file or directory" in job["reason_detail"] and "/nonexistent-air-dir/" in job["reason_detail"]
