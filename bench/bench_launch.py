@@ -35,6 +35,22 @@ def _latency(marks: Path, ranks: int, timeout: float = 120) -> float:
     return max(float(p.read_text()) for p in marks.glob("r.*")) - t0
 
 
+def _median_launch(work: Path, runs: int, ranks: int, directive: str, launcher: str, submit: list[str],
+                   env: dict) -> float:
+    """Submit `runs` batch scripts that launch `ranks` ranks with `launcher`; the median latency."""
+    results = []
+    for i in range(runs):
+        marks = work / f"m{i}"
+        marks.mkdir()
+        script = work / f"launch{i}.sh"
+        script.write_text(f"#!/bin/sh\n{directive}\nexport MARKS={marks}\n"
+                          f"date +%s.%N > $MARKS/t0.tmp; mv $MARKS/t0.tmp $MARKS/t0\n"
+                          f"{launcher} sh -c '{RANK_MARK}'\n")
+        subprocess.run([*submit, "-o", "/dev/null", str(script)], check=True, env=env, capture_output=True, cwd=work)
+        results.append(_latency(marks, ranks))
+    return statistics.median(results)
+
+
 def air_launch(nodes: int, per_node: int, runs: int, base: str) -> float:
     work = Path(tempfile.mkdtemp(prefix="air-bench-launch-"))
     os.chmod(work, 0o755)
@@ -44,18 +60,8 @@ def air_launch(nodes: int, per_node: int, runs: int, base: str) -> float:
                     "--node-timeout", "30"], check=True, capture_output=True)
     env = dict(os.environ, AIR_CONF=str(conf))
     try:
-        results = []
-        for i in range(runs):
-            marks = work / f"m{i}"
-            marks.mkdir()
-            script = work / f"launch{i}.sh"
-            script.write_text(f"#!/bin/sh\n#AIR -N {nodes} --gpus-per-node={per_node}\nexport MARKS={marks}\n"
-                              f"date +%s.%N > $MARKS/t0.tmp; mv $MARKS/t0.tmp $MARKS/t0\n"
-                              f"airrun sh -c '{RANK_MARK}'\n")
-            subprocess.run([str(BIN / "airbatch"), "-o", "/dev/null", str(script)], check=True, env=env,
-                           capture_output=True, cwd=work)
-            results.append(_latency(marks, nodes * per_node))
-        return statistics.median(results)
+        return _median_launch(work, runs, nodes * per_node, f"#AIR -N {nodes} --gpus-per-node={per_node}", "airrun",
+                              [str(BIN / "airbatch")], env)
     finally:
         subprocess.run([str(BIN / "aircontrol"), "local", "down", "--dir", str(work / "cluster")], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
@@ -66,17 +72,7 @@ def slurm_launch(tasks: int, runs: int) -> float:
     work = Path(tempfile.mkdtemp(prefix="slurm-bench-launch-"))
     os.chmod(work, 0o755)
     try:
-        results = []
-        for i in range(runs):
-            marks = work / f"m{i}"
-            marks.mkdir()
-            script = work / f"launch{i}.sh"
-            script.write_text(f"#!/bin/sh\n#SBATCH -n {tasks}\nexport MARKS={marks}\n"
-                              f"date +%s.%N > $MARKS/t0.tmp; mv $MARKS/t0.tmp $MARKS/t0\n"
-                              f"srun sh -c '{RANK_MARK}'\n")
-            subprocess.run(["sbatch", "-o", "/dev/null", str(script)], check=True, capture_output=True)
-            results.append(_latency(marks, tasks))
-        return statistics.median(results)
+        return _median_launch(work, runs, tasks, f"#SBATCH -n {tasks}", "srun", ["sbatch"], dict(os.environ))
     finally:
         subprocess.run(["bash", str(SLURM / "down.sh")], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
