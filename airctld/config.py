@@ -9,7 +9,7 @@ import dataclasses
 import ipaddress
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import hostlist

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from typing import Callable
 import hostlist
 import psutil
 
+from airnoded.procs import as_owner, exit_status, killpg
 from protos import air_pb2 as pb
 from protos.states import REASON_NAMES, Reason
 
@@ -158,34 +158,25 @@ class Launcher:
             os.chown(tmp, job.uid, job.gid)
         os.replace(tmp, script)
         out_path, err_path = output_paths(job, self.node)
-        env = job_environment(job, self.node)
-        kwargs = {}
-        if not same_user:
-            try:
-                entry = pwd.getpwuid(job.uid)
-                groups = os.getgrouplist(entry.pw_name, job.gid)
-                env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
-            except KeyError:
-                groups = [job.gid]
-            kwargs = dict(user=job.uid, group=job.gid, extra_groups=groups)
+        kwargs, owner_env = as_owner(job.uid, job.gid)
+        env = {**job_environment(job, self.node), **owner_env}
         separate_err = err_path if err_path and err_path != out_path else ""
+        status_r = -1
         if same_user:
             proc = self._spawn_as_self(job, script, out_path, separate_err, env)
-            (jobdir / "pgid").write_text(f"{proc.pid}\n")
-            log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
-            return RunningJob(job.job_id, proc, proc.pid)
-        status_r, status_w = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", START_AS_OWNER, "air-job", req.workdir, out_path,
-                 err_path if err_path and err_path != out_path else "", str(script), *req.argv],
-                env=env, stdin=subprocess.DEVNULL, stdout=status_w, stderr=status_w,
-                start_new_session=True, **kwargs)
-        except BaseException:
-            os.close(status_r)
-            raise
-        finally:
-            os.close(status_w)
+        else:
+            status_r, status_w = os.pipe()
+            try:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", START_AS_OWNER, "air-job", req.workdir, out_path, separate_err,
+                     str(script), *req.argv],
+                    env=env, stdin=subprocess.DEVNULL, stdout=status_w, stderr=status_w,
+                    start_new_session=True, **kwargs)
+            except BaseException:
+                os.close(status_r)
+                raise
+            finally:
+                os.close(status_w)
         (jobdir / "pgid").write_text(f"{proc.pid}\n")
         log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
         return RunningJob(job.job_id, proc, proc.pid, status_fd=status_r)
@@ -215,11 +206,11 @@ class Launcher:
                 problem = status_pipe.read().decode(errors="replace").strip()
         status = running.process.wait()
         running.done.set()
-        _killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group
+        killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group
         with self._lock:
             self.jobs.pop(running.job_id, None)
         shutil.rmtree(self.spool / f"job{running.job_id}", ignore_errors=True)
-        code, sig = (0, -status) if status < 0 else (status, 0)
+        code, sig = exit_status(status)
         if problem:
             log.warning("job %d could not start: %s", running.job_id, problem)
             self.on_exit(pb.JobExit(job_id=running.job_id, exit_code=code, launch_failed=True,
@@ -240,7 +231,7 @@ class Launcher:
                 continue
             job_id = int(pgid_file.parent.name[3:])
             if _group_is_job(pgid, job_id):  # not a recycled process group
-                _killpg(pgid, signal.SIGKILL)
+                killpg(pgid, signal.SIGKILL)
             shutil.rmtree(pgid_file.parent, ignore_errors=True)
             killed.append(job_id)
             log.warning("job %d: killed process group %d left by an earlier airnoded", job_id, pgid)
@@ -253,23 +244,16 @@ class Launcher:
         if running is None:
             return False
         if sig:
-            _killpg(running.pgid, sig)
+            killpg(running.pgid, sig)
             return True
         running.killed = True
-        _killpg(running.pgid, signal.SIGTERM)
+        killpg(running.pgid, signal.SIGTERM)
         threading.Thread(target=self._kill_after, args=(running, grace_s), daemon=True).start()
         return True
 
     def _kill_after(self, running: RunningJob, grace_s: float) -> None:
         if not running.done.wait(grace_s):
-            _killpg(running.pgid, signal.SIGKILL)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+            killpg(running.pgid, signal.SIGKILL)
 
 
 def _group_is_job(pgid: int, job_id: int) -> bool:

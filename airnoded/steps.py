@@ -3,8 +3,6 @@ their output streamed back line by line, and every rank killed when the stream e
 from __future__ import annotations
 
 import logging
-import os
-import pwd
 import queue
 import signal
 import socket
@@ -13,6 +11,7 @@ import threading
 from typing import Iterator
 
 from airctld.steps import rank_environment
+from airnoded.procs import as_owner, exit_status, killpg
 from protos import air_pb2 as pb
 
 log = logging.getLogger("airnoded")
@@ -47,7 +46,7 @@ class StepRunner:
         with self._lock:
             groups = list(self._groups.get(job_id, ()))
         for pgid in groups:
-            _killpg(pgid, sig or signal.SIGKILL)
+            killpg(pgid, sig or signal.SIGKILL)
         return bool(groups)
 
     def run(self, job_id: int, step_id: int, uid: int) -> tuple[Iterator[pb.StepEvent], callable]:
@@ -62,7 +61,7 @@ class StepRunner:
         here = step.nodes[index]
         events: queue.Queue = queue.Queue()
         procs: list[subprocess.Popen] = []
-        kwargs, extra_env = _as_owner(step.uid, step.gid)
+        kwargs, extra_env = as_owner(step.uid, step.gid)
         for local_rank, rank in enumerate(here.ranks):
             env = rank_environment(step, index, local_rank, {**step.spec.environment, **extra_env})
             try:
@@ -86,7 +85,7 @@ class StepRunner:
                 return
             stopped.set()
             for proc in procs:
-                _killpg(proc.pid, signal.SIGKILL)
+                killpg(proc.pid, signal.SIGKILL)
             with self._lock:
                 groups = self._groups.get(job_id, set())
                 groups.difference_update(p.pid for p in procs)
@@ -110,10 +109,10 @@ class StepRunner:
         for r in readers:
             r.start()
         status = proc.wait()
-        _killpg(proc.pid, signal.SIGKILL)  # what the rank left behind
+        killpg(proc.pid, signal.SIGKILL)  # what the rank left behind
         for r in readers:
             r.join(timeout=5)
-        code, sig = (0, -status) if status < 0 else (status, 0)
+        code, sig = exit_status(status)
         events.put(pb.StepEvent(rank=rank, exited=True, exit_code=code, exit_signal=sig))
 
 
@@ -121,22 +120,3 @@ def _pump(pipe, rank: int, is_err: bool, events: queue.Queue) -> None:
     with pipe:
         for line in iter(pipe.readline, b""):
             events.put(pb.StepEvent(rank=rank, stderr=is_err, data=line))
-
-
-def _as_owner(uid: int, gid: int) -> tuple[dict, dict]:
-    if uid == os.getuid():
-        return {}, {}
-    try:
-        entry = pwd.getpwuid(uid)
-        groups = os.getgrouplist(entry.pw_name, gid)
-        env = {"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name}
-    except KeyError:
-        groups, env = [gid], {}
-    return dict(user=uid, group=gid, extra_groups=groups), env
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
