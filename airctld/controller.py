@@ -152,9 +152,7 @@ class Controller:
             changed = self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED,
                                                     f"cancelled by uid {who.uid}")) for j in targets], now, who.uid)
             launching = set(self._launching)
-        for job in changed:  # a job still being launched is signalled once its launch returns
-            if job.phase == JobPhase.COMPLETING and job.job_id not in launching:
-                self._send_signal(job, 0)
+        self._terminate(changed, launching)
         self._wake.set()
         return [j.job_id for j in changed]
 
@@ -172,10 +170,15 @@ class Controller:
             changed = self._commit([(j, events.stop(j, now, JobResult.NONE, Reason.REQUEUE_REQUESTED,
                                                     f"requeue asked by uid {who.uid}")) for j in running], now, who.uid)
             launching = set(self._launching)
-        for job in changed:
-            if job.job_id not in launching:
-                self._send_signal(job, 0)
+        self._terminate(changed, launching)
         return [j.job_id for j in changed]
+
+    def _terminate(self, changed: list[Job], launching: set[int]) -> None:
+        """Terminate the jobs just set COMPLETING; one still being launched is signalled once its
+        launch returns (see _launch)."""
+        for job in changed:
+            if job.phase == JobPhase.COMPLETING and job.job_id not in launching:
+                self._send_signal(job, 0)
 
     def hold(self, filt: pb.JobFilter, hold: bool, who: Identity) -> list[int]:
         with self._lock:
