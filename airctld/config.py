@@ -67,6 +67,8 @@ class NodeConfig:
     cpus: int = 0             # 0: what the host has
     memory_mb: int = 0        # 0: what the host has
     spool_dir: str = "/var/spool/air/%n"
+    switch: str = ""          # the InfiniBand leaf switch the node hangs from ("": its own)
+    block: str = ""           # the NVLink domain (a multi-node NVLink rack), if any
     ib_sysfs: str = "/sys/class/infiniband"   # %n: the node's name (tests point this at a fake tree)
     health_program: str = ""  # run every health_interval_s; a non-zero exit drains the node
     health_interval_s: float = 5.0
@@ -93,12 +95,44 @@ class PartitionConfig:
     up: bool = True
     max_time_s: int = 0       # 0: unlimited
     default_time_s: int = 0   # 0: max_time_s
+    priority: int = 0         # the partition factor: this over the highest partition priority
+    accounts: tuple = ()      # accounts that may use the partition; empty: all
 
 
 @dataclass(frozen=True)
 class AccountConfig:
     name: str
     users: tuple = ()         # user names, or @groups, who may charge jobs to this account
+    parent: str = "root"
+    shares: int = 1
+    max_gpus: int = 0         # GrpTRES=gres/gpu: GPUs the account and its sub-accounts hold at once; 0: no limit
+
+
+@dataclass(frozen=True)
+class QosConfig:
+    name: str
+    priority: int = 0         # the QOS factor: this over the highest QOS priority
+    max_gpus_per_user: int = 0     # 0: no limit
+    max_gpus_per_account: int = 0
+    max_time_s: int = 0
+    preempt: tuple = ()       # QOS names whose running jobs this one may preempt
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Multifactor priority, fairshare, backfill and preemption."""
+    weight_age: int = 1000
+    weight_fairshare: int = 10000
+    weight_jobsize: int = 1000
+    weight_partition: int = 1000
+    weight_qos: int = 2000
+    max_age_s: int = 7 * 86400        # the age factor reaches 1 after this long pending
+    usage_half_life_s: int = 7 * 86400
+    billing_gpu: float = 1.0          # usage charged per GPU-second
+    billing_cpu: float = 0.0          # and per CPU-second
+    reservations: int = 100           # how many blocked jobs get a backfill reservation
+    preempt_grace_s: float = 30.0     # a preempted job's time to checkpoint before SIGKILL
+    default_qos: str = "normal"
 
 
 @dataclass(frozen=True)
@@ -107,7 +141,12 @@ class Config:
     nodes: tuple[NodeConfig, ...]
     partitions: tuple[PartitionConfig, ...]
     accounts: tuple[AccountConfig, ...] = ()
+    qos: tuple[QosConfig, ...] = (QosConfig("normal"),)
+    scheduler: SchedulerConfig = SchedulerConfig()
     path: str = ""
+
+    def qos_named(self, name: str) -> QosConfig | None:
+        return next((q for q in self.qos if q.name == name), None)
 
     def node(self, name: str) -> NodeConfig | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -151,7 +190,7 @@ def load(explicit: str | None = None) -> Config:
 
 
 def parse(data: dict) -> Config:
-    _check_keys("the top level", data, {"controller", "nodes", "partitions", "accounts"})
+    _check_keys("the top level", data, {"controller", "nodes", "partitions", "accounts", "qos", "scheduler"})
     controller = _build(ControllerConfig, "[controller]", data.get("controller", {}))
     if controller.auth not in AUTH_MODES:
         raise ConfigError(f"[controller] auth = {controller.auth!r}: valid values are {', '.join(AUTH_MODES)}")
@@ -179,8 +218,82 @@ def parse(data: dict) -> Config:
         if not isinstance(raw, dict) or "name" not in raw:
             raise ConfigError(f"{where} needs a name")
         accounts.append(_build(AccountConfig, where, raw))
+    _check_tree(accounts)
+    qos = [_qos(f"[[qos]] #{i + 1}", raw) for i, raw in enumerate(data.get("qos", []))]
+    sched = _scheduler(data.get("scheduler", {}))
+    if not any(q.name == sched.default_qos for q in qos):
+        if data.get("qos"):
+            raise ConfigError(f"[scheduler] default_qos = {sched.default_qos!r}: no [[qos]] has that name")
+        qos.append(QosConfig(sched.default_qos))
+    names = {q.name for q in qos}
+    for q in qos:
+        unknown = [p for p in q.preempt if p not in names]
+        if unknown:
+            raise ConfigError(f"[[qos]] {q.name} preempt names {unknown[0]!r}, which no [[qos]] defines")
+    account_names = {a.name for a in accounts}
+    for p in partitions:
+        unknown = [a for a in p.accounts if a not in account_names]
+        if unknown:
+            raise ConfigError(f"partition {p.name} accounts names {unknown[0]!r}, which no [[accounts]] defines")
     return Config(controller=controller, nodes=tuple(nodes), partitions=tuple(partitions),
-                  accounts=tuple(accounts))
+                  accounts=tuple(accounts), qos=tuple(qos), scheduler=sched)
+
+
+def _check_tree(accounts: list[AccountConfig]) -> None:
+    names = [a.name for a in accounts]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"account {sorted(dup)[0]} is configured twice")
+    parents = {a.name: a.parent for a in accounts}
+    for a in accounts:
+        if a.name == "root":
+            raise ConfigError("[[accounts]] root is the tree's top and is not configured")
+        if a.parent != "root" and a.parent not in parents:
+            raise ConfigError(f"account {a.name} has parent {a.parent!r}, which no [[accounts]] defines")
+        seen, up = {a.name}, a.parent
+        while up != "root":
+            if up in seen:
+                raise ConfigError(f"account {a.name}: its parents form a loop")
+            seen.add(up)
+            up = parents[up]
+
+
+def _durations(where: str, raw: dict, keys: tuple[str, ...]) -> dict:
+    """Keys given as Slurm times ("7-0", "30", "1:00:00") or seconds, renamed to key_s."""
+    out = {}
+    for key in keys:
+        if key in raw:
+            value = raw[key]
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+                out[key + "_s"] = int(value)
+                continue
+            try:
+                out[key + "_s"] = parse_duration(str(value))
+            except ValueError as e:
+                raise ConfigError(f"{where} {key}: {e}") from None
+    return out
+
+
+def _qos(where: str, raw: dict) -> QosConfig:
+    _check_keys(where, raw, {"name", "priority", "max_gpus_per_user", "max_gpus_per_account", "max_time", "preempt"})
+    if "name" not in raw:
+        raise ConfigError(f"{where} needs a name")
+    rest = {k: v for k, v in raw.items() if k != "max_time"}
+    return _build(QosConfig, where, {**rest, **_durations(where, raw, ("max_time",))})
+
+
+def _scheduler(raw: dict) -> SchedulerConfig:
+    where = "[scheduler]"
+    times = ("max_age", "usage_half_life")
+    plain = {f.name for f in dataclasses.fields(SchedulerConfig)} - {t + "_s" for t in times}
+    _check_keys(where, raw, plain | set(times))
+    rest = {k: v for k, v in raw.items() if k not in times}
+    sched = _build(SchedulerConfig, where, {**rest, **_durations(where, raw, times)})
+    if sched.usage_half_life_s <= 0:
+        raise ConfigError(f"{where} usage_half_life must be above 0")
+    if sched.max_age_s <= 0:
+        raise ConfigError(f"{where} max_age must be above 0")
+    return sched
 
 
 def _check_keys(where: str, raw: dict, allowed: set[str]) -> None:
@@ -239,7 +352,8 @@ def _nodes(where: str, raw: dict) -> list[NodeConfig]:
 
 
 def _partition(where: str, raw: dict, known: set[str]) -> PartitionConfig:
-    _check_keys(where, raw, {"name", "nodes", "default", "state", "max_time", "default_time"})
+    _check_keys(where, raw, {"name", "nodes", "default", "state", "max_time", "default_time", "priority",
+                             "accounts"})
     if "name" not in raw or "nodes" not in raw:
         raise ConfigError(f"{where} needs name and nodes")
     nodes = _expand(where, "nodes", raw["nodes"])
@@ -257,6 +371,8 @@ def _partition(where: str, raw: dict, known: set[str]) -> PartitionConfig:
             raise ConfigError(f"{where} {key}: {e}") from None
     if not isinstance(raw.get("default", False), bool):
         raise ConfigError(f"{where} default = {raw['default']!r}: expected true or false")
-    return PartitionConfig(name=raw["name"], nodes=tuple(nodes), default=raw.get("default", False),
-                           up=state == "up", max_time_s=times["max_time"],
-                           default_time_s=times["default_time"] or times["max_time"])
+    extra = _build(PartitionConfig, where, {k: raw[k] for k in ("priority", "accounts") if k in raw},
+                   name=raw["name"], nodes=tuple(nodes))
+    return dataclasses.replace(extra, default=raw.get("default", False), up=state == "up",
+                               max_time_s=times["max_time"],
+                               default_time_s=times["default_time"] or times["max_time"])

@@ -53,6 +53,8 @@ class Job:
     exit_signal: int = 0
     restart_count: int = 0
     last_stop_reason: Reason = Reason.NONE
+    array_job_id: int = 0     # 0: not an array task
+    array_task_id: int = 0
 
     @property
     def requeue_allowed(self) -> bool:
@@ -74,7 +76,8 @@ class Job:
             allocation=[pb.NodeAlloc(node=a.node, gpus=a.gpus, cpus=a.cpus) for a in self.allocation],
             submit_time=self.submit_time, start_time=self.start_time, end_time=self.end_time,
             exit_code=self.exit_code, exit_signal=self.exit_signal, priority=self.priority,
-            restart_count=self.restart_count, last_stop_reason=self.last_stop_reason)
+            restart_count=self.restart_count, last_stop_reason=self.last_stop_reason,
+            array_job_id=self.array_job_id, array_task_id=self.array_task_id)
 
 
 @dataclass(frozen=True)

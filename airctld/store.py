@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 
 import sqlite_utils
 
+from airctld.fairshare import Assoc
 from airctld.model import Job, Node, NodeAlloc
 from protos import air_pb2 as pb
 from protos.states import JobPhase, JobResult, NodeState, Reason, long_state
@@ -22,7 +23,8 @@ from protos.states import JobPhase, JobResult, NodeState, Reason, long_state
 _JOB_COLUMNS = ("uid", "gid", "user", "name", "partition", "num_nodes", "gpus_per_node",
                 "cpus_per_node", "time_limit_s", "submit_time", "priority", "phase", "result",
                 "reason", "reason_detail", "hold", "allocation", "start_time", "end_time",
-                "exit_code", "exit_signal", "restart_count", "last_stop_reason", "request")
+                "exit_code", "exit_signal", "restart_count", "last_stop_reason", "array_job_id",
+                "array_task_id", "request")
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -58,7 +60,22 @@ def _migrate_3(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE jobs ADD COLUMN last_stop_reason INTEGER NOT NULL DEFAULT 0")
 
 
-MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3]
+def _migrate_4(db: sqlite_utils.Database) -> None:
+    """Arrays, the account tree and fairshare usage."""
+    db.execute("ALTER TABLE jobs ADD COLUMN array_job_id INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE jobs ADD COLUMN array_task_id INTEGER NOT NULL DEFAULT 0")
+    db.execute("CREATE INDEX jobs_array ON jobs (array_job_id) WHERE array_job_id != 0")
+    db.execute("""
+        CREATE TABLE assocs (
+            account TEXT NOT NULL, user TEXT NOT NULL, parent TEXT NOT NULL,
+            shares INTEGER NOT NULL, max_gpus INTEGER NOT NULL, PRIMARY KEY (account, user))""")
+    db.execute("""
+        CREATE TABLE usage (
+            account TEXT NOT NULL, user TEXT NOT NULL, raw REAL NOT NULL, PRIMARY KEY (account, user))""")
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value REAL NOT NULL)")
+
+
+MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -177,6 +194,42 @@ class Store:
                               "WHERE job_id = ? ORDER BY id", [job_id])
         return [dict(zip(("time", "old_state", "new_state", "reason", "detail", "who"), r)) for r in cur]
 
+    def array_tasks(self, array_job_id: int) -> list[Job]:
+        cur = self.db.execute(f"SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs WHERE array_job_id = ? ORDER BY id",
+                              [array_job_id])
+        return [_job_from_row(r) for r in cur]
+
+    def set_array_job_id(self, job_ids: list[int], array_job_id: int) -> None:
+        self.db.conn.executemany("UPDATE jobs SET array_job_id = ? WHERE id = ?",
+                                 [(array_job_id, i) for i in job_ids])
+
+    # ------------------------------------------------------------ accounts and usage
+
+    def load_assocs(self) -> list[Assoc]:
+        cur = self.db.execute("SELECT account, user, parent, shares, max_gpus FROM assocs ORDER BY account, user")
+        return [Assoc(a, u, p, s, m) for a, u, p, s, m in cur]
+
+    def save_assoc(self, a: Assoc) -> None:
+        self.db.execute("INSERT INTO assocs (account, user, parent, shares, max_gpus) VALUES (?, ?, ?, ?, ?) "
+                        "ON CONFLICT(account, user) DO UPDATE SET parent=excluded.parent, shares=excluded.shares, "
+                        "max_gpus=excluded.max_gpus", [a.account, a.user, a.parent, a.shares, a.max_gpus])
+
+    def remove_assoc(self, account: str, user: str) -> None:
+        self.db.execute("DELETE FROM assocs WHERE account = ? AND user = ?", [account, user])
+
+    def load_usage(self) -> tuple[dict[tuple[str, str], float], float]:
+        """Raw usage by (account, user), and the time it was decayed and charged up to (0: never)."""
+        usage = {(a, u): raw for a, u, raw in self.db.execute("SELECT account, user, raw FROM usage")}
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'usage_time'").fetchone()
+        return usage, (row[0] if row else 0.0)
+
+    def save_usage(self, usage: dict[tuple[str, str], float], when: float) -> None:
+        self.db.conn.executemany("INSERT INTO usage (account, user, raw) VALUES (?, ?, ?) "
+                                 "ON CONFLICT(account, user) DO UPDATE SET raw=excluded.raw",
+                                 [(a, u, raw) for (a, u), raw in usage.items()])
+        self.db.execute("INSERT INTO meta (key, value) VALUES ('usage_time', ?) "
+                        "ON CONFLICT(key) DO UPDATE SET value=excluded.value", [when])
+
     # ------------------------------------------------------------ nodes
 
     def save_node(self, node: Node) -> None:
@@ -220,7 +273,8 @@ def _job_row(job: Job, with_request: bool = True) -> dict:
         "allocation": json.dumps([[a.node, list(a.gpus), a.cpus] for a in job.allocation]) if job.allocation else "[]",
         "start_time": job.start_time, "end_time": job.end_time, "exit_code": job.exit_code,
         "exit_signal": job.exit_signal, "restart_count": job.restart_count,
-        "last_stop_reason": int(job.last_stop_reason),
+        "last_stop_reason": int(job.last_stop_reason), "array_job_id": job.array_job_id,
+        "array_task_id": job.array_task_id,
     }
     if with_request:
         row["request"] = job.request.SerializeToString()

@@ -90,6 +90,21 @@ class ControllerStub:
                 request_serializer=protos_dot_air__pb2.FaultRequest.SerializeToString,
                 response_deserializer=protos_dot_air__pb2.FaultReply.FromString,
                 _registered_method=True)
+        self.Pending = channel.unary_unary(
+                '/air.v1.Controller/Pending',
+                request_serializer=protos_dot_air__pb2.JobFilter.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.PendingReply.FromString,
+                _registered_method=True)
+        self.Shares = channel.unary_unary(
+                '/air.v1.Controller/Shares',
+                request_serializer=protos_dot_air__pb2.SharesRequest.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.SharesReply.FromString,
+                _registered_method=True)
+        self.UpdateAccount = channel.unary_unary(
+                '/air.v1.Controller/UpdateAccount',
+                request_serializer=protos_dot_air__pb2.AccountRequest.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.SharesReply.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -164,6 +179,25 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pending(self, request, context):
+        """airq --priority and --start: the last pass's view of pending jobs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Shares(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateAccount(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -221,6 +255,21 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.InjectFault,
                     request_deserializer=protos_dot_air__pb2.FaultRequest.FromString,
                     response_serializer=protos_dot_air__pb2.FaultReply.SerializeToString,
+            ),
+            'Pending': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pending,
+                    request_deserializer=protos_dot_air__pb2.JobFilter.FromString,
+                    response_serializer=protos_dot_air__pb2.PendingReply.SerializeToString,
+            ),
+            'Shares': grpc.unary_unary_rpc_method_handler(
+                    servicer.Shares,
+                    request_deserializer=protos_dot_air__pb2.SharesRequest.FromString,
+                    response_serializer=protos_dot_air__pb2.SharesReply.SerializeToString,
+            ),
+            'UpdateAccount': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateAccount,
+                    request_deserializer=protos_dot_air__pb2.AccountRequest.FromString,
+                    response_serializer=protos_dot_air__pb2.SharesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -521,6 +570,87 @@ class Controller:
             '/air.v1.Controller/InjectFault',
             protos_dot_air__pb2.FaultRequest.SerializeToString,
             protos_dot_air__pb2.FaultReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pending(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/Pending',
+            protos_dot_air__pb2.JobFilter.SerializeToString,
+            protos_dot_air__pb2.PendingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Shares(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/Shares',
+            protos_dot_air__pb2.SharesRequest.SerializeToString,
+            protos_dot_air__pb2.SharesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateAccount(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/UpdateAccount',
+            protos_dot_air__pb2.AccountRequest.SerializeToString,
+            protos_dot_air__pb2.SharesReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,6 +54,13 @@ REASON_NAMES = {
     Reason.JOB_LOST: "JobLost",
     Reason.PREEMPTED: "Preempted",
     Reason.REQUEUE_REQUESTED: "Requeued",
+    Reason.DEPENDENCY_NEVER: "DependencyNeverSatisfied",
+    Reason.QOS_MAX_GPU_PER_USER: "QOSMaxGPUPerUser",
+    Reason.QOS_MAX_GPU_PER_ACCOUNT: "QOSMaxGPUPerAccount",
+    Reason.ASSOC_GRP_GPU_LIMIT: "AssocGrpGPULimit",
+    Reason.ARRAY_TASK_LIMIT: "JobArrayTaskLimit",
+    Reason.NODES_DRAINED: "NodesDrained",
+    Reason.ACCOUNT_NOT_ALLOWED: "AccountNotAllowed",
 }
 
 TERMINAL_PHASES = frozenset({JobPhase.DONE})

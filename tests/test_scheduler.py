@@ -1,4 +1,6 @@
-"""The pure scheduler: order, first fit, gang starts, reasons, and the never-satisfiable check."""
+"""The pure scheduler: order, placement, gang starts, backfill, topology, limits, preemption,
+reasons, and the never-satisfiable check. Table tests; test_scheduler_properties.py has the
+property tests over random clusters."""
 from airctld import scheduler
 from airctld.config import PartitionConfig
 from airctld.model import Job, Node, NodeAlloc
@@ -14,15 +16,21 @@ def _nodes(gpus=4, cpus=8, down=()):
                  state=NodeState.DOWN if n in down else NodeState.UP) for n in ("n1", "n2")]
 
 
-def _job(job_id, nodes=1, gpus=1, cpus=1, prio=0, submit=None, **kw):
+def _job(job_id, nodes=1, gpus=1, cpus=1, prio=0, submit=None, limit=0, request=None, **kw):
     return Job(job_id=job_id, uid=0, gid=0, user="root", name="j", partition="gpu", num_nodes=nodes,
-               gpus_per_node=gpus, cpus_per_node=cpus, time_limit_s=0, priority=prio,
-               submit_time=submit if submit is not None else job_id, request=pb.JobRequest(), **kw)
+               gpus_per_node=gpus, cpus_per_node=cpus, time_limit_s=limit, priority=prio,
+               submit_time=submit if submit is not None else job_id, request=request or pb.JobRequest(), **kw)
 
 
-def _run(pending, active=(), **node_kw):
+def _running(job_id, node, gpus, start=0.0, limit=0, prio=0, qos="", cpus=1, **kw):
+    return _job(job_id, gpus=len(gpus), cpus=cpus, prio=prio, limit=limit, phase=JobPhase.RUNNING,
+                start_time=start, allocation=(NodeAlloc(node, tuple(gpus), cpus),),
+                request=pb.JobRequest(qos=qos), **kw)
+
+
+def _run(pending, active=(), now=0.0, **node_kw):
     free = scheduler.free_resources(_nodes(**node_kw), active)
-    return scheduler.schedule(pending, free, PARTS)
+    return scheduler.schedule(pending, free, PARTS, now=now, active=list(active))
 
 
 def test_first_fit_lowest_gpus_first_and_no_overlap():
@@ -37,18 +45,47 @@ def test_running_jobs_hold_their_gpus():
     assert plan.starts == [(1, (NodeAlloc("n1", (1,), 1),))]
 
 
-def test_gang_start_all_or_nothing_and_blocking():
-    running = _job(9, gpus=3, phase=JobPhase.RUNNING, allocation=(NodeAlloc("n1", (0, 1, 2), 1),))
-    plan = _run([_job(1, nodes=2, gpus=2), _job(2, gpus=1)], active=[running])
-    assert plan.starts == []
-    assert plan.waiting == {1: Reason.RESOURCES, 2: Reason.PRIORITY}
+def test_gang_start_all_or_nothing():
+    running = _running(9, "n1", (0, 1, 2))
+    plan = _run([_job(1, nodes=2, gpus=2)], active=[running])
+    assert plan.starts == [] and plan.waiting == {1: Reason.RESOURCES}
+
+
+def test_backfill_may_not_delay_the_reservation():
+    # n1 frees its GPUs at t=100; job 1 (both nodes, 2 GPUs each) is reserved for t=100 on n1+n2.
+    running = _running(9, "n1", (0, 1, 2), limit=100)
+    pending = [_job(1, nodes=2, gpus=2, prio=10, limit=50), _job(2, gpus=4, limit=200),
+               _job(3, gpus=4, limit=90), _job(4, gpus=2, limit=500)]
+    plan = _run(pending, active=[running])
+    assert plan.estimate()[1].start == 100 and set(plan.estimate()[1].nodes) == {"n1", "n2"}
+    started = dict(plan.starts)
+    # job 2 would hold n2 past t=100: it waits behind the reservation; job 3 ends by t=90 and backfills
+    assert plan.waiting[2] == Reason.PRIORITY
+    assert 3 in started and started[3][0].node == "n2"
+    # job 4 would leave 2 GPUs of n2 at t=100... but job 3 holds n2 now, so it waits for resources
+    assert plan.waiting[4] == Reason.RESOURCES
+
+
+def test_backfill_on_what_the_reservation_leaves_spare():
+    running = _running(9, "n1", (0, 1, 2, 3), limit=100)
+    pending = [_job(1, nodes=2, gpus=2, prio=10), _job(2, gpus=2, limit=1000)]
+    plan = _run(pending, active=[running])
+    # job 1 needs 2 of n2's 4 GPUs at t=100; job 2 may take the other 2 now, for as long as it likes
+    assert plan.estimate()[1].start == 100
+    assert dict(plan.starts)[2] == (NodeAlloc("n2", (0, 1), 1),)
+
+
+def test_no_reservation_behind_jobs_without_time_limit():
+    running = _running(9, "n1", (0, 1, 2), limit=0)
+    plan = _run([_job(1, nodes=2, gpus=2, prio=10), _job(2, gpus=1)], active=[running])
+    assert plan.reservations == [] and [s[0] for s in plan.starts] == [2]
 
 
 def test_priority_then_submit_order():
     plan = _run([_job(1, gpus=4, submit=5), _job(2, gpus=4, prio=10, submit=9), _job(3, gpus=4, submit=1),
                  _job(4, gpus=1, submit=10)])
     assert [s[0] for s in plan.starts] == [2, 3]
-    assert plan.waiting == {1: Reason.RESOURCES, 4: Reason.PRIORITY}
+    assert plan.waiting == {1: Reason.RESOURCES, 4: Reason.RESOURCES}
 
 
 def test_held_jobs_do_not_block_and_down_nodes_count():
