@@ -13,12 +13,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
-from airctld import events, scheduler, steps
+from airctld import arrays, deps, events, scheduler, steps
+from airctld.accounting import Accounting
 from airctld.config import Config
 from airctld.jobtable import JobTable
 from airctld.errors import Conflict, Denied, InvalidRequest, NotFound
 from airctld.model import Job, Node, evolve
 from airctld.nodes import NodeClients
+from airctld.planning import Planner
 from airctld.policy import Policy, user_name
 from airctld.store import Store
 from airctld.validate import check_request, filtered_environment
@@ -30,6 +32,7 @@ log = logging.getLogger("airctld")
 
 CONTROLLER_UID = -1   # "who" in event rows for changes the controller made on its own
 MISSES_BEFORE_LOST = 2
+FULL_PASS_EVERY_S = 10.0   # a pass even when nothing changed: waits that expire (--switches), ages
 
 
 class Controller:
@@ -57,6 +60,16 @@ class Controller:
             node = stored.get(nc.name, Node(name=nc.name, address=nc.endpoint))
             # A node that was up gets a full timeout from now to be heard again.
             self.nodes[nc.name] = evolve(node, last_heartbeat=now)
+        self.switches = {n.name: n.switch for n in config.nodes if n.switch}
+        self.accounting = Accounting(config, store, now, self.jobs)
+        self.planner = Planner(config)
+        self._arrays: dict[int, list[int]] = {}
+        for job in self.jobs:
+            if job.array_job_id:
+                self._arrays.setdefault(job.array_job_id, []).append(job.job_id)
+        self._warned: set[int] = set()
+        self._last_pass = 0.0
+        self._pass_seconds = 0.0
 
     # ------------------------------------------------------------ the loop
 
@@ -72,7 +85,8 @@ class Controller:
                 self.tick()
             except Exception:
                 log.exception("controller pass failed")
-            self._stopping.wait(min_interval)
+            # a pass over a long queue takes a while: leave the CPU to requests for as long again
+            self._stopping.wait(max(min_interval, self._pass_seconds))
 
     def stop(self) -> None:
         self._stopping.set()
@@ -84,6 +98,7 @@ class Controller:
         now = self.clock()
         self._check_liveness(now)
         self._enforce_time_limits(now)
+        self.accounting.charge(self.jobs, now)
         self._forget_old(now)
         self._schedule(now)
 
@@ -91,12 +106,24 @@ class Controller:
 
     def submit(self, req: pb.JobRequest, who: Identity, test_only: bool = False) -> tuple[int, str]:
         job = self._new_job(req, who)
+        tasks = None
+        if job.request.array:
+            tasks, _ = arrays.parse(job.request.array)
         if test_only:
             return 0, self._estimate(job)
         with self._lock:
             with self.store.transaction():
-                job_id = self.store.insert_job(job, who.uid)
-            self.jobs.put(evolve(job, job_id=job_id))
+                if tasks is None:
+                    job_id = self.store.insert_job(job, who.uid)
+                    made = [evolve(job, job_id=job_id)]
+                else:
+                    ids = [self.store.insert_job(evolve(job, array_task_id=t), who.uid) for t in tasks]
+                    job_id = ids[0]
+                    self.store.set_array_job_id(ids, job_id)
+                    made = [evolve(job, job_id=i, array_job_id=job_id, array_task_id=t) for i, t in zip(ids, tasks)]
+                    self._arrays[job_id] = ids
+            for j in made:
+                self.jobs.put(j)
             self._dirty = True
         self._wake.set()
         return job_id, ""
@@ -117,22 +144,69 @@ class Controller:
         why = scheduler.infeasible(nodes, req.gpus_per_node, cpus, limit, part, capacity)
         if why:
             raise InvalidRequest(why)
-        account = self.policy.account_for(who, req.account)
+        account = self.policy.account_for(who, req.account, self.accounting)
+        self._check_policy(req, who, account, part, nodes * req.gpus_per_node, limit)
         env = filtered_environment(req.environment, self.config.controller.drop_env)
-        if account != req.account or len(env) != len(req.environment):
-            req = _amended(req, account, env)
+        throttle = 0
+        if req.array:
+            try:
+                _, throttle = arrays.parse(req.array)
+            except ValueError as e:
+                raise InvalidRequest(str(e)) from None
+        if account != req.account or len(env) != len(req.environment) or throttle != req.array_max_running:
+            req = _amended(req, account, env, throttle)
         return Job(job_id=0, uid=who.uid, gid=who.gid, user=user_name(who.uid),
                    name=req.name or "batch", partition=part.name, num_nodes=nodes,
                    gpus_per_node=req.gpus_per_node, cpus_per_node=cpus, time_limit_s=limit,
                    submit_time=self.clock(), request=req, hold=req.hold,
                    reason=Reason.JOB_HELD_USER if req.hold else Reason.NONE)
 
+    def _check_policy(self, req: pb.JobRequest, who: Identity, account: str, part, gpus: int, limit: int) -> None:
+        """The limits a job could never pass, refused at submit: QOS, quotas, partition accounts,
+        nice, and a dependency that names no job."""
+        qos_name = req.qos or self.config.scheduler.default_qos
+        qos = self.config.qos_named(qos_name)
+        if qos is None:
+            raise InvalidRequest(f"QOS {qos_name!r} does not exist; QOS: {', '.join(q.name for q in self.config.qos)}")
+        if req.nice < 0 and not self.policy.is_operator(who):
+            raise Denied(f"--nice={req.nice}: only root and operators may raise a job's priority (a negative nice)")
+        if qos.max_time_s and limit > qos.max_time_s:
+            raise InvalidRequest(f"time limit {limit} s is over QOS {qos_name}'s maximum of {qos.max_time_s} s")
+        for cap, what in ((qos.max_gpus_per_user, "per user"), (qos.max_gpus_per_account, "per account")):
+            if cap and gpus > cap:
+                raise InvalidRequest(f"{gpus} GPUs requested, but QOS {qos_name} allows {cap} {what}")
+        chains, quotas = self.accounting.account_chains()
+        for a in chains.get(account or "default", ()):
+            if quotas.get(a) and gpus > quotas[a]:
+                raise InvalidRequest(f"{gpus} GPUs requested, but account {a} has a quota of {quotas[a]} GPUs")
+        if part.accounts and (account or "default") not in part.accounts:
+            raise Denied(f"partition {part.name} is open to accounts {', '.join(part.accounts)} only; "
+                         f"this job is charged to {account or 'no account'}")
+        try:
+            dep = deps.parse(req.dependency)
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from None
+        for job_id in sorted(dep.job_ids if dep else ()):
+            if job_id not in self.jobs and job_id not in self._arrays and self.store.get_job(job_id) is None:
+                raise InvalidRequest(f"dependency on job {job_id}, which does not exist")
+
+    def _dep_states(self, job_id: int) -> list[tuple[JobPhase, JobResult]]:
+        """The state of a job, or of every task of the array with that id, for dependencies."""
+        ids = self._arrays.get(job_id, [job_id])
+        out = []
+        for i in ids:
+            job = self.jobs.get(i) or self.store.get_job(i)
+            if job is not None:
+                out.append((job.phase, job.result))
+        return out
+
     def _estimate(self, job: Job) -> str:
         with self._lock:
             free = scheduler.free_resources(self.nodes.values(), self.jobs.active())
             pending = self.jobs.in_phase(JobPhase.PENDING)
         probe = evolve(job, job_id=-1, priority=job.priority)
-        plan = scheduler.schedule(pending + [probe], free, self.partitions)
+        plan = scheduler.schedule(pending + [probe], free, self.partitions, active=self.jobs.active(),
+                                  now=self.clock())
         for job_id, alloc in plan.starts:
             if job_id == -1:
                 return f"would start now on {','.join(a.node for a in alloc)} in partition {job.partition}"
@@ -194,11 +268,21 @@ class Controller:
 
     def _select(self, filt: pb.JobFilter, who: Identity, acting: bool,
                 doing: str = "cancel or signal") -> list[Job]:
-        if filt.job_ids:
-            missing = [i for i in filt.job_ids if i not in self.jobs and self.store.get_job(i) is None]
+        if filt.job_ids or filt.array_tasks:
+            missing = [i for i in filt.job_ids if i not in self.jobs and i not in self._arrays
+                       and self.store.get_job(i) is None]
             if missing:
                 raise NotFound(f"job {missing[0]} does not exist")
-            candidates = [self.jobs.get(i) or self.store.get_job(i) for i in filt.job_ids]
+            ids = []
+            for i in filt.job_ids:
+                ids.extend(self._arrays.get(i, [i]))
+            for t in filt.array_tasks:
+                found = [i for i in self._arrays.get(t.array_job_id, ())
+                         if (j := self.jobs.get(i) or self.store.get_job(i)) and j.array_task_id == t.task_id]
+                if not found:
+                    raise NotFound(f"job {t.array_job_id}_{t.task_id} does not exist")
+                ids.extend(found)
+            candidates = [self.jobs.get(i) or self.store.get_job(i) for i in dict.fromkeys(ids)]
         else:
             candidates = list(self.jobs)
         selected = [j for j in candidates if _matches(j, filt)]
@@ -210,21 +294,25 @@ class Controller:
             self.policy.check_may_act(who, job, doing)
         if doing != "cancel or signal":
             return selected
-        if len(filt.job_ids) == 1 and selected and selected[0].phase not in (JobPhase.PENDING, JobPhase.RUNNING):
+        if len(selected) == 1 and len(filt.job_ids) + len(filt.array_tasks) == 1 and \
+                selected[0].phase not in (JobPhase.PENDING, JobPhase.RUNNING):
             job = selected[0]
             raise Conflict(f"job {job.job_id} is {long_state(job.phase, job.result).lower()}; cannot cancel it")
         return [j for j in selected if j.phase in (JobPhase.PENDING, JobPhase.RUNNING)]
 
-    def _send_signal(self, job: Job, signal: int) -> None:
-        """To every node of the job: the batch script and any step ranks there."""
-        grace = self.config.controller.kill_wait_s
-        for node in job.node_names:
+    def _send_signal(self, job: Job, signal: int, grace: float | None = None, batch_only: bool = False) -> None:
+        """To every node of the job: the batch script and any step ranks there (or the batch shell only)."""
+        if grace is None:
+            grace = self.config.scheduler.preempt_grace_s if job.reason == Reason.PREEMPTED \
+                else self.config.controller.kill_wait_s
+        nodes = job.node_names[:1] if batch_only else job.node_names
+        for node in nodes:
             if self.nodes[node].state in (NodeState.UP, NodeState.DRAIN):
-                self._actions.submit(self._deliver_signal, node, job.job_id, signal, grace)
+                self._actions.submit(self._deliver_signal, node, job.job_id, signal, grace, batch_only)
 
-    def _deliver_signal(self, node: str, job_id: int, signal: int, grace: float) -> None:
+    def _deliver_signal(self, node: str, job_id: int, signal: int, grace: float, batch_only: bool = False) -> None:
         try:
-            self.clients.signal(self.nodes[node].address, job_id, signal, grace)
+            self.clients.signal(self.nodes[node].address, job_id, signal, grace, batch_only)
         except Exception as e:  # the node's liveness check ends the job if the node is gone
             log.warning("could not signal job %d on %s: %s", job_id, node, e)
 
@@ -457,10 +545,15 @@ class Controller:
 
     def _enforce_time_limits(self, now: float) -> None:
         with self._lock:
-            over = [j for j in self.jobs.in_phase(JobPhase.RUNNING)
-                    if j.time_limit_s and now - j.start_time > j.time_limit_s]
+            running = self.jobs.in_phase(JobPhase.RUNNING)
+            warn = [j for j in running if j.request.warn_signal and j.time_limit_s and j.job_id not in self._warned
+                    and now >= j.start_time + j.time_limit_s - j.request.warn_time_s]
+            over = [j for j in running if j.time_limit_s and now - j.start_time > j.time_limit_s]
             changed = self._commit([(j, events.stop(j, now, JobResult.TIMEOUT, Reason.TIME_LIMIT,
                                                     "time limit reached")) for j in over], now, CONTROLLER_UID)
+        for job in warn:   # --signal: the warning before the limit, once a run
+            self._warned.add(job.job_id)
+            self._send_signal(job, job.request.warn_signal, batch_only=job.request.warn_batch_only)
         for job in changed:
             self._send_signal(job, 0)
 
@@ -470,6 +563,8 @@ class Controller:
             for job in self.jobs.in_phase(JobPhase.DONE):
                 if job.end_time < horizon:
                     self.jobs.remove(job.job_id)
+                    self.planner.forget(job.job_id)
+                    self._warned.discard(job.job_id)
 
     def _schedule(self, now: float) -> None:
         """Snapshot under the lock, plan without it, apply what still holds under it.
@@ -478,15 +573,27 @@ class Controller:
         a job cancelled or a node lost during planning is checked again before it starts.
         """
         with self._lock:
-            if not self._dirty:
+            if not self._dirty and now - self._last_pass < FULL_PASS_EVERY_S:
                 return
             self._dirty = False
+            self._last_pass = now
             pending = self.jobs.schedulable()  # held jobs keep the JobHeldUser reason set at submit
             if not pending:
                 return
-            free = scheduler.free_resources(self.nodes.values(), self.jobs.active())
-        plan = scheduler.schedule(pending, free, self.partitions)
+            active = self.jobs.active()
+            free = scheduler.free_resources(self.nodes.values(), active, self.switches)
+            capacity = (sum(len(n.gpus) for n in self.nodes.values()), sum(n.cpus for n in self.nodes.values()))
+        began = time.perf_counter()
+        inputs = self.planner.inputs(pending, self.jobs, active, self.accounting, capacity, now, self._dep_states)
+        plan = scheduler.schedule(pending, free, self.partitions, **inputs)
+        self._pass_seconds = time.perf_counter() - began
         with self._lock:
+            preempted = []
+            for preemptor, victims in plan.preempt.items():
+                for v in victims:
+                    job = self.jobs.get(v)
+                    if job is not None and job.phase == JobPhase.RUNNING:
+                        preempted.append((job, events.preempted(job, now, preemptor)))
             starts = []
             for job_id, alloc in plan.starts:
                 job = self.jobs.get(job_id)
@@ -499,12 +606,22 @@ class Controller:
                        if (j := self.jobs.get(i)) is not None and j.phase == JobPhase.PENDING and j.reason != r]
             with self.store.transaction():
                 started = self._commit(starts, now, CONTROLLER_UID)
+                stopping = self._commit(preempted, now, CONTROLLER_UID)
                 self.store.set_pending_reasons(reasons)
             for i, r in reasons:
                 self.jobs.put(events.waiting(self.jobs.get(i), r))
+            for job_id, value in inputs["priority"].items():
+                job = self.jobs.get(job_id)
+                if job is not None and job.phase == JobPhase.PENDING and job.priority != value:
+                    self.jobs.put(evolve(job, priority=value))
+            self.planner.plan = plan
             self._launching.update(j.job_id for j in started)
+            launching = set(self._launching)
         for job in started:
             self._actions.submit(self._launch, job)
+        for job in stopping:
+            log.info("job %d preempted: %s", job.job_id, job.reason_detail)
+        self._terminate(stopping, launching)
 
     def _launch(self, job: Job) -> None:
         try:
@@ -545,10 +662,11 @@ def _brief(job: Job) -> bytes:
     return p.SerializeToString()
 
 
-def _amended(req: pb.JobRequest, account: str, env: dict[str, str]) -> pb.JobRequest:
+def _amended(req: pb.JobRequest, account: str, env: dict[str, str], throttle: int) -> pb.JobRequest:
     out = pb.JobRequest()
     out.CopyFrom(req)
     out.account = account
+    out.array_max_running = throttle
     out.environment.clear()
     out.environment.update(env)
     return out

@@ -15,6 +15,10 @@ class TransitionError(Exception):
     pass
 
 
+# Stops after which a job goes back to the queue (when it allows requeue) rather than ending.
+REQUEUING = frozenset({Reason.REQUEUE_REQUESTED, Reason.PREEMPTED})
+
+
 def _require(job: Job, *phases: JobPhase, doing: str) -> None:
     if job.phase not in phases:
         raise TransitionError(f"job {job.job_id} is {long_state(job.phase, job.result).lower()}; cannot {doing}")
@@ -70,6 +74,13 @@ def lost(job: Job, now: float, reason: Reason, detail: str) -> Job:
                                reason_detail=detail, end_time=now)
 
 
+def preempted(job: Job, now: float, by: int) -> Job:
+    """Stop a running job for a preempting one: it goes back to the queue once it has stopped if it
+    allows requeue, and ends as PREEMPTED if not."""
+    result = JobResult.NONE if job.requeue_allowed else JobResult.PREEMPTED
+    return stop(job, now, result, Reason.PREEMPTED, f"preempted by job {by}")
+
+
 def held(job: Job, hold: bool) -> Job:
     """Hold a pending job, or release it."""
     _require(job, JobPhase.PENDING, doing="hold or release it")
@@ -80,8 +91,8 @@ def finished(job: Job, now: float, exit_code: int, exit_signal: int, detail: str
              launch_failed: bool = False) -> Job:
     """The batch script ended: back to the queue when a requeue was asked for, or when it failed on its
     own and has retries left (--retries); otherwise done."""
-    if job.phase == JobPhase.COMPLETING and job.reason == Reason.REQUEUE_REQUESTED and job.requeue_allowed:
-        return requeued(job, now, Reason.REQUEUE_REQUESTED, "requeued on request")
+    if job.phase == JobPhase.COMPLETING and job.reason in REQUEUING and job.requeue_allowed:
+        return requeued(job, now, job.reason, job.reason_detail or "requeued on request")
     done = exited(job, now, exit_code, exit_signal, detail, launch_failed)
     if done.result == JobResult.FAILED and not launch_failed and job.restart_count < job.request.retries:
         return requeued(job, now, done.reason, f"exit {exit_code}:{exit_signal}; retry {job.restart_count + 1} "
@@ -92,7 +103,7 @@ def finished(job: Job, now: float, exit_code: int, exit_signal: int, detail: str
 def node_lost(job: Job, now: float, reason: Reason, detail: str) -> Job:
     """A node of the job failed: requeued (to resume from its last checkpoint) when the job allows it,
     NODE_FAIL otherwise. A job already being cancelled or timed out is not requeued."""
-    if job.requeue_allowed and (job.phase == JobPhase.RUNNING or job.reason == Reason.REQUEUE_REQUESTED):
+    if job.requeue_allowed and (job.phase == JobPhase.RUNNING or job.reason in REQUEUING):
         return requeued(job, now, reason, detail)
     return lost(job, now, reason, detail)
 

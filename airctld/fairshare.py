@@ -119,3 +119,17 @@ def ancestors(tree: Mapping[tuple[str, str], Assoc], account: str) -> list[str]:
         out.append(key[0])
         key = tree[key].parent_key or (ROOT, "")
     return out
+
+
+def accrue(usage: Mapping[tuple[str, str], float], jobs, since: float, until: float, half_life_s: float,
+           billing_gpu: float, billing_cpu: float) -> dict[tuple[str, str], float]:
+    """Usage at `until`: what it was at `since`, decayed over the interval, plus each job's billed
+    GPU- and CPU-seconds within the interval (jobs given as (leaf, start, end or 0, gpus, cpus))."""
+    factor = decay_factor(until - since, half_life_s)
+    out = {k: v * factor for k, v in usage.items()}
+    for leaf, start, end, gpus, cpus in jobs:
+        lo = start if start > since else since
+        hi = end if (end and end < until) else until
+        if hi > lo:
+            out[leaf] = out.get(leaf, 0.0) + (hi - lo) * (gpus * billing_gpu + cpus * billing_cpu)
+    return out

@@ -69,20 +69,25 @@ class Policy:
     def sees_all(self, who: Identity) -> bool:
         return not self.config.controller.private_jobs or self.is_operator(who)
 
-    def account_for(self, who: Identity, requested: str) -> str:
-        """The account a job is charged to; with no accounts configured, whatever was asked."""
+    def account_for(self, who: Identity, requested: str, tree=None) -> str:
+        """The account a job is charged to. Members come from the configuration ([[accounts]] users,
+        @groups too) and from the account tree (aircontrol account add ACCOUNT --user). With no
+        accounts at all, whatever was asked."""
         accounts = self.config.accounts
-        if not accounts:
-            return requested
+        names = [a.name for a in accounts]
         mine = [a.name for a in accounts if _member(who, a.users)]
+        if tree is not None:
+            names += [a for a, u in tree.assocs if not u and a not in names]
+            mine += [a for a in tree.user_accounts(user_name(who.uid)) if a not in mine]
+        if not names:
+            return requested
         if not requested:
             if not mine:
                 raise Denied(f"user {user_name(who.uid)} belongs to no account; ask an administrator to add "
                              "them to one")
             return mine[0]
-        if requested not in {a.name for a in accounts}:
-            raise InvalidRequest(f"account {requested!r} does not exist; accounts: "
-                                 + ", ".join(a.name for a in accounts))
+        if requested not in names:
+            raise InvalidRequest(f"account {requested!r} does not exist; accounts: " + ", ".join(names))
         if requested not in mine and not who.is_root:
             raise Denied(f"user {user_name(who.uid)} may not charge account {requested}; their accounts: "
                          + (", ".join(mine) or "none"))

@@ -127,7 +127,9 @@ class AgentService:
 
     def Signal(self, request: pb.SignalRequest, context):
         self._controller_only(context)
-        batch = self.agent.launcher.signal(request.job_id, request.signal, request.grace_s)
+        batch = self.agent.launcher.signal(request.job_id, request.signal, request.grace_s, request.batch_only)
+        if request.batch_only:
+            return pb.SignalReply(found=batch)
         if request.signal == 0:
             self.agent.steps.forget_job(request.job_id)
         # steps get the signal at once; on a stop, SIGTERM now and SIGKILL with the batch script's group

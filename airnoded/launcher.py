@@ -237,12 +237,19 @@ class Launcher:
             log.warning("job %d: killed process group %d left by an earlier airnoded", job_id, pgid)
         return killed
 
-    def signal(self, job_id: int, sig: int, grace_s: float) -> bool:
-        """Send `sig` to the job's process group; sig 0 terminates: SIGTERM, then SIGKILL after grace."""
+    def signal(self, job_id: int, sig: int, grace_s: float, batch_only: bool = False) -> bool:
+        """Send `sig` to the job's process group (or only its batch shell); sig 0 terminates: SIGTERM,
+        then SIGKILL after grace."""
         with self._lock:
             running = self.jobs.get(job_id)
         if running is None:
             return False
+        if sig and batch_only:
+            try:
+                os.kill(running.process.pid, sig)
+            except ProcessLookupError:
+                return False
+            return True
         if sig:
             killpg(running.pgid, sig)
             return True

@@ -1,0 +1,143 @@
+"""The account tree and fairshare usage, kept in the store: who may charge what, how much each
+association has used (decayed), and the shares view that airshare prints.
+
+Usage is charged from jobs' start and end times for each interval, so it is exact across
+restarts: the store keeps the usage and the time it was charged up to, and a restarted
+controller charges from there.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+from airctld import fairshare
+from airctld.config import Config
+from airctld.errors import Conflict, InvalidRequest, NotFound
+from airctld.fairshare import ROOT, Assoc, Share
+from airctld.model import Job
+from airctld.priority import association
+from airctld.store import Store
+from protos.states import JobPhase
+
+log = logging.getLogger("airctld")
+
+CHARGE_INTERVAL_S = 5.0
+
+
+class Accounting:
+    def __init__(self, config: Config, store: Store, now: float, jobs: Iterable[Job]):
+        self.config = config
+        self.sched = config.scheduler
+        self.store = store
+        stored = {a.key: a for a in store.load_assocs()}
+        seeded = [Assoc(a.name, "", a.parent, a.shares, a.max_gpus) for a in config.accounts
+                  if (a.name, "") not in stored]
+        if seeded:
+            with store.transaction():
+                for a in seeded:
+                    store.save_assoc(a)
+                    stored[a.key] = a
+        self.assocs: dict[tuple[str, str], Assoc] = stored
+        usage, charged = store.load_usage()
+        self.usage = usage
+        self.charged_until = charged or now
+        self.charge(jobs, now, force=True)
+
+    # ------------------------------------------------------------ usage
+
+    def charge(self, jobs: Iterable[Job], now: float, force: bool = False) -> bool:
+        """Charge usage up to `now` (at most every CHARGE_INTERVAL_S unless forced) and save it."""
+        if not force and now - self.charged_until < CHARGE_INTERVAL_S:
+            return False
+        since = self.charged_until
+        running = [(association(j), j.start_time, j.end_time if j.phase == JobPhase.DONE else 0.0,
+                    j.num_nodes * j.gpus_per_node, j.num_nodes * j.cpus_per_node)
+                   for j in jobs if j.start_time and (j.phase != JobPhase.DONE or j.end_time > since)]
+        s = self.sched
+        self.usage = fairshare.accrue(self.usage, running, since, now, s.usage_half_life_s, s.billing_gpu,
+                                      s.billing_cpu)
+        self.charged_until = now
+        with self.store.transaction():
+            self.store.save_usage(self.usage, now)
+        return True
+
+    # ------------------------------------------------------------ the tree
+
+    def tree(self, leaves: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], Assoc]:
+        return fairshare.complete_tree(self.assocs.values(), list(self.usage) + list(leaves))
+
+    def shares(self, leaves: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], Share]:
+        return fairshare.compute(self.tree(leaves), self.usage)
+
+    def account_chains(self) -> tuple[dict[str, tuple[str, ...]], dict[str, int]]:
+        """account -> (it and the accounts above it), and account -> its GPU quota."""
+        tree = self.tree()
+        chains = {k[0]: tuple(fairshare.ancestors(tree, k[0])) for k in tree if not k[1] and k[0] != ROOT}
+        quotas = {k[0]: a.max_gpus for k, a in tree.items() if not k[1] and a.max_gpus}
+        return chains, quotas
+
+    def has_accounts(self) -> bool:
+        return bool(self.assocs)
+
+    def user_accounts(self, user: str) -> list[str]:
+        return sorted(a for a, u in self.assocs if u == user)
+
+    def exists(self, account: str) -> bool:
+        return (account, "") in self.assocs
+
+    # ------------------------------------------------------------ aircontrol account
+
+    def add(self, a: Assoc) -> None:
+        if a.key in self.assocs:
+            what = f"user {a.user} in account {a.account}" if a.user else f"account {a.account}"
+            raise Conflict(f"{what} already exists; use aircontrol account modify")
+        if a.user:
+            if (a.account, "") not in self.assocs:
+                raise NotFound(f"account {a.account} does not exist; add it first")
+            a = Assoc(a.account, a.user, a.account, a.shares, 0)
+        else:
+            if a.account in (ROOT, "default") or not a.account:
+                raise InvalidRequest(f"account name {a.account!r} is reserved")
+            if a.parent != ROOT and (a.parent, "") not in self.assocs:
+                raise NotFound(f"parent account {a.parent} does not exist")
+        self._save(a)
+
+    def modify(self, a: Assoc, fields: Iterable[str]) -> None:
+        old = self.assocs.get(a.key)
+        if old is None:
+            raise NotFound(f"{'user ' + a.user + ' in ' if a.user else ''}account {a.account} does not exist")
+        fields = set(fields)
+        unknown = fields - {"parent", "shares", "max_gpus"}
+        if unknown:
+            raise InvalidRequest(f"cannot modify {sorted(unknown)[0]}; fields: parent, shares, max_gpus")
+        new = Assoc(old.account, old.user, a.parent if "parent" in fields else old.parent,
+                    a.shares if "shares" in fields else old.shares,
+                    a.max_gpus if "max_gpus" in fields else old.max_gpus)
+        if "parent" in fields and not old.user:
+            if new.parent != ROOT and (new.parent, "") not in self.assocs:
+                raise NotFound(f"parent account {new.parent} does not exist")
+            up = new.parent
+            while up != ROOT:
+                if up == new.account:
+                    raise InvalidRequest(f"account {new.account} cannot be under itself")
+                up = self.assocs[(up, "")].parent
+        self._save(new)
+
+    def remove(self, account: str, user: str) -> None:
+        if (account, user) not in self.assocs:
+            raise NotFound(f"{'user ' + user + ' in ' if user else ''}account {account} does not exist")
+        if not user:
+            below = [k for k, a in self.assocs.items() if k != (account, "") and
+                     (a.parent == account or (a.user and a.account == account))]
+            if below:
+                k = below[0]
+                what = f"user {k[1]}" if k[1] else f"account {k[0]}"
+                raise Conflict(f"account {account} still has {what} under it; remove that first")
+        with self.store.transaction():
+            self.store.remove_assoc(account, user)
+        del self.assocs[(account, user)]
+
+    def _save(self, a: Assoc) -> None:
+        with self.store.transaction():
+            self.store.save_assoc(a)
+        self.assocs[a.key] = a

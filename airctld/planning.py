@@ -1,0 +1,74 @@
+"""What a scheduling pass needs besides free resources, gathered from the controller's state:
+priorities (multifactor, with fairshare from the accounting), dependency and singleton waits,
+and the QOS and account limits. Also keeps what the last pass decided about pending jobs, for
+airq --priority and --start."""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from airctld import deps, scheduler
+from airctld.accounting import Accounting
+from airctld.config import Config
+from airctld.model import Job
+from airctld.priority import PriorityModel, association
+from protos.states import ACTIVE_PHASES, JobPhase, JobResult, Reason
+
+
+class Planner:
+    def __init__(self, config: Config):
+        self.config = config
+        self.partitions = {p.name: p for p in config.partitions}
+        self.qos = {q.name: q for q in config.qos}
+        self._deps: dict[int, deps.Dependency | None] = {}
+        self._final: dict[int, tuple[JobPhase, JobResult]] = {}   # states of done jobs looked up in the store
+        self.model: PriorityModel | None = None
+        self.plan = scheduler.Plan()
+
+    def dependency(self, job: Job) -> deps.Dependency | None:
+        if job.job_id not in self._deps:
+            self._deps[job.job_id] = deps.parse(job.request.dependency) if job.request.dependency else None
+        return self._deps[job.job_id]
+
+    def forget(self, job_id: int) -> None:
+        self._deps.pop(job_id, None)
+
+    def inputs(self, pending: list[Job], all_jobs: Iterable[Job], active: list[Job], accounting: Accounting,
+               capacity: tuple[int, int], now: float,
+               lookup: Callable[[int], list[tuple[JobPhase, JobResult]]]) -> dict:
+        """Keyword arguments for scheduler.schedule beyond the snapshot of nodes."""
+        leaves = {association(j) for j in pending} | {association(j) for j in active}
+        shares = accounting.shares(leaves)
+        fs = {k: s.fairshare for k, s in shares.items() if k[1]}
+        self.model = PriorityModel(self.config.scheduler, self.partitions, self.qos, fs, *capacity)
+        priority = self.model.priorities(pending, now)
+        blocked = self._blocked(pending, all_jobs, lookup)
+        chains, quotas = accounting.account_chains()
+        limits = scheduler.Limits(qos=self.qos, default_qos=self.config.scheduler.default_qos,
+                                  account_chain=chains, account_max_gpus=quotas)
+        s = self.config.scheduler
+        return dict(now=now, active=active, priority=priority, blocked=blocked, limits=limits,
+                    reservations=s.reservations, completing_release_s=self.config.controller.kill_wait_s,
+                    preempt_grace_s=s.preempt_grace_s)
+
+    def _blocked(self, pending: list[Job], all_jobs: Iterable[Job],
+                 lookup: Callable[[int], list[tuple[JobPhase, JobResult]]]) -> dict[int, Reason]:
+        waiting = [(j, d) for j in pending if (d := self.dependency(j)) is not None]
+        if not waiting:
+            return {}
+        singles: dict[tuple[str, str], int] = {}
+        if any(d.singleton for _, d in waiting):
+            for j in all_jobs:
+                if j.phase in ACTIVE_PHASES:
+                    singles[(j.user, j.name)] = -1  # one of that name runs: every singleton waits
+            for j, d in sorted(waiting, key=lambda jd: (jd[0].submit_time, jd[0].job_id)):
+                if d.singleton:
+                    singles.setdefault((j.user, j.name), j.job_id)
+        out = {}
+        for job, dep in waiting:
+            free = singles.get((job.user, job.name)) == job.job_id
+            state = deps.evaluate(dep, lookup, free)
+            if state == deps.DepState.WAITING:
+                out[job.job_id] = Reason.DEPENDENCY
+            elif state == deps.DepState.NEVER:
+                out[job.job_id] = Reason.DEPENDENCY_NEVER
+        return out
