@@ -95,8 +95,13 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         ntasks_per_node=values.get("ntasks_per_node", 1), cpus_per_task=values.get("cpus_per_task", 1),
         time_limit_s=values.get("time", 0), output=values.get("output", ""), error=values.get("error", ""),
         workdir=workdir, environment=env, hold=bool(values.get("hold")),
-        dependency=values.get("dependency", ""),
+        dependency=values.get("dependency", ""), qos=values.get("qos", ""), nice=values.get("nice", 0),
+        array=values.get("array", ""),
         no_requeue=bool(values.get("no_requeue")) and not values.get("requeue"), retries=values.get("retries", 0))
+    if "switches" in values:
+        req.switches, req.switches_wait_s = values["switches"]
+    if "signal" in values:
+        req.warn_signal, req.warn_time_s, req.warn_batch_only = values["signal"]
     reply = Client(config).call("Submit", pb.SubmitRequest(job=req, test_only=test_only))
     if test_only:
         click.echo(f"airbatch: job {reply.message}")

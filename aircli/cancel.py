@@ -32,8 +32,10 @@ def command(ids, user, states, name, sig, verbose, config):
     from aircli.client import Client
     from protos import air_pb2 as pb
     filt = pb.JobFilter()
+    tasks: list = []
     for text in ids:
-        filt.job_ids.extend(job_ids(text, "'ID'"))
+        filt.job_ids.extend(job_ids(text, "'ID'", tasks))
+    filt.array_tasks.extend(pb.ArrayTask(array_job_id=a, task_id=t) for a, t in tasks)
     if user:
         filt.uids.append(uid_of(user))
     if name:
@@ -42,7 +44,7 @@ def command(ids, user, states, name, sig, verbose, config):
         phases, results = state_filter(states, "'-t'")
         filt.phases.extend(phases)
         filt.results.extend(results)
-    if not (filt.job_ids or filt.uids or filt.names or states):
+    if not (filt.job_ids or filt.array_tasks or filt.uids or filt.names or states):
         raise CliError("no job given: aircancel ID... or -u USER, -n NAME, -t STATES")
     number = signal_number(sig) if sig else 0
     reply = Client(config).call("Cancel", pb.CancelRequest(filter=filt, signal=number), timeout=120)

@@ -155,6 +155,68 @@ def node_fault(name, gpu, xid, ecc_dbe, nvlink_down, ib_down, config):
 
 
 @command.group()
+def account():
+    """Manage the account tree (accounts, sub-accounts, users, shares, GPU quotas), as sacctmgr does."""
+
+
+def _account_call(op, name, user, parent, shares, max_gpus, config):
+    from aircli import formats
+    from aircli.client import Client
+    from protos import air_pb2 as pb
+    assoc = pb.Association(account=name, user=user or "", parent=parent or "", shares=shares or 0,
+                           max_gpus=max_gpus or 0)
+    fields = [f for f, v in (("parent", parent), ("shares", shares), ("max_gpus", max_gpus)) if v is not None]
+    if op == pb.ACCOUNT_OP_ADD and shares is None:
+        assoc.shares = 1
+    if op == pb.ACCOUNT_OP_MODIFY and not fields:
+        raise CliError("nothing to modify: give --shares, --parent or --max-gpus")
+    reply = Client(config).call("UpdateAccount", pb.AccountRequest(op=op, assoc=assoc, set_fields=fields))
+    click.echo("\n".join(formats.table(formats.share_rows(reply.rows), left=(0, 1))))
+
+
+_ACCOUNT_OPTIONS = [
+    click.argument("name"),
+    click.option("--user", help="the user's association under the account, instead of the account"),
+    click.option("--parent", help="the account above this one (default: root)"),
+    click.option("--shares", type=click.IntRange(0), help="raw shares among its siblings"),
+    click.option("--max-gpus", type=click.IntRange(0), help="GPUs the account and those under it may hold (0: no limit)"),
+    click.option("--config", hidden=True),
+]
+
+
+def _with_options(fn):
+    for decorator in reversed(_ACCOUNT_OPTIONS):
+        fn = decorator(fn)
+    return fn
+
+
+@account.command("add")
+@_with_options
+def account_add(name, user, parent, shares, max_gpus, config):
+    """Add an account (under --parent), or a user to an account (--user)."""
+    from protos import air_pb2 as pb
+    _account_call(pb.ACCOUNT_OP_ADD, name, user, parent, shares, max_gpus, config)
+
+
+@account.command("modify")
+@_with_options
+def account_modify(name, user, parent, shares, max_gpus, config):
+    """Change an account's (or a user's) shares, parent or GPU quota."""
+    from protos import air_pb2 as pb
+    _account_call(pb.ACCOUNT_OP_MODIFY, name, user, parent, shares, max_gpus, config)
+
+
+@account.command("remove")
+@click.argument("name")
+@click.option("--user", help="remove only this user's association")
+@click.option("--config", hidden=True)
+def account_remove(name, user, config):
+    """Remove an account (with nothing under it), or a user from an account."""
+    from protos import air_pb2 as pb
+    _account_call(pb.ACCOUNT_OP_REMOVE, name, user, None, None, None, config)
+
+
+@command.group()
 def local():
     """A whole cluster on this machine, for trying AIR and for tests."""
 

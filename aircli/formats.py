@@ -100,10 +100,47 @@ def _timestamp(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) if t else "N/A"
 
 
+def job_id_text(job: pb.Job) -> str:
+    """123, 123_7 for a task of array 123, or 123_[4-99%8] for an array's pending tasks in one row."""
+    if not job.array_job_id:
+        return str(job.job_id)
+    if job.array_pending_tasks:
+        throttle = f"%{job.request.array_max_running}" if job.request.array_max_running else ""
+        tasks = job.array_pending_tasks
+        return f"{job.array_job_id}_{tasks}" if tasks.isdigit() and not throttle else \
+            f"{job.array_job_id}_[{tasks}{throttle}]"
+    return f"{job.array_job_id}_{job.array_task_id}"
+
+
+def compact_arrays(jobs) -> list[pb.Job]:
+    """The listing with each array's pending tasks folded into one row, as squeue shows them."""
+    from airctld.arrays import compact
+    out: list = []
+    rows: dict[int, tuple[pb.Job, list[int]]] = {}
+    for job in jobs:
+        if job.array_job_id and job.phase == JobPhase.PENDING:
+            row = rows.get(job.array_job_id)
+            if row is None:
+                first = pb.Job()
+                first.CopyFrom(job)
+                rows[job.array_job_id] = row = (first, [])
+                out.append(first)
+            row[1].append(job.array_task_id)
+            continue
+        out.append(job)
+    for first, tasks in rows.values():
+        first.array_pending_tasks = compact(tasks)
+        first.array_tasks_pending = len(tasks)
+    return out
+
+
 def job_fields(now: float) -> dict[str, tuple[str, Callable[[pb.Job], object]]]:
     return {
-        "i": ("JOBID", lambda j: j.job_id),
+        "i": ("JOBID", job_id_text),
         "A": ("JOBID", lambda j: j.job_id),
+        "F": ("ARRAY_JOB_ID", lambda j: j.array_job_id or j.job_id),
+        "K": ("ARRAY_TASK_ID", lambda j: (j.array_pending_tasks or j.array_task_id) if j.array_job_id else "N/A"),
+        "q": ("QOS", lambda j: j.request.qos or "normal"),
         "P": ("PARTITION", lambda j: j.partition),
         "j": ("NAME", lambda j: j.request.name),
         "u": ("USER", lambda j: j.user),
@@ -143,6 +180,9 @@ def job_json(job: pb.Job, now: float) -> dict:
         "exit_code": job.exit_code, "exit_signal": job.exit_signal, "workdir": job.request.workdir,
         "restart_count": job.restart_count,
         "last_stop_reason": REASON_NAMES[Reason(job.last_stop_reason)] if job.restart_count else None,
+        "qos": job.request.qos, "priority": job.priority, "dependency": job.request.dependency,
+        "array_job_id": job.array_job_id or None,
+        "array_task_id": (job.array_pending_tasks or job.array_task_id) if job.array_job_id else None,
     }
 
 
@@ -153,9 +193,10 @@ def job_keyvalues(job: pb.Job, now: float) -> list[str]:
     out, err = output_paths(job, job.allocation[0].node if job.allocation else "%N")
     gpus = ";".join(f"{a.node}:{','.join(map(str, a.gpus)) or '-'}" for a in job.allocation)
     lines = [
-        [f"JobId={job.job_id}", f"JobName={req.name}"],
+        [f"JobId={job.job_id}", f"JobName={req.name}"]
+        + ([f"ArrayJobId={job.array_job_id}", f"ArrayTaskId={job.array_task_id}"] if job.array_job_id else []),
         [f"UserId={job.user}({job.uid})", f"GroupId={job.gid}", f"Account={req.account or '(null)'}"],
-        [f"Priority={job.priority}", f"Partition={job.partition}"],
+        [f"Priority={job.priority}", f"Nice={req.nice}", f"QOS={req.qos or 'normal'}", f"Partition={job.partition}"],
         [f"JobState={long_state(job.phase, job.result)}", f"Reason={reason_text(job)}",
          f"Dependency={req.dependency or '(null)'}"],
         [f"ReasonDetail={job.reason_detail or '(null)'}"],
@@ -174,6 +215,64 @@ def job_keyvalues(job: pb.Job, now: float) -> list[str]:
         [f"StdErr={err or out}"],
     ]
     return ["   " * (i > 0) + " ".join(parts) for i, parts in enumerate(lines)]
+
+
+# ---------------------------------------------------------------- pending jobs (airq --priority, --start)
+
+def priority_rows(jobs) -> list[list[str]]:
+    """sprio's columns: each factor times its weight."""
+    rows = [["JOBID", "PARTITION", "USER", "ACCOUNT", "PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE", "PARTITION",
+             "QOS", "NICE"]]
+    for p in jobs:
+        w = list(p.weights) or [0] * 5
+        rows.append([str(p.job_id), p.partition, p.user, p.account, str(p.priority),
+                     *(f"{round(f * wt)}" for f, wt in zip((p.age, p.fairshare, p.jobsize, p.partition_factor,
+                                                           p.qos_factor), w)), str(p.nice)])
+    return rows
+
+
+def start_rows(jobs) -> list[list[str]]:
+    """squeue --start's columns: the estimated start, from the last pass's reservations."""
+    rows = [["JOBID", "PARTITION", "NAME", "USER", "ST", "START_TIME", "SCHEDNODES", "NODELIST(REASON)"]]
+    for p in jobs:
+        start = _timestamp(p.est_start) if p.est_start else "N/A"
+        sched = hostlist.collect_hostlist(list(p.est_nodes)) if p.est_nodes else "(null)"
+        rows.append([str(p.job_id), p.partition, p.name, p.user, "PD", start, sched,
+                     f"({REASON_NAMES[Reason(p.reason)]})"])
+    return rows
+
+
+def table(rows: list[list[str]], header: bool = True, left: tuple[int, ...] = (0,)) -> list[str]:
+    """Columns padded to their widest cell: right-aligned but for the `left` ones."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    if not header:
+        rows = rows[1:]
+    return [" ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]
+
+
+# ---------------------------------------------------------------- shares (airshare)
+
+SHARE_COLUMNS = ["Account", "User", "RawShares", "NormShares", "RawUsage", "EffectvUsage", "FairShare"]
+
+
+def share_rows(rows, long: bool = False) -> list[list[str]]:
+    cols = SHARE_COLUMNS + (["NormUsage", "GrpGPUs", "GPUsInUse"] if long else [])
+    out = [cols]
+    for r in rows:
+        line = [" " * r.depth + r.account, r.user, str(r.raw_shares), f"{r.norm_shares:.6f}",
+                f"{round(r.raw_usage)}", f"{r.eff_usage:.6f}", f"{r.fairshare:.6f}"]
+        if long:
+            line += [f"{r.norm_usage:.6f}", str(r.max_gpus or ""), str(r.gpus_in_use)]
+        out.append(line)
+    return out
+
+
+def share_json(r) -> dict:
+    return {"account": r.account, "user": r.user or None, "raw_shares": r.raw_shares,
+            "norm_shares": r.norm_shares, "raw_usage": r.raw_usage, "norm_usage": r.norm_usage,
+            "effective_usage": r.eff_usage, "fairshare": r.fairshare, "max_gpus": r.max_gpus or None,
+            "gpus_in_use": r.gpus_in_use}
 
 
 # ---------------------------------------------------------------- nodes

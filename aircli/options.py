@@ -21,7 +21,7 @@ class Opt:
     dest: str
     long: str
     short: str | None = None
-    kind: str = "str"          # str, count (positive int), time, gpus, gres, flag
+    kind: str = "str"          # str, count (positive int), int, time, gpus, gres, flag, array, switches, signal
     env: tuple[str, ...] = ()
     help: str = ""
 
@@ -44,7 +44,14 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("export", "--export", None, env=("AIRBATCH_EXPORT", "SBATCH_EXPORT"),
         help="ALL, NONE, or VAR[=value],... to pass to the job"),
     Opt("hold", "--hold", "-H", "flag", help="submit held"),
-    Opt("dependency", "--dependency", "-d", help="afterok:ID etc. (stored)"),
+    Opt("dependency", "--dependency", "-d", help="afterok:ID[:ID...], afternotok:, afterany:, after:, singleton; "
+        "',' for all, '?' for any"),
+    Opt("qos", "--qos", "-q", env=("AIRBATCH_QOS", "SBATCH_QOS"), help="quality of service"),
+    Opt("nice", "--nice", None, "int", help="lower the priority by N (negative: raise it; operators only)"),
+    Opt("array", "--array", "-a", "array", env=("AIRBATCH_ARRAY_INX", "SBATCH_ARRAY_INX"),
+        help="job array indices: 0-99, 1,5,9, 0-99:4, with %N to run at most N at once"),
+    Opt("switches", "--switches", None, "switches", help="N[@TIME]: at most N leaf switches, waiting up to TIME"),
+    Opt("signal", "--signal", None, "signal", help="[B:]SIG[@SECONDS]: send SIG this long before the time limit"),
     Opt("requeue", "--requeue", None, "flag", help="may be requeued (the default)"),
     Opt("no_requeue", "--no-requeue", None, "flag", help="never requeue: a node failure ends the job"),
     Opt("retries", "--retries", None, "count", help="requeue after a failure of its own, up to N times"),
@@ -65,6 +72,28 @@ def convert(opt: Opt, value: str | None) -> object:
         if not value.isdigit() or int(value) < 1:
             raise OptionError(f"{opt.long}={value!r}: give a whole number of at least 1")
         return int(value)
+    if opt.kind == "int":
+        try:
+            return int(value)
+        except ValueError:
+            raise OptionError(f"{opt.long}={value!r}: give a whole number") from None
+    if opt.kind == "array":
+        from airctld import arrays
+        try:
+            arrays.parse(value)
+        except ValueError as e:
+            raise OptionError(str(e)) from None
+        return value
+    if opt.kind == "switches":
+        count, at, wait = value.partition("@")
+        if not count.isdigit() or int(count) < 1:
+            raise OptionError(f"{opt.long}={value!r}: give N[@TIME], such as 1 or 1@10:00")
+        try:
+            return int(count), parse_duration(wait) if at else 0
+        except ValueError as e:
+            raise OptionError(f"{opt.long}: {e}") from None
+    if opt.kind == "signal":
+        return parse_signal(value)
     if opt.kind == "time":
         try:
             return parse_duration(value)
@@ -81,6 +110,28 @@ def convert(opt: Opt, value: str | None) -> object:
             raise OptionError(f"{opt.long}={value!r}: give a GPU count, such as 4 or h100:4")
         return int(count)
     return value
+
+
+def parse_signal(value: str) -> tuple[int, int, bool]:
+    """--signal=[B:]SIG[@SECONDS] -> (signal number, seconds before the limit (default 60), batch only)."""
+    import signal as signals
+    batch = value.startswith("B:")
+    text = value[2:] if batch else value
+    name, at, secs = text.partition("@")
+    if name.isdigit():
+        number = int(name)
+    else:
+        upper = name.upper()
+        try:
+            number = int(signals.Signals[upper if upper.startswith("SIG") else "SIG" + upper])
+        except KeyError:
+            raise OptionError(f"--signal={value!r}: unknown signal {name!r}; give [B:]SIG[@SECONDS], "
+                              "such as USR2@120 or B:TERM@60") from None
+    if at and (not secs.isdigit() or int(secs) > 65535):
+        raise OptionError(f"--signal={value!r}: the time after @ is whole seconds up to 65535")
+    if not 0 < number < 65:
+        raise OptionError(f"--signal={value!r}: no signal {number}")
+    return number, int(secs) if at else 60, batch
 
 
 def parse_tokens(tokens: list[str]) -> dict[str, object]:

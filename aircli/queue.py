@@ -22,13 +22,19 @@ def uid_of(user: str) -> int:
         raise CliError(f"user {user!r} does not exist") from None
 
 
-def job_ids(text: str, option: str) -> list[int]:
+def job_ids(text: str, option: str, tasks: list | None = None) -> list[int]:
+    """Job ids (123); with `tasks`, array tasks too (123_7), appended to it as (array id, task id)."""
     ids = []
     for part in text.replace(" ", ",").split(","):
         if not part:
             continue
+        array, sep, task = part.partition("_")
+        if sep and tasks is not None and array.isdigit() and task.isdigit() and int(array) >= 1:
+            tasks.append((int(array), int(task)))
+            continue
         if not part.isdigit() or int(part) < 1:
-            raise click.BadParameter(f"{part!r} is not a job id", param_hint=option)
+            raise click.BadParameter(f"{part!r} is not a job id (such as 123, or 123_7 for a task of an array)",
+                                     param_hint=option)
         ids.append(int(part))
     return ids
 
@@ -62,18 +68,24 @@ def state_filter(text: str, option: str) -> tuple[list[int], list[int]]:
 @click.option("-h", "--noheader", is_flag=True, help="no header line")
 @click.option("-o", "--format", "fmt", help="squeue-style %-field format")
 @click.option("--json", "as_json", is_flag=True, help="JSON for programs")
+@click.option("-r", "--array", "expand_arrays", is_flag=True, help="one line per array task")
+@click.option("--priority", "show_priority", is_flag=True,
+              help="pending jobs' priority factors, weighted (as sprio shows them)")
+@click.option("--start", "show_start", is_flag=True, help="pending jobs' estimated start times")
 @click.option("--config", hidden=True)
-def command(users, me, states, jobs, names, noheader, fmt, as_json, config):
+def command(users, me, states, jobs, names, noheader, fmt, as_json, expand_arrays, show_priority, show_start, config):
     from aircli.client import Client
     from aircli import formats
     from protos import air_pb2 as pb
     filt = pb.JobFilter()
+    tasks: list = []
     if users:
         filt.uids.extend(uid_of(u) for u in users.split(",") if u)
     if me:
         filt.uids.append(os.getuid())
     if jobs:
-        filt.job_ids.extend(job_ids(jobs, "'-j'"))
+        filt.job_ids.extend(job_ids(jobs, "'-j'", tasks))
+        filt.array_tasks.extend(pb.ArrayTask(array_job_id=a, task_id=t) for a, t in tasks)
     if names:
         filt.names.extend(n for n in names.split(",") if n)
     if states:
@@ -84,13 +96,29 @@ def command(users, me, states, jobs, names, noheader, fmt, as_json, config):
         items = formats.compile_format(fmt or formats.SQUEUE_DEFAULT, formats.job_fields(time.time()))
     except formats.FormatError as e:
         raise click.BadParameter(str(e), param_hint="'-o'") from None
+    if show_priority or show_start:
+        filt.ClearField("phases")
+        filt.phases.append(pb.JOB_PHASE_PENDING)
+        pending = Client(config).call("Pending", filt).jobs
+        if as_json:
+            keys = ("job_id", "user", "account", "partition", "qos", "priority", "age", "fairshare", "jobsize",
+                    "partition_factor", "qos_factor", "nice", "est_start")
+            json.dump({"jobs": [{k: getattr(p, k) for k in keys} | {"est_nodes": list(p.est_nodes)} for p in pending]},
+                      sys.stdout, indent=1)
+            sys.stdout.write("\n")
+            return
+        rows = formats.priority_rows(pending) if show_priority else formats.start_rows(pending)
+        lines = formats.table(rows, header=not noheader, left=(0, 1, 2, 3))
+        sys.stdout.write("\n".join(lines) + "\n" if lines else "")
+        return
     reply = Client(config).call("ListJobs", filt)
     now = time.time()
+    rows = reply.jobs if expand_arrays else formats.compact_arrays(reply.jobs)
     if as_json:
-        json.dump({"jobs": [formats.job_json(j, now) for j in reply.jobs]}, sys.stdout, indent=1)
+        json.dump({"jobs": [formats.job_json(j, now) for j in rows]}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
-    lines = formats.render(items, reply.jobs, header=not noheader)
+    lines = formats.render(items, rows, header=not noheader)
     sys.stdout.write("\n".join(lines) + "\n" if lines else "")
 
 

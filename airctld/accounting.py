@@ -17,6 +17,7 @@ from airctld.fairshare import ROOT, Assoc, Share
 from airctld.model import Job
 from airctld.priority import association
 from airctld.store import Store
+from protos import air_pb2 as pb
 from protos.states import JobPhase
 
 log = logging.getLogger("airctld")
@@ -84,6 +85,39 @@ class Accounting:
 
     def exists(self, account: str) -> bool:
         return (account, "") in self.assocs
+
+    def rows(self, jobs: Iterable[Job], active: Iterable[Job], accounts=(), users=()) -> list[pb.ShareRow]:
+        """airshare: the tree in order, each association with its shares, usage and factor."""
+        jobs = list(jobs)
+        shares = self.shares(association(j) for j in jobs)
+        in_use: dict[tuple[str, str], int] = {}
+        tree = self.tree(association(j) for j in jobs)
+        for j in active:
+            leaf = association(j)
+            gpus = j.num_nodes * j.gpus_per_node
+            in_use[leaf] = in_use.get(leaf, 0) + gpus
+            for a in fairshare.ancestors(tree, leaf[0]):
+                in_use[(a, "")] = in_use.get((a, ""), 0) + gpus
+        children: dict = {}
+        for key, s in shares.items():
+            if s.parent is not None:
+                children.setdefault(s.parent, []).append(key)
+        out = []
+
+        def walk(key):
+            s = shares[key]
+            shown = (not accounts or s.account in accounts) and (not users or s.user in users or not s.user)
+            if shown and key != (ROOT, ""):
+                out.append(pb.ShareRow(account=s.account, user=s.user, depth=s.depth - 1, raw_shares=s.raw_shares,
+                                       norm_shares=s.norm_shares, raw_usage=s.raw_usage, norm_usage=s.norm_usage,
+                                       eff_usage=s.eff_usage, fairshare=s.fairshare,
+                                       max_gpus=tree[key].max_gpus, gpus_in_use=in_use.get(key, 0)))
+            # users before sub-accounts, as sshare lists them
+            for child in sorted(children.get(key, ()), key=lambda k: (k[1] == "", k)):
+                walk(child)
+
+        walk((ROOT, ""))
+        return out
 
     # ------------------------------------------------------------ aircontrol account
 

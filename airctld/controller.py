@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 from airctld import arrays, deps, events, scheduler, steps
 from airctld.accounting import Accounting
 from airctld.config import Config
+from airctld.fairshare import Assoc
 from airctld.jobtable import JobTable
 from airctld.errors import Conflict, Denied, InvalidRequest, NotFound
 from airctld.model import Job, Node, evolve
@@ -365,6 +366,36 @@ class Controller:
         if job.uid != who.uid and not self.policy.sees_all(who):
             raise Denied(f"job {job_id} belongs to another user; this cluster keeps jobs private")
         return job
+
+    def pending_views(self, filt: pb.JobFilter, who: Identity) -> list[pb.PendingJob]:
+        """airq --priority and --start: each pending job's factors and the last pass's estimate."""
+        now = self.clock()
+        with self._lock:
+            jobs = [j for j in self._select(filt, who, acting=False) if j.phase == JobPhase.PENDING]
+        return self.planner.views(jobs, now)
+
+    def share_rows(self, req: pb.SharesRequest) -> list[pb.ShareRow]:
+        with self._lock:
+            jobs = self.jobs.schedulable() + self.jobs.active()
+            active = self.jobs.active()
+        return self.accounting.rows(jobs, active, req.accounts, req.users)
+
+    def update_account(self, req: pb.AccountRequest, who: Identity) -> None:
+        if not self.policy.is_operator(who):
+            raise Denied("only root and operators may change accounts")
+        a = req.assoc
+        assoc = Assoc(a.account, a.user, a.parent or "root", a.shares, a.max_gpus)
+        with self._lock:
+            if req.op == pb.ACCOUNT_OP_ADD:
+                self.accounting.add(assoc)
+            elif req.op == pb.ACCOUNT_OP_MODIFY:
+                self.accounting.modify(assoc, req.set_fields)
+            elif req.op == pb.ACCOUNT_OP_REMOVE:
+                self.accounting.remove(a.account, a.user)
+            else:
+                raise InvalidRequest("give an operation: add, modify or remove")
+            self._dirty = True
+        self._wake.set()
 
     def node_views(self) -> list[pb.Node]:
         with self._lock:

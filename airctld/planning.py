@@ -11,6 +11,7 @@ from airctld.accounting import Accounting
 from airctld.config import Config
 from airctld.model import Job
 from airctld.priority import PriorityModel, association
+from protos import air_pb2 as pb
 from protos.states import ACTIVE_PHASES, JobPhase, JobResult, Reason
 
 
@@ -49,6 +50,26 @@ class Planner:
         return dict(now=now, active=active, priority=priority, blocked=blocked, limits=limits,
                     reservations=s.reservations, completing_release_s=self.config.controller.kill_wait_s,
                     preempt_grace_s=s.preempt_grace_s)
+
+    def views(self, jobs: list[Job], now: float) -> list[pb.PendingJob]:
+        s = self.config.scheduler
+        weights = [s.weight_age, s.weight_fairshare, s.weight_jobsize, s.weight_partition, s.weight_qos]
+        estimates = self.plan.estimate()
+        out = []
+        for job in sorted(jobs, key=lambda j: j.job_id):
+            view = pb.PendingJob(job_id=job.job_id, user=job.user, name=job.name,
+                                 account=job.request.account or "default", partition=job.partition,
+                                 qos=job.request.qos or s.default_qos, reason=job.reason, weights=weights)
+            if self.model is not None:
+                f = self.model.factors(job, now)
+                view.priority, view.age, view.fairshare, view.jobsize = f.priority, f.age, f.fairshare, f.jobsize
+                view.partition_factor, view.qos_factor, view.nice = f.partition, f.qos, f.nice
+            res = estimates.get(job.job_id)
+            if res is not None:
+                view.est_start = res.start
+                view.est_nodes.extend(res.nodes)
+            out.append(view)
+        return out
 
     def _blocked(self, pending: list[Job], all_jobs: Iterable[Job],
                  lookup: Callable[[int], list[tuple[JobPhase, JobResult]]]) -> dict[int, Reason]:

@@ -103,6 +103,19 @@ class ControllerService:
         return pb.FaultReply()
 
     @_handle
+    def Pending(self, request: pb.JobFilter, context, who):
+        return pb.PendingReply(jobs=self.c.pending_views(request, who))
+
+    @_handle
+    def Shares(self, request: pb.SharesRequest, context, who):
+        return pb.SharesReply(rows=self.c.share_rows(request))
+
+    @_handle
+    def UpdateAccount(self, request: pb.AccountRequest, context, who):
+        self.c.update_account(request, who)
+        return pb.SharesReply(rows=self.c.share_rows(pb.SharesRequest()))
+
+    @_handle
     def GetNode(self, request: pb.GetNodeRequest, context, who):
         for node in self.c.node_views():
             if node.name == request.name:
@@ -153,6 +166,9 @@ def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
         "UpdateNode": unary(cs.UpdateNode, pb.UpdateNodeRequest.FromString, pb.Node.SerializeToString),
         "InjectFault": unary(cs.InjectFault, pb.FaultRequest.FromString, pb.FaultReply.SerializeToString),
         "GetNode": unary(cs.GetNode, pb.GetNodeRequest.FromString, pb.Node.SerializeToString),
+        "Pending": unary(cs.Pending, pb.JobFilter.FromString, pb.PendingReply.SerializeToString),
+        "Shares": unary(cs.Shares, pb.SharesRequest.FromString, pb.SharesReply.SerializeToString),
+        "UpdateAccount": unary(cs.UpdateAccount, pb.AccountRequest.FromString, pb.SharesReply.SerializeToString),
     }
     registry_methods = {
         "Register": unary(rs.Register, pb.RegisterRequest.FromString, pb.RegisterReply.SerializeToString),

@@ -43,8 +43,10 @@ exec "$@"
 
 
 def expand_pattern(pattern: str, job: pb.Job, node: str) -> str:
-    """Slurm's filename patterns: %j job id, %x job name, %u user, %N node, %% a percent sign."""
-    values = {"j": str(job.job_id), "x": job.request.name or "batch", "u": job.user, "N": node, "%": "%"}
+    """Slurm's filename patterns: %j job id, %x job name, %u user, %N node, %A array job id, %a array task
+    id, %% a percent sign."""
+    values = {"j": str(job.job_id), "x": job.request.name or "batch", "u": job.user, "N": node, "%": "%",
+              "A": str(job.array_job_id or job.job_id), "a": str(job.array_task_id) if job.array_job_id else "4294967294"}
     out, i = [], 0
     while i < len(pattern):
         ch = pattern[i]
@@ -98,6 +100,10 @@ def job_environment(job: pb.Job, node: str) -> dict[str, str]:
         "SLURM_RESTART_COUNT": str(job.restart_count),
         "AIR_LAST_STOP_REASON": REASON_NAMES[Reason(job.last_stop_reason)] if job.restart_count else "",
     }
+    if job.array_job_id:
+        for prefix in ("AIR", "SLURM"):
+            air[f"{prefix}_ARRAY_JOB_ID"] = str(job.array_job_id)
+            air[f"{prefix}_ARRAY_TASK_ID"] = str(job.array_task_id)
     env.update(air)
     return env
 
