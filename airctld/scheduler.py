@@ -416,12 +416,14 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
              now: float = 0.0, active: Sequence[Job] = (), priority: Mapping[int, int] | None = None,
              blocked: Mapping[int, Reason] | None = None, limits: Limits | None = None,
              reservations: int = 100, completing_release_s: float = 30.0,
-             preempt_grace_s: float = 30.0) -> Plan:
+             preempt_grace_s: float = 30.0, backfill: bool = True) -> Plan:
     """Decide which pending jobs start now and why the others wait. `free` is updated in place.
 
     `priority` maps job ids to their priority (default: the job's own field); `blocked` gives jobs
     that wait for a reason decided outside the pass (dependencies); `active` are the running and
-    completing jobs, whose time limits place reservations and whose QOS may make them victims."""
+    completing jobs, whose time limits place reservations and whose QOS may make them victims.
+    With `backfill` off, the first job that cannot start in a partition holds back every job
+    after it there (strict priority order; for comparison in bench/)."""
     priority = priority or {}
     blocked = blocked or {}
     limits = limits or Limits()
@@ -433,6 +435,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     generation = 0
     waiting = plan.waiting
     pri_get = priority.get
+    stalled: set[str] = set()   # partitions held back by a waiting job, when backfill is off
     for job in sorted(pending, key=lambda j: (-pri_get(j.job_id, j.priority), j.submit_time, j.job_id)):
         job_id = job.job_id
         if job.hold:
@@ -463,6 +466,9 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             waiting[job_id] = cached[1]
             continue
         name = job.partition
+        if name in stalled:
+            waiting[job_id] = Reason.PRIORITY
+            continue
         end = now + job.time_limit_s if job.time_limit_s else INF
         if state.up_count[name] < job.num_nodes:
             reason = Reason.NODES_DRAINED if state.up_count[name] + state.drained_count[name] >= job.num_nodes \
@@ -479,6 +485,8 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             generation += 1
             continue
         reason = Reason.RESOURCES
+        if not backfill:
+            stalled.add(name)
         if state.res_start and state.count_fitting(name, job.gpus_per_node) >= job.num_nodes \
                 and state.place(job, name, end, respect=False) is not None:
             reason = Reason.PRIORITY
