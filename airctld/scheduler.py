@@ -51,6 +51,7 @@ class FreeNode:
 class Reservation:
     job_id: int
     start: float
+    end: float               # start plus the job's time limit (inf without one)
     nodes: tuple[str, ...]
     gpus_per_node: int
     cpus_per_node: int
@@ -162,6 +163,7 @@ class _Pass:
         self.res_start: dict[str, float] = {}
         self.res_gpus: dict[str, int] = {}
         self.res_cpus: dict[str, int] = {}
+        self.res_until: dict[str, float] = {}   # when the last reservation on the node ends
         self.spare_gpus: dict[str, int] = {}
         self.spare_cpus: dict[str, int] = {}
         self._releases: dict[str, list[tuple[float, int, int]]] | None = None
@@ -171,6 +173,8 @@ class _Pass:
         self.used_qos_account: dict[tuple[str, str], int] = {}
         self.used_account: dict[str, int] = {}
         self.array_running: dict[int, int] = {}
+        self.any_limit = bool(limits.account_max_gpus) or any(
+            q.max_gpus_per_user or q.max_gpus_per_account for q in limits.qos.values())
         for job in active:
             self.charge(job)
 
@@ -189,6 +193,8 @@ class _Pass:
             self.array_running[job.array_job_id] = self.array_running.get(job.array_job_id, 0) + 1
 
     def over_limit(self, job: Job) -> Reason | None:
+        if not self.any_limit and not job.array_job_id:
+            return None
         limits = self.limits
         gpus = job.num_nodes * job.gpus_per_node
         if job.array_job_id and job.request.array_max_running and \
@@ -320,19 +326,26 @@ class _Pass:
         return g, c
 
     def available_from(self, name: str, gpus: int, cpus: int) -> float:
-        """The earliest time the node has `gpus` and `cpus` free beyond what reservations hold."""
+        """The earliest time the node has `gpus` and `cpus` for another reservation: beside the
+        reservations it has (their resources counted as held from then on), or after they end."""
         node = self.free[name]
-        need_g = gpus + self.res_gpus.get(name, 0)
-        need_c = cpus + self.res_cpus.get(name, 0)
+        held_g, held_c = self.res_gpus.get(name, 0), self.res_cpus.get(name, 0)
+        until = self.res_until.get(name, self.now)
         g, c = len(node.gpus), node.cpus
-        if g >= need_g and c >= need_c:
+        beside = after = INF
+        if g >= gpus + held_g and c >= cpus + held_c:
             return self.now
+        if g >= gpus and c >= cpus:
+            after = until
         for t, rg, rc in self.releases().get(name, ()):
             g += rg
             c += rc
-            if g >= need_g and c >= need_c:
-                return t
-        return INF
+            if beside == INF and g >= gpus + held_g and c >= cpus + held_c:
+                beside = t
+                break
+            if after == INF and g >= gpus and c >= cpus:
+                after = max(t, until)
+        return min(beside, after)
 
     def reserve(self, job: Job, part: str) -> Reservation | None:
         n, g, c = job.num_nodes, job.gpus_per_node, job.cpus_per_node
@@ -357,15 +370,18 @@ class _Pass:
         if len(chosen) < n:
             return None
         start = max(t for t, _ in chosen)
+        end = start + job.time_limit_s if job.time_limit_s else INF
         names = tuple(name for _, name in chosen)
         for name in names:
             self.res_gpus[name] = self.res_gpus.get(name, 0) + g
             self.res_cpus[name] = self.res_cpus.get(name, 0) + c
             self.res_start[name] = min(self.res_start.get(name, INF), start)
+            self.res_until[name] = max(self.res_until.get(name, self.now), end)
+            # what backfill may use past the first reservation: free then, less all that is reserved
             fg, fc = self.free_at(name, self.res_start[name])
             self.spare_gpus[name] = fg - self.res_gpus[name]
             self.spare_cpus[name] = fc - self.res_cpus[name]
-        return Reservation(job.job_id, start, names, g, c)
+        return Reservation(job.job_id, start, end, names, g, c)
 
     # ---------------------------------------------------------------- preemption
 

@@ -101,10 +101,10 @@ def test_backfill_never_delays_a_reservation(case):
                 for a in alloc]
     by_name = {n.name: n for n in nodes}
     # each reservation, at its start, finds on each of its nodes what it and the reservations made
-    # before it (higher priority) that have started by then need, with every job started now counted
+    # before it (higher priority) that hold the node then need, with every job started now counted
     for k, r in enumerate(plan.reservations):
         for name in r.nodes:
-            before = [q for q in plan.reservations[:k + 1] if name in q.nodes and q.start <= r.start]
+            before = [q for q in plan.reservations[:k + 1] if name in q.nodes and q.start <= r.start < q.end]
             busy_g = sum(len(a.gpus) for end, a in running if a.node == name and end > r.start)
             busy_c = sum(a.cpus for end, a in running if a.node == name and end > r.start)
             assert len(by_name[name].gpus) - busy_g >= sum(q.gpus_per_node for q in before)
