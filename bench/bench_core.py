@@ -13,7 +13,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from multiprocessing import get_context
 from pathlib import Path

@@ -1,6 +1,5 @@
 """Node health on a real cluster: injected GPU faults, a fake InfiniBand sysfs tree, a health program."""
 import os
-import stat
 
 import pytest
 

@@ -1,0 +1,185 @@
+"""The controller's dealings with node daemons: registration, heartbeats (exits, liveness, health
+events), admin drain and resume, fault injection, and the node views airinfo shows.
+
+A mixin of Controller: it works on the controller's state under the controller's lock, and
+follows the same order (pure transition, store transaction, memory, then act).
+"""
+from __future__ import annotations
+
+import logging
+
+from airctld import events, scheduler
+from airctld.errors import Conflict, Denied, InvalidRequest, NotFound
+from airctld.model import Job, Node, evolve
+from protos import air_pb2 as pb
+from protos.credential import Identity
+from protos.states import ACTIVE_PHASES, JobPhase, NodeState, Reason
+
+log = logging.getLogger("airctld")
+
+CONTROLLER_UID = -1   # "who" in event rows for changes the controller made on its own
+MISSES_BEFORE_LOST = 2
+
+
+class NodeReports:
+    def node_views(self) -> list[pb.Node]:
+        with self._lock:
+            active = self.jobs.active()
+            free = scheduler.free_resources(self.nodes.values(), active)
+            running = {}
+            for job in active:
+                for a in job.allocation:
+                    running[a.node] = running.get(a.node, 0) + 1
+            views = []
+            for nc in self.config.nodes:
+                n = self.nodes[nc.name]
+                views.append(pb.Node(
+                    name=n.name, address=n.address, cpus=n.cpus, memory_mb=n.memory_mb, gpus=n.gpus,
+                    state=n.state, reason=n.reason, last_heartbeat=n.last_heartbeat,
+                    partitions=[p.name for p in self.config.partitions if n.name in p.nodes],
+                    gpus_alloc=len(n.gpus) - len(free[n.name].gpus), cpus_alloc=n.cpus - free[n.name].cpus,
+                    jobs_running=running.get(n.name, 0)))
+            return views
+
+
+    # ------------------------------------------------------------ node daemons
+
+    def register(self, info: pb.Node) -> None:
+        nc = self.config.node(info.name)
+        if nc is None:
+            raise NotFound(f"node {info.name} is not in the configuration {self.config.path}")
+        now = self.clock()
+        with self._lock:
+            old = self.nodes[info.name]
+            node = Node(name=info.name, address=info.address, cpus=info.cpus, memory_mb=info.memory_mb,
+                        gpus=tuple(info.gpus), state=NodeState.DRAIN if old.state == NodeState.DRAIN else NodeState.UP,
+                        reason=old.reason if old.state == NodeState.DRAIN else "", last_heartbeat=now)
+            with self.store.transaction():
+                self.store.save_node(node)
+            self.nodes[info.name] = node
+            self._dirty = True
+        log.info("node %s registered from %s: %d cpus, %d gpus", info.name, info.address, info.cpus,
+                 len(info.gpus))
+        self._wake.set()
+
+    def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        now = self.clock()
+        with self._lock:
+            node = self.nodes.get(req.name)
+            if node is None or node.state not in (NodeState.UP, NodeState.DRAIN):
+                return pb.HeartbeatReply(reregister=True)
+            self.nodes[req.name] = evolve(node, last_heartbeat=now)
+            reported = {e.job_id for e in req.exits}
+            changes = []
+            for e in req.exits:
+                job = self.jobs.get(e.job_id)
+                if job is not None and job.phase in ACTIVE_PHASES and job.batch_node == req.name:
+                    changes.append((job, events.finished(job, now, e.exit_code, e.exit_signal, e.detail,
+                                                         e.launch_failed)))
+            running = set(req.running)
+            for job in self.jobs.active():
+                if job.batch_node != req.name or job.job_id in running or job.job_id in reported \
+                        or job.job_id in self._launching:
+                    self._misses.pop(job.job_id, None)
+                    continue
+                misses = self._misses[job.job_id] = self._misses.get(job.job_id, 0) + 1
+                if misses >= MISSES_BEFORE_LOST and job.phase == JobPhase.COMPLETING:
+                    changes.append((job, events.finished(job, now, 0, 0)))  # stopped before it ran
+                elif misses >= MISSES_BEFORE_LOST:
+                    changes.append((job, events.node_lost(job, now, Reason.JOB_LOST,
+                                                     f"node {req.name} no longer has the job")))
+            if req.health:
+                changes += self._health(node, req.health, now, {old.job_id for old, _ in changes})
+            self._commit(changes, now, CONTROLLER_UID)
+            kill = [i for i in running if (j := self.jobs.get(i)) is None
+                    or j.phase in (JobPhase.DONE, JobPhase.PENDING)]   # ended, or requeued meanwhile
+        if changes:
+            self._wake.set()
+        return pb.HeartbeatReply(acked=sorted(reported), kill=kill)
+
+    def _health(self, node: Node, health, now: float, already: set[int]) -> list[tuple[Job, Job]]:
+        """Record a node's health events; a critical one drains the node and ends the jobs on the
+        failing GPU (every job on the node, for a node-wide fault) as NODE_FAIL."""
+        critical = [e for e in health if e.critical]
+        node = self.nodes[node.name]
+        with self.store.transaction():
+            self.store.add_node_events(node.name, health)
+            if critical and node.state == NodeState.UP:
+                first = critical[0]
+                where = f"GPU {first.gpu}" if first.gpu >= 0 else "node"
+                node = evolve(node, state=NodeState.DRAIN, reason=f"{where}: {first.signal} ({first.message})")
+                self.store.save_node(node)
+                self.nodes[node.name] = node
+                log.warning("node %s drained: %s", node.name, node.reason)
+        changes = []
+        for event in critical:
+            for job in self.jobs.active():
+                if job.job_id in already:
+                    continue
+                mine = [a for a in job.allocation if a.node == node.name]
+                if mine and (event.gpu < 0 or event.gpu in mine[0].gpus):
+                    where = f"GPU {event.gpu} of {node.name}" if event.gpu >= 0 else node.name
+                    changes.append((job, events.node_lost(job, now, Reason.NODE_FAIL,
+                                                          f"{where}: {event.signal} ({event.message})")))
+                    already.add(job.job_id)
+        for old, _ in changes:
+            self._send_signal(old, 0)
+        return changes
+
+    def update_node(self, name: str, state: NodeState, reason: str, who: Identity) -> None:
+        if not self.policy.is_operator(who):
+            raise Denied("only root and operators may drain or resume nodes")
+        with self._lock:
+            node = self.nodes.get(name)
+            if node is None:
+                raise NotFound(f"node {name} does not exist")
+            if state == NodeState.DRAIN:
+                new = evolve(node, state=NodeState.DRAIN, reason=reason or f"drained by uid {who.uid}")
+            elif state == NodeState.UP:
+                if node.state != NodeState.DRAIN:
+                    raise Conflict(f"node {name} is {node.state.name.lower()}; only a drained node can be resumed")
+                new = evolve(node, state=NodeState.UP, reason="")
+            else:
+                raise InvalidRequest("a node can be set to DRAIN or UP")
+            with self.store.transaction():
+                self.store.save_node(new)
+                self.store.add_node_events(name, [pb.HealthEvent(
+                    gpu=-1, signal="admin", message=f"{new.state.name} by uid {who.uid}: {reason}",
+                    time=self.clock())])
+            self.nodes[name] = new
+            self._dirty = True
+        self._wake.set()
+
+    def inject_fault(self, fault: pb.FaultRequest, who: Identity) -> None:
+        if not self.policy.is_operator(who):
+            raise Denied("only root and operators may inject faults")
+        node = self.nodes.get(fault.node)
+        if node is None:
+            raise NotFound(f"node {fault.node} does not exist")
+        self.clients.inject_fault(node.address, fault)
+
+    def _check_liveness(self, now: float) -> None:
+        timeout = self.config.controller.node_timeout_s
+        with self._lock:
+            silent = [n for n in self.nodes.values()
+                      if n.state in (NodeState.UP, NodeState.DRAIN) and now - n.last_heartbeat > timeout]
+            if not silent:
+                return
+            names = {n.name for n in silent}
+            changes = []
+            for job in self.jobs.active():
+                down = names.intersection(job.node_names)
+                if down:
+                    changes.append((job, events.node_lost(job, now, Reason.NODE_FAIL,
+                                                          f"node {sorted(down)[0]} stopped responding")))
+            with self.store.transaction():
+                for n in silent:
+                    node = evolve(n, state=NodeState.DOWN, reason=f"not responding for over {timeout:g} s")
+                    self.store.save_node(node)
+                    self.nodes[n.name] = node
+                self._dirty = True
+                self._commit(changes, now, CONTROLLER_UID)
+        for n in silent:
+            log.warning("node %s is DOWN: silent for over %g s", n.name, timeout)
+        for old, _ in changes:  # the rest of the job may still run on nodes that are up
+            self._send_signal(old, 0)
