@@ -424,8 +424,20 @@ def _fits_in(groups, n: int, switches: int) -> bool:
     return sum(len(g) for _, g in groups[:switches]) >= n
 
 
-def _order(job: Job, priority: Mapping[int, int]) -> tuple:
-    return (-priority.get(job.job_id, job.priority), job.submit_time, job.job_id)
+def _held_back(job: Job, blocked: Mapping[int, Reason], partitions: Mapping[str, PartitionConfig],
+               state: _Pass) -> Reason | None:
+    """Why the job waits whatever the resources: held, a dependency, its partition, a limit."""
+    if job.hold:
+        return Reason.JOB_HELD_USER
+    reason = blocked.get(job.job_id)
+    if reason is not None:
+        return reason
+    part = partitions.get(job.partition)
+    if part is None or not part.up:
+        return Reason.PARTITION_DOWN
+    if part.accounts and (job.request.account or "default") not in part.accounts:
+        return Reason.ACCOUNT_NOT_ALLOWED
+    return state.over_limit(job)
 
 
 def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapping[str, PartitionConfig], *,
@@ -454,21 +466,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     stalled: set[str] = set()   # partitions held back by a waiting job, when backfill is off
     for job in sorted(pending, key=lambda j: (-pri_get(j.job_id, j.priority), j.submit_time, j.job_id)):
         job_id = job.job_id
-        if job.hold:
-            waiting[job_id] = Reason.JOB_HELD_USER
-            continue
-        reason = blocked.get(job_id)
-        if reason is not None:
-            waiting[job_id] = reason
-            continue
-        part = partitions.get(job.partition)
-        if part is None or not part.up:
-            waiting[job_id] = Reason.PARTITION_DOWN
-            continue
-        if part.accounts and (job.request.account or "default") not in part.accounts:
-            waiting[job_id] = Reason.ACCOUNT_NOT_ALLOWED
-            continue
-        reason = state.over_limit(job)
+        reason = _held_back(job, blocked, partitions, state)
         if reason is not None:
             waiting[job_id] = reason
             continue
