@@ -56,10 +56,25 @@ def test_short_forms_gres_flags_and_values():
     (["--hold=yes"], "--hold takes no value"),
     (["--gres=fpga:1"], "only gpu"),
     (["stray"], "unexpected argument 'stray'"),
+    (["--array=9-1"], "empty range"),
+    (["--switches=x"], "give N"),
+    (["--switches=2@soon"], "--switches: time 'soon'"),
+    (["--signal=FOO"], "unknown signal 'FOO'"),
+    (["--signal=USR1@x"], "whole seconds"),
+    (["--nice=low"], "--nice='low': give a whole number"),
 ])
 def test_bad_values_are_named(tokens, message):
     with pytest.raises(OptionError, match=message):
         parse_tokens(tokens)
+
+
+def test_scheduling_options():
+    assert parse_tokens(["--qos=high", "--nice=-5", "-a", "0-9%2", "--switches=1@10:00", "--signal=B:USR1@90",
+                         "-d", "afterok:1?singleton"]) == {
+        "qos": "high", "nice": -5, "array": "0-9%2", "switches": (1, 600), "signal": (10, 90, True),
+        "dependency": "afterok:1?singleton"}
+    assert parse_tokens(["--signal=TERM"]) == {"signal": (15, 60, False)}
+    assert parse_tokens(["--switches=2"]) == {"switches": (2, 0)}
 
 
 def test_environment_input_variables():
