@@ -96,7 +96,7 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         time_limit_s=values.get("time", 0), output=values.get("output", ""), error=values.get("error", ""),
         workdir=workdir, environment=env, hold=bool(values.get("hold")),
         dependency=values.get("dependency", ""), qos=values.get("qos", ""), nice=values.get("nice", 0),
-        array=values.get("array", ""),
+        array=values.get("array", ""), begin_time=values.get("begin", 0.0),
         no_requeue=bool(values.get("no_requeue")) and not values.get("requeue"), retries=values.get("retries", 0))
     if "switches" in values:
         req.switches, req.switches_wait_s = values["switches"]

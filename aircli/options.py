@@ -52,6 +52,8 @@ OPTIONS: tuple[Opt, ...] = (
         help="job array indices: 0-99, 1,5,9, 0-99:4, with %N to run at most N at once"),
     Opt("switches", "--switches", None, "switches", help="N[@TIME]: at most N leaf switches, waiting up to TIME"),
     Opt("signal", "--signal", None, "signal", help="[B:]SIG[@SECONDS]: send SIG this long before the time limit"),
+    Opt("begin", "--begin", "-b", "begin", help="start no earlier than: now+N[s|m|h|d], HH:MM[:SS] or "
+        "YYYY-MM-DDTHH:MM[:SS]"),
     Opt("requeue", "--requeue", None, "flag", help="may be requeued (the default)"),
     Opt("no_requeue", "--no-requeue", None, "flag", help="never requeue: a node failure ends the job"),
     Opt("retries", "--retries", None, "count", help="requeue after a failure of its own, up to N times"),
@@ -94,6 +96,8 @@ def convert(opt: Opt, value: str | None) -> object:
             raise OptionError(f"{opt.long}: {e}") from None
     if opt.kind == "signal":
         return parse_signal(value)
+    if opt.kind == "begin":
+        return parse_begin(value)
     if opt.kind == "time":
         try:
             return parse_duration(value)
@@ -110,6 +114,35 @@ def convert(opt: Opt, value: str | None) -> object:
             raise OptionError(f"{opt.long}={value!r}: give a GPU count, such as 4 or h100:4")
         return int(count)
     return value
+
+
+def parse_begin(value: str, now: float | None = None) -> float:
+    """--begin: now+N[s|m|h|d] (seconds by default), HH:MM[:SS] (today, or tomorrow once past), or
+    YYYY-MM-DDTHH:MM[:SS], in local time. Returns seconds since the epoch."""
+    import time as clock
+    now = clock.time() if now is None else now
+    text = value.strip()
+    if text.startswith("now"):
+        rest = text[3:]
+        if not rest:
+            return now
+        m = re.fullmatch(r"\+(\d+)([smhd]?)", rest)
+        if m:
+            return now + int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    for form in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d"):
+        try:
+            return clock.mktime(clock.strptime(text, form))
+        except ValueError:
+            pass
+    for form in ("%H:%M:%S", "%H:%M"):
+        try:
+            t = clock.strptime(text, form)
+        except ValueError:
+            continue
+        today = clock.localtime(now)
+        when = clock.mktime((today.tm_year, today.tm_mon, today.tm_mday, t.tm_hour, t.tm_min, t.tm_sec, 0, 0, -1))
+        return when if when > now else when + 86400
+    raise OptionError(f"--begin={value!r}: give now+N[s|m|h|d], HH:MM[:SS] or YYYY-MM-DDTHH:MM[:SS]")
 
 
 def parse_signal(value: str) -> tuple[int, int, bool]:

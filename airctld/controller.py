@@ -69,6 +69,7 @@ class Controller(NodeReports):
                 self._arrays.setdefault(job.array_job_id, []).append(job.job_id)
         self._warned: set[int] = set()
         self._last_pass = 0.0
+        self._due = float("inf")   # when a pending job's --begin time comes
         self._pass_seconds = 0.0
 
     # ------------------------------------------------------------ the loop
@@ -442,11 +443,12 @@ class Controller(NodeReports):
         a job cancelled or a node lost during planning is checked again before it starts.
         """
         with self._lock:
-            if not self._dirty and now - self._last_pass < FULL_PASS_EVERY_S:
+            if not self._dirty and now - self._last_pass < FULL_PASS_EVERY_S and now < self._due:
                 return
             self._dirty = False
             self._last_pass = now
             pending = self.jobs.schedulable()  # held jobs keep the JobHeldUser reason set at submit
+            self._due = min((j.request.begin_time for j in pending if j.request.begin_time > now), default=float("inf"))
             if not pending:
                 return
             active = self.jobs.active()

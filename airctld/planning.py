@@ -42,7 +42,7 @@ class Planner:
         fs = {k: s.fairshare for k, s in shares.items() if k[1]}
         self.model = PriorityModel(self.config.scheduler, self.partitions, self.qos, fs, *capacity)
         priority = self.model.priorities(pending, now)
-        blocked = self._blocked(pending, all_jobs, lookup)
+        blocked = self._blocked(pending, all_jobs, lookup, now)
         chains, quotas = accounting.account_chains()
         limits = scheduler.Limits(qos=self.qos, default_qos=self.config.scheduler.default_qos,
                                   account_chain=chains, account_max_gpus=quotas)
@@ -72,10 +72,11 @@ class Planner:
         return out
 
     def _blocked(self, pending: list[Job], all_jobs: Iterable[Job],
-                 lookup: Callable[[int], list[tuple[JobPhase, JobResult]]]) -> dict[int, Reason]:
-        waiting = [(j, d) for j in pending if (d := self.dependency(j)) is not None]
+                 lookup: Callable[[int], list[tuple[JobPhase, JobResult]]], now: float) -> dict[int, Reason]:
+        out = {j.job_id: Reason.BEGIN_TIME for j in pending if j.request.begin_time > now}
+        waiting = [(j, d) for j in pending if (d := self.dependency(j)) is not None and j.job_id not in out]
         if not waiting:
-            return {}
+            return out
         singles: dict[tuple[str, str], int] = {}
         if any(d.singleton for _, d in waiting):
             for j in all_jobs:
@@ -84,7 +85,6 @@ class Planner:
             for j, d in sorted(waiting, key=lambda jd: (jd[0].submit_time, jd[0].job_id)):
                 if d.singleton:
                     singles.setdefault((j.user, j.name), j.job_id)
-        out = {}
         for job, dep in waiting:
             free = singles.get((job.user, job.name)) == job.job_id
             state = deps.evaluate(dep, lookup, free)

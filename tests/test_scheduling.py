@@ -178,6 +178,19 @@ def _shares(cluster):
     return json.loads(cluster.cli("airshare", "--json").stdout)["shares"]
 
 
+def test_begin_time_holds_a_job_until_then(cluster):
+    began = time.time()
+    job = cluster.submit(cluster.write_script("later.sh", "#!/bin/sh\ndate +%s.%N\n"), "--begin=now+3",
+                         "-o", "later-%j.out")
+    assert cluster.job(job)["reason"] in ("BeginTime", "None")
+    wait_for(lambda: cluster.job(job)["reason"] == "BeginTime", timeout=5, what="the BeginTime reason")
+    cluster.wait_state(job, "COMPLETED", timeout=20)
+    started = float((cluster.work / f"later-{job}.out").read_text())
+    assert 3 <= started - began < 6
+    bad = cluster.cli("airbatch", "--begin=tomorrowish", str(_sleeper(cluster)), check=False)
+    assert bad.returncode == 1 and "--begin='tomorrowish': give now+N" in bad.stderr
+
+
 def test_time_limit_warning_signal_then_timeout(cluster):
     script = cluster.write_script("warned.sh", "#!/bin/bash\ntrap 'echo warned at $SECONDS' USR1\n"
                                   "for i in $(seq 100); do sleep 0.2; done\n")
