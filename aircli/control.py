@@ -139,18 +139,21 @@ def node_resume(name, config):
 @click.option("--ecc-dbe", is_flag=True, help="an uncorrectable ECC error on --gpu")
 @click.option("--nvlink-down", type=click.IntRange(0), help="NVLink link number that goes down on --gpu")
 @click.option("--ib-down", metavar="DEVICE/PORT", help="an InfiniBand port that goes down, e.g. mlx5_0/1")
+@click.option("--temp", type=click.IntRange(-50, 200), help="--gpu's temperature in C from now on")
 @click.option("--config", hidden=True)
-def node_fault(name, gpu, xid, ecc_dbe, nvlink_down, ib_down, config):
+def node_fault(name, gpu, xid, ecc_dbe, nvlink_down, ib_down, temp, config):
     """Inject a hardware fault into a node with simulated GPUs (for tests and drills)."""
     from aircli.client import Client
     from protos import air_pb2 as pb
-    if not (xid or ecc_dbe or nvlink_down is not None or ib_down):
-        raise CliError("say which fault: --xid, --ecc-dbe, --nvlink-down or --ib-down")
-    if (xid or ecc_dbe or nvlink_down is not None) and gpu < 0:
+    if not (xid or ecc_dbe or nvlink_down is not None or ib_down or temp is not None):
+        raise CliError("say which fault: --xid, --ecc-dbe, --nvlink-down, --ib-down or --temp")
+    if (xid or ecc_dbe or nvlink_down is not None or temp is not None) and gpu < 0:
         raise click.BadParameter("GPU faults need --gpu", param_hint="'--gpu'")
     fault = pb.FaultRequest(node=name, gpu=gpu, xid=xid or 0, ecc_dbe=ecc_dbe, ib_down=ib_down or "")
     if nvlink_down is not None:
         fault.nvlink_down = nvlink_down
+    if temp is not None:
+        fault.temperature_c = temp
     Client(config).call("InjectFault", fault)
 
 
@@ -237,13 +240,18 @@ def local():
 @click.option("--operator", "operators", multiple=True, help="a user or @group who may act on any job")
 @click.option("--private-jobs", is_flag=True, help="airq shows others' jobs only to root and operators")
 @click.option("--health-program", default="", help="run on every node each second; non-zero exit drains it")
+@click.option("--max-gpu-temp", default=85, show_default=True, type=click.IntRange(0, 200),
+              help="a GPU hotter than this (C) drains its node; 0: no limit")
+@click.option("--health-auto-resume", is_flag=True,
+              help="nodes drained by a condition that clears return by themselves once it has")
 def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_timeout, auth, munge_socket,
-             extra_config, operators, private_jobs, health_program):
+             extra_config, operators, private_jobs, health_program, max_gpu_temp, health_auto_resume):
     from aircli.local import up
     extra = Path(extra_config).read_text() if extra_config else ""
     config = up(Path(directory), nodes, gpus_per_node, cpus_per_node, base_address, node_timeout,
                 auth=auth, munge_socket=munge_socket, extra=extra, operators=operators,
-                private_jobs=private_jobs, health_program=health_program)
+                private_jobs=private_jobs, health_program=health_program, max_gpu_temp_c=max_gpu_temp,
+                health_auto_resume=health_auto_resume)
     click.echo(f"local cluster up: {nodes} nodes with {gpus_per_node} GPUs each; logs in {config.parent / 'log'}")
     click.echo(f"export AIR_CONF={config}")
 

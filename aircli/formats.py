@@ -341,6 +341,12 @@ def node_keyvalues(node: pb.Node) -> list[str]:
         [f"Partitions={','.join(node.partitions) or '(null)'}", f"RunningJobs={node.jobs_running}"],
         [f"LastHeartbeat={_timestamp(node.last_heartbeat)}"],
     ]
+    status = {s.index: s for s in node.gpu_status}
     for g in node.gpus:
-        lines.append([f"Gpu{g.index}={g.name}", f"UUID={g.uuid}", f"MemoryMB={g.memory_mb}"])
+        line = [f"Gpu{g.index}={g.name}", f"UUID={g.uuid}", f"MemoryMB={g.memory_mb}"]
+        s = status.get(g.index)
+        if s is not None:
+            line += [f"Util={s.utilization}%", f"Temp={s.temperature_c}C", f"Power={s.power_w:.0f}W",
+                     f"MemUsedMB={s.memory_used_mb}"]
+        lines.append(line)
     return ["   " * (i > 0) + " ".join(parts) for i, parts in enumerate(lines)]

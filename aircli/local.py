@@ -18,7 +18,7 @@ NODE_PORT = 6818
 def write_config(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int,
                  base_address: str, node_timeout_s: float, auth: str = "none", munge_socket: str = "",
                  extra: str = "", operators: tuple = (), private_jobs: bool = False,
-                 health_program: str = "") -> Path:
+                 health_program: str = "", max_gpu_temp_c: int = 85, health_auto_resume: bool = False) -> Path:
     base = ipaddress.ip_address(base_address)
     if not base.is_loopback:
         raise CliError(f"--base-address {base_address} is not a loopback address")
@@ -54,6 +54,8 @@ spool_dir = "{directory / 'spool' / '%n'}"
 ib_sysfs = "{directory / 'ib' / '%n'}"
 health_program = "{health_program}"
 health_interval_s = 1.0
+max_gpu_temp_c = {max_gpu_temp_c}
+health_auto_resume = {"true" if health_auto_resume else "false"}
 
 [[partitions]]
 name = "gpu"
@@ -76,14 +78,16 @@ def _spawn(args: list[str], log: Path, env: dict) -> int:
 
 def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base_address: str,
        node_timeout_s: float, wait_s: float = 60.0, auth: str = "none", munge_socket: str = "",
-       extra: str = "", operators: tuple = (), private_jobs: bool = False, health_program: str = "") -> Path:
+       extra: str = "", operators: tuple = (), private_jobs: bool = False, health_program: str = "",
+       max_gpu_temp_c: int = 85, health_auto_resume: bool = False) -> Path:
     directory = directory.resolve()
     (directory / "log").mkdir(parents=True, exist_ok=True)
     pids_file = directory / "pids"
     if pids_file.exists() and any(_alive(p) for p in _pids(pids_file)):
         raise CliError(f"a local cluster is already running in {directory}; run aircontrol local down first")
     config = write_config(directory, nodes, gpus_per_node, cpus_per_node, base_address, node_timeout_s,
-                          auth, munge_socket, extra, operators, private_jobs, health_program)
+                          auth, munge_socket, extra, operators, private_jobs, health_program, max_gpu_temp_c,
+                          health_auto_resume)
     from airctld.config import load
     cfg = load(str(config))
     env = dict(os.environ, AIR_CONF=str(config))

@@ -21,7 +21,8 @@ class Opt:
     dest: str
     long: str
     short: str | None = None
-    kind: str = "str"          # str, count (positive int), int, time, gpus, gres, flag, array, switches, signal
+    kind: str = "str"          # str, count (positive int), int, time, gpus, gres, flag, array, switches, signal,
+    #                            begin, size (MB)
     env: tuple[str, ...] = ()
     help: str = ""
 
@@ -52,6 +53,8 @@ OPTIONS: tuple[Opt, ...] = (
         help="job array indices: 0-99, 1,5,9, 0-99:4, with %N to run at most N at once"),
     Opt("switches", "--switches", None, "switches", help="N[@TIME]: at most N leaf switches, waiting up to TIME"),
     Opt("signal", "--signal", None, "signal", help="[B:]SIG[@SECONDS]: send SIG this long before the time limit"),
+    Opt("mem", "--mem", None, "size", help="memory per node (N[K|M|G|T], default M); enforced by the job's cgroup"),
+    Opt("mem_per_gpu", "--mem-per-gpu", None, "size", help="memory per allocated GPU (N[K|M|G|T], default M)"),
     Opt("begin", "--begin", "-b", "begin", help="start no earlier than: now+N[s|m|h|d], HH:MM[:SS] or "
         "YYYY-MM-DDTHH:MM[:SS]"),
     Opt("requeue", "--requeue", None, "flag", help="may be requeued (the default)"),
@@ -98,6 +101,12 @@ def convert(opt: Opt, value: str | None) -> object:
         return parse_signal(value)
     if opt.kind == "begin":
         return parse_begin(value)
+    if opt.kind == "size":
+        m = re.fullmatch(r"(\d+)([KMGT]?)B?", value.strip().upper())
+        if not m or int(m.group(1)) == 0:
+            raise OptionError(f"{opt.long}={value!r}: give a size such as 4096, 512M or 16G")
+        scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[m.group(2)]
+        return max(1, int(int(m.group(1)) * scale))
     if opt.kind == "time":
         try:
             return parse_duration(value)

@@ -73,6 +73,9 @@ class NodeConfig:
     health_program: str = ""  # run every health_interval_s; a non-zero exit drains the node
     health_interval_s: float = 5.0
     health_timeout_s: float = 30.0
+    max_gpu_temp_c: int = 0   # a GPU above this drains the node (0: no limit)
+    health_auto_resume: bool = False   # a node drained by a condition that clears (IB port, heat, the
+    #                                    health program) returns by itself once it has; never one an admin drained
 
     @property
     def endpoint(self) -> str:

@@ -68,6 +68,7 @@ class Controller(NodeReports):
             if job.array_job_id:
                 self._arrays.setdefault(job.array_job_id, []).append(job.job_id)
         self._warned: set[int] = set()
+        self.telemetry: dict[str, list[pb.GpuStatus]] = {}   # node -> its GPUs' latest reading
         self._last_pass = 0.0
         self._due = float("inf")   # when a pending job's --begin time comes
         self._pass_seconds = 0.0

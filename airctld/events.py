@@ -41,7 +41,7 @@ def stop(job: Job, now: float, result: JobResult, reason: Reason, detail: str = 
 
 
 def exited(job: Job, now: float, exit_code: int, exit_signal: int, detail: str = "",
-           launch_failed: bool = False) -> Job:
+           launch_failed: bool = False, out_of_memory: bool = False) -> Job:
     """The batch script ended (or could not start)."""
     _require(job, JobPhase.RUNNING, JobPhase.COMPLETING, doing="record its exit")
     fields = dict(phase=JobPhase.DONE, end_time=now, exit_code=exit_code, exit_signal=exit_signal)
@@ -49,6 +49,9 @@ def exited(job: Job, now: float, exit_code: int, exit_signal: int, detail: str =
         return evolve(job, **fields)  # the result chosen when the stop was asked
     if launch_failed:
         result, reason = JobResult.FAILED, Reason.LAUNCH_FAILED
+    elif out_of_memory:
+        result, reason = JobResult.OUT_OF_MEMORY, Reason.OUT_OF_MEMORY
+        detail = detail or "the kernel killed a process of the job at its memory limit (--mem)"
     elif exit_signal:
         result, reason = JobResult.FAILED, Reason.SIGNALED
         detail = detail or f"killed by {_signal_name(exit_signal)}"
@@ -88,12 +91,12 @@ def held(job: Job, hold: bool) -> Job:
 
 
 def finished(job: Job, now: float, exit_code: int, exit_signal: int, detail: str = "",
-             launch_failed: bool = False) -> Job:
+             launch_failed: bool = False, out_of_memory: bool = False) -> Job:
     """The batch script ended: back to the queue when a requeue was asked for, or when it failed on its
     own and has retries left (--retries); otherwise done."""
     if job.phase == JobPhase.COMPLETING and job.reason in REQUEUING and job.requeue_allowed:
         return requeued(job, now, job.reason, job.reason_detail or "requeued on request")
-    done = exited(job, now, exit_code, exit_signal, detail, launch_failed)
+    done = exited(job, now, exit_code, exit_signal, detail, launch_failed, out_of_memory)
     if done.result == JobResult.FAILED and not launch_failed and job.restart_count < job.request.retries:
         return requeued(job, now, done.reason, f"exit {exit_code}:{exit_signal}; retry {job.restart_count + 1} "
                                                f"of {job.request.retries}")

@@ -91,6 +91,7 @@ class Node:
     state: NodeState = NodeState.UNKNOWN
     reason: str = ""
     last_heartbeat: float = 0.0
+    drain_signal: str = ""    # the health signal that drained it; "" when an admin did
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:

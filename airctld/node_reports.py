@@ -21,6 +21,11 @@ CONTROLLER_UID = -1   # "who" in event rows for changes the controller made on i
 MISSES_BEFORE_LOST = 2
 
 
+def clears_by_itself(signal: str) -> bool:
+    """Health signals of conditions that can pass (a port, a temperature, the admin's program)."""
+    return signal.startswith("IB ") or signal in ("thermal", "health program")
+
+
 class NodeReports:
     def node_views(self) -> list[pb.Node]:
         with self._lock:
@@ -38,7 +43,8 @@ class NodeReports:
                     state=n.state, reason=n.reason, last_heartbeat=n.last_heartbeat,
                     partitions=[p.name for p in self.config.partitions if n.name in p.nodes],
                     gpus_alloc=len(n.gpus) - len(free[n.name].gpus), cpus_alloc=n.cpus - free[n.name].cpus,
-                    jobs_running=running.get(n.name, 0)))
+                    jobs_running=running.get(n.name, 0), gpu_status=self.telemetry.get(n.name, ()),
+                    drain_signal=n.drain_signal))
             return views
 
 
@@ -53,7 +59,8 @@ class NodeReports:
             old = self.nodes[info.name]
             node = Node(name=info.name, address=info.address, cpus=info.cpus, memory_mb=info.memory_mb,
                         gpus=tuple(info.gpus), state=NodeState.DRAIN if old.state == NodeState.DRAIN else NodeState.UP,
-                        reason=old.reason if old.state == NodeState.DRAIN else "", last_heartbeat=now)
+                        reason=old.reason if old.state == NodeState.DRAIN else "", last_heartbeat=now,
+                        drain_signal=old.drain_signal if old.state == NodeState.DRAIN else "")
             with self.store.transaction():
                 self.store.save_node(node)
             self.nodes[info.name] = node
@@ -68,14 +75,17 @@ class NodeReports:
             node = self.nodes.get(req.name)
             if node is None or node.state not in (NodeState.UP, NodeState.DRAIN):
                 return pb.HeartbeatReply(reregister=True)
-            self.nodes[req.name] = evolve(node, last_heartbeat=now)
+            self.nodes[req.name] = node = evolve(node, last_heartbeat=now)
+            self.telemetry[req.name] = list(req.gpus)
+            if node.state == NodeState.DRAIN and node.drain_signal and not req.ongoing:
+                self._maybe_return(node, now)
             reported = {e.job_id for e in req.exits}
             changes = []
             for e in req.exits:
                 job = self.jobs.get(e.job_id)
                 if job is not None and job.phase in ACTIVE_PHASES and job.batch_node == req.name:
                     changes.append((job, events.finished(job, now, e.exit_code, e.exit_signal, e.detail,
-                                                         e.launch_failed)))
+                                                         e.launch_failed, e.out_of_memory)))
             running = set(req.running)
             for job in self.jobs.active():
                 if job.batch_node != req.name or job.job_id in running or job.job_id in reported \
@@ -97,6 +107,22 @@ class NodeReports:
             self._wake.set()
         return pb.HeartbeatReply(acked=sorted(reported), kill=kill)
 
+    def _maybe_return(self, node: Node, now: float) -> None:
+        """A node drained by a condition that has cleared (an IB port ACTIVE again, a GPU cooled down,
+        the health program passing) returns to service when its config allows; XID, ECC and NVLink
+        faults, and admin drains, always wait for `aircontrol node resume`."""
+        nc = self.config.node(node.name)
+        if nc is None or not nc.health_auto_resume or not clears_by_itself(node.drain_signal):
+            return
+        back = evolve(node, state=NodeState.UP, reason="", drain_signal="")
+        with self.store.transaction():
+            self.store.save_node(back)
+            self.store.add_node_events(node.name, [pb.HealthEvent(
+                gpu=-1, signal="resumed", message=f"{node.drain_signal} cleared; back in service", time=now)])
+        self.nodes[node.name] = back
+        self._dirty = True
+        log.info("node %s back in service: %s cleared", node.name, node.drain_signal)
+
     def _health(self, node: Node, health, now: float, already: set[int]) -> list[tuple[Job, Job]]:
         """Record a node's health events; a critical one drains the node and ends the jobs on the
         failing GPU (every job on the node, for a node-wide fault) as NODE_FAIL."""
@@ -107,7 +133,8 @@ class NodeReports:
             if critical and node.state == NodeState.UP:
                 first = critical[0]
                 where = f"GPU {first.gpu}" if first.gpu >= 0 else "node"
-                node = evolve(node, state=NodeState.DRAIN, reason=f"{where}: {first.signal} ({first.message})")
+                node = evolve(node, state=NodeState.DRAIN, reason=f"{where}: {first.signal} ({first.message})",
+                              drain_signal=first.signal)
                 self.store.save_node(node)
                 self.nodes[node.name] = node
                 log.warning("node %s drained: %s", node.name, node.reason)
@@ -134,11 +161,12 @@ class NodeReports:
             if node is None:
                 raise NotFound(f"node {name} does not exist")
             if state == NodeState.DRAIN:
-                new = evolve(node, state=NodeState.DRAIN, reason=reason or f"drained by uid {who.uid}")
+                new = evolve(node, state=NodeState.DRAIN, reason=reason or f"drained by uid {who.uid}",
+                             drain_signal="")
             elif state == NodeState.UP:
                 if node.state != NodeState.DRAIN:
                     raise Conflict(f"node {name} is {node.state.name.lower()}; only a drained node can be resumed")
-                new = evolve(node, state=NodeState.UP, reason="")
+                new = evolve(node, state=NodeState.UP, reason="", drain_signal="")
             else:
                 raise InvalidRequest("a node can be set to DRAIN or UP")
             with self.store.transaction():

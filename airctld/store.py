@@ -75,7 +75,12 @@ def _migrate_4(db: sqlite_utils.Database) -> None:
     db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value REAL NOT NULL)")
 
 
-MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4]
+def _migrate_5(db: sqlite_utils.Database) -> None:
+    """Which health signal drained a node, so that it may return by itself once that clears."""
+    db.execute("ALTER TABLE nodes ADD COLUMN drain_signal TEXT NOT NULL DEFAULT ''")
+
+
+MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -235,12 +240,12 @@ class Store:
     def save_node(self, node: Node) -> None:
         gpus = pb.Node(gpus=node.gpus).SerializeToString()
         self.db.execute(
-            "INSERT INTO nodes (name, address, cpus, memory_mb, gpus, state, reason, last_heartbeat) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET address=excluded.address, "
+            "INSERT INTO nodes (name, address, cpus, memory_mb, gpus, state, reason, last_heartbeat, drain_signal) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET address=excluded.address, "
             "cpus=excluded.cpus, memory_mb=excluded.memory_mb, gpus=excluded.gpus, state=excluded.state, "
-            "reason=excluded.reason, last_heartbeat=excluded.last_heartbeat",
+            "reason=excluded.reason, last_heartbeat=excluded.last_heartbeat, drain_signal=excluded.drain_signal",
             [node.name, node.address, node.cpus, node.memory_mb, gpus, int(node.state), node.reason,
-             node.last_heartbeat])
+             node.last_heartbeat, node.drain_signal])
 
     def add_node_events(self, node: str, events) -> None:
         self.db.conn.executemany(
@@ -253,13 +258,13 @@ class Store:
         return [dict(zip(("time", "gpu", "signal", "message", "critical"), r)) for r in cur]
 
     def load_nodes(self) -> list[Node]:
-        cur = self.db.execute("SELECT name, address, cpus, memory_mb, gpus, state, reason, last_heartbeat "
-                              "FROM nodes ORDER BY name")
+        cur = self.db.execute("SELECT name, address, cpus, memory_mb, gpus, state, reason, last_heartbeat, "
+                              "drain_signal FROM nodes ORDER BY name")
         out = []
-        for name, address, cpus, memory_mb, gpus, state, reason, hb in cur:
+        for name, address, cpus, memory_mb, gpus, state, reason, hb, drain_signal in cur:
             out.append(Node(name=name, address=address, cpus=cpus, memory_mb=memory_mb,
                             gpus=tuple(pb.Node.FromString(gpus).gpus), state=NodeState(state),
-                            reason=reason, last_heartbeat=hb))
+                            reason=reason, last_heartbeat=hb, drain_signal=drain_signal))
         return out
 
 

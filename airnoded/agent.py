@@ -11,6 +11,7 @@ import grpc
 import psutil
 
 from airctld.config import Config, NodeConfig
+from airnoded.cgroups import JobCgroups
 from airnoded.gpus import GpuBackend, GpuError
 from airnoded.health import HealthMonitor
 from airnoded.launcher import Launcher
@@ -30,12 +31,13 @@ class Agent:
         self.node = node
         self.gpus = gpus
         self.interval = config.controller.heartbeat_interval_s
-        self.launcher = Launcher(node.name, node.spool, self._exited)
-        self.steps = StepRunner(node.name, node.address)
+        self.cgroups = JobCgroups(node.name)
+        self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups)
+        self.steps = StepRunner(node.name, node.address, self.cgroups)
         self._exits: dict[int, pb.JobExit] = {}   # reported exits not yet acknowledged
         self._health: list[pb.HealthEvent] = []   # health events not yet delivered
         self.monitor = HealthMonitor(node.name, gpus, node.ib_root, node.health_program, node.health_interval_s,
-                                     node.health_timeout_s, self._health_event)
+                                     node.health_timeout_s, self._health_event, node.max_gpu_temp_c)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -85,7 +87,8 @@ class Agent:
             exits = list(self._exits.values())
             health = list(self._health)
         reply = self._registry.Heartbeat(
-            pb.HeartbeatRequest(name=self.node.name, running=self.launcher.running(), exits=exits, health=health),
+            pb.HeartbeatRequest(name=self.node.name, running=self.launcher.running(), exits=exits, health=health,
+                                gpus=self.monitor.latest, ongoing=self.monitor.ongoing()),
             timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
         if not reply.reregister:
             with self._lock:
@@ -105,6 +108,7 @@ class Agent:
     def stop(self) -> None:
         self._stopping.set()
         self._wake.set()
+        self.cgroups.close()
 
 
 class AgentService:

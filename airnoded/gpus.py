@@ -9,6 +9,8 @@ from protos import air_pb2 as pb
 
 SIM_NAME = "NVIDIA H100 80GB HBM3 (simulated)"
 SIM_MEMORY_MB = 81559
+SIM_IDLE_TEMP_C = 35
+SIM_IDLE_POWER_W = 70.0
 
 
 class GpuError(Exception):
@@ -26,6 +28,9 @@ class GpuBackend(Protocol):
     def faults(self, now: float) -> list[pb.HealthEvent]:
         """Critical conditions that appeared since the last call (ECC, remapped rows, NVLink)."""
 
+    def telemetry(self) -> list[pb.GpuStatus]:
+        """Utilisation, temperature, power and memory in use of every GPU, now."""
+
 
 class SimulatedGpus:
     """GPUs described by the configuration; UUIDs are stable for a node name and index."""
@@ -37,6 +42,11 @@ class SimulatedGpus:
         self._faults: list[pb.HealthEvent] = []
         self._gpus = [pb.Gpu(index=i, uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{i}.air')}",
                              name=SIM_NAME, memory_mb=SIM_MEMORY_MB) for i in range(count)]
+        self._temps = [SIM_IDLE_TEMP_C] * count
+
+    def telemetry(self) -> list[pb.GpuStatus]:
+        return [pb.GpuStatus(index=i, utilization=0, temperature_c=t, power_w=SIM_IDLE_POWER_W)
+                for i, t in enumerate(self._temps)]
 
     def inventory(self) -> list[pb.Gpu]:
         return list(self._gpus)
@@ -53,6 +63,10 @@ class SimulatedGpus:
         if fault.HasField("nvlink_down"):
             self._faults.append(pb.HealthEvent(gpu=fault.gpu, signal=f"NVLink {fault.nvlink_down} down",
                                                critical=True, time=now, message="NVLink link is down"))
+        if fault.HasField("temperature_c"):
+            if fault.gpu < 0:
+                raise GpuError("--temp needs --gpu")
+            self._temps[fault.gpu] = fault.temperature_c
         if fault.ib_down:
             self._faults.append(pb.HealthEvent(gpu=-1, signal=f"IB {fault.ib_down} DOWN", critical=True,
                                                time=now, message=f"InfiniBand port {fault.ib_down} is DOWN"))
@@ -139,6 +153,24 @@ class NvmlGpus:
                     self._links_down.add((i, link))
                     out.append(pb.HealthEvent(gpu=i, signal=f"NVLink {link} down", critical=True, time=now,
                                               message="NVLink link is down"))
+        return out
+
+    def telemetry(self) -> list[pb.GpuStatus]:
+        nvml, out = self._nvml, []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            status = pb.GpuStatus(index=i)
+            for read in (lambda: setattr(status, "utilization", nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                         lambda: setattr(status, "temperature_c",
+                                         nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
+                         lambda: setattr(status, "power_w", nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                         lambda: setattr(status, "memory_used_mb",
+                                         nvml.nvmlDeviceGetMemoryInfo(h).used // (1024 * 1024))):
+                try:
+                    read()
+                except nvml.NVMLError:   # not supported on this GPU: left at 0
+                    pass
+            out.append(status)
         return out
 
     def inventory(self) -> list[pb.Gpu]:

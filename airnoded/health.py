@@ -55,7 +55,7 @@ def ib_port_faults(root: Path) -> dict[str, str]:
 
 class HealthMonitor:
     def __init__(self, node: str, gpus, ib_root: Path | None, program: str, interval_s: float, timeout_s: float,
-                 report: Callable[[pb.HealthEvent], None]):
+                 report: Callable[[pb.HealthEvent], None], max_temp_c: int = 0):
         self.node = node
         self.gpus = gpus
         self.ib_root = ib_root
@@ -65,6 +65,9 @@ class HealthMonitor:
         self.report = report
         self._ib_down: dict[str, str] = {}
         self._program_failing = False
+        self.max_temp_c = max_temp_c
+        self._hot: set[int] = set()
+        self.latest: list[pb.GpuStatus] = []
         self._xids: dict[tuple[int, int], int] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()   # the monitor thread and fault injection both check
@@ -97,6 +100,15 @@ class HealthMonitor:
             self.report(classify_xid(gpu, xid, seen, now))
         for event in self.gpus.faults(now):
             self.report(event)
+        self.latest = self.gpus.telemetry()
+        if self.max_temp_c:
+            for status in self.latest:
+                hot = status.temperature_c > self.max_temp_c
+                if hot and status.index not in self._hot:
+                    self.report(pb.HealthEvent(gpu=status.index, signal="thermal", critical=True, time=now,
+                                               message=f"{status.temperature_c} C, over the limit of "
+                                                       f"{self.max_temp_c} C"))
+                (self._hot.add if hot else self._hot.discard)(status.index)
         if self.ib_root is not None:
             down = ib_port_faults(self.ib_root)
             for port, state in down.items():
@@ -107,6 +119,12 @@ class HealthMonitor:
             self._ib_down = down
         if self.program:
             self._run_program(now)
+
+    def ongoing(self) -> list[str]:
+        """Conditions that still hold: IB ports not ACTIVE, hot GPUs, a failing health program."""
+        with self._lock:
+            return ([f"IB {port}" for port in sorted(self._ib_down)] + [f"thermal GPU {i}" for i in sorted(self._hot)]
+                    + (["health program"] if self._program_failing else []))
 
     def _run_program(self, now: float) -> None:
         try:

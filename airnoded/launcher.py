@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -20,6 +21,7 @@ from typing import Callable
 import hostlist
 import psutil
 
+from airnoded.cgroups import JobCgroups, memory_limit_bytes
 from airnoded.procs import as_owner, exit_status, killpg
 from protos import air_pb2 as pb
 from protos.states import REASON_NAMES, Reason
@@ -28,11 +30,16 @@ log = logging.getLogger("airnoded")
 
 DEFAULT_OUTPUT = "air-%j.out"
 
-# Runs as the job's owner: enter the working directory and open the output files with the
+# GATE holds a job's first process until the daemon has put it in the job's cgroup (it writes a
+# line to the process's stdin then), so that nothing the job forks escapes the group.
+GATE = 'read -r _ || true; exec "$@" 0</dev/null'
+
+# Runs as the job's owner (after the same gate): enter the working directory and open the output files with the
 # owner's rights (so a job writes only where its owner could), then exec the script. Any
 # failure is written to the status pipe (its stdout and stderr at start, kept as fd 3); every
 # copy of the pipe is closed by the time the script runs, so the daemon reads EOF at exec.
-START_AS_OWNER = """exec 3>&1
+START_AS_OWNER = """read -r _ || true
+exec 3>&1 0</dev/null
 { cd "$1"; } 2>&3 || exit 126
 { exec >>"$2"; } 2>&3 || exit 126
 if [ -n "$3" ]; then { exec 4>>"$3"; } 2>&3 || exit 126; exec 2>&4 4>&-; else exec 2>&1; fi
@@ -122,10 +129,11 @@ ExitCallback = Callable[[pb.JobExit], None]
 
 
 class Launcher:
-    def __init__(self, node: str, spool: Path, on_exit: ExitCallback):
+    def __init__(self, node: str, spool: Path, on_exit: ExitCallback, cgroups: JobCgroups | None = None):
         self.node = node
         self.spool = spool
         self.on_exit = on_exit
+        self.cgroups = cgroups or JobCgroups(node, mode="none")
         self.jobs: dict[int, RunningJob] = {}
         self._lock = threading.Lock()
 
@@ -168,35 +176,51 @@ class Launcher:
         env = {**job_environment(job, self.node), **owner_env}
         separate_err = err_path if err_path and err_path != out_path else ""
         status_r = -1
+        here = next((a for a in job.allocation if a.node == self.node), None)
+        gated = self.cgroups.enabled
+        if gated:
+            self.cgroups.create(job.job_id, memory_limit_bytes(req.mem_per_node_mb, req.mem_per_gpu_mb,
+                                                               len(here.gpus) if here else 0))
+        stdin = subprocess.PIPE if gated else subprocess.DEVNULL
         if same_user:
-            proc = self._spawn_as_self(job, script, out_path, separate_err, env)
+            proc = self._spawn_as_self(job, script, out_path, separate_err, env, stdin, gated)
         else:
             status_r, status_w = os.pipe()
             try:
                 proc = subprocess.Popen(
                     ["/bin/sh", "-c", START_AS_OWNER, "air-job", req.workdir, out_path, separate_err,
                      str(script), *req.argv],
-                    env=env, stdin=subprocess.DEVNULL, stdout=status_w, stderr=status_w,
+                    env=env, stdin=stdin, stdout=status_w, stderr=status_w,
                     start_new_session=True, **kwargs)
             except BaseException:
                 os.close(status_r)
                 raise
             finally:
                 os.close(status_w)
+        if gated:
+            try:
+                self.cgroups.attach(job.job_id, proc.pid)
+            finally:
+                proc.stdin.write(b"\n")
+                proc.stdin.close()
         (jobdir / "pgid").write_text(f"{proc.pid}\n")
         log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
         return RunningJob(job.job_id, proc, proc.pid, status_fd=status_r)
 
     @staticmethod
-    def _spawn_as_self(job: pb.Job, script: Path, out_path: str, err_path: str, env: dict) -> subprocess.Popen:
+    def _spawn_as_self(job: pb.Job, script: Path, out_path: str, err_path: str, env: dict, stdin,
+                       gated: bool) -> subprocess.Popen:
         """A job of the daemon's own user: the daemon's rights are the owner's, so it opens the output
         itself and spares the wrapper's extra shell (about 1.3 ms a job). Failures raise OSError."""
         out = open(out_path, "ab")
+        argv = [str(script), *job.request.argv]
+        if gated:
+            argv = ["/bin/sh", "-c", GATE, "air-job"] + argv
         try:
             err = open(err_path, "ab") if err_path else None
             try:
-                return subprocess.Popen([str(script), *job.request.argv], cwd=job.request.workdir, env=env,
-                                        stdin=subprocess.DEVNULL, stdout=out,
+                return subprocess.Popen(argv, cwd=job.request.workdir, env=env,
+                                        stdin=stdin, stdout=out,
                                         stderr=err if err is not None else subprocess.STDOUT,
                                         start_new_session=True)
             finally:
@@ -213,6 +237,7 @@ class Launcher:
         status = running.process.wait()
         running.done.set()
         killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group
+        oom, peak = self._end_cgroup(running.job_id)
         with self._lock:
             self.jobs.pop(running.job_id, None)
         shutil.rmtree(self.spool / f"job{running.job_id}", ignore_errors=True)
@@ -222,7 +247,21 @@ class Launcher:
             self.on_exit(pb.JobExit(job_id=running.job_id, exit_code=code, launch_failed=True,
                                     detail=f"cannot start the job on {self.node}: {_last_line(problem)}"))
             return
-        self.on_exit(pb.JobExit(job_id=running.job_id, exit_code=code, exit_signal=sig, killed=running.killed))
+        self.on_exit(pb.JobExit(job_id=running.job_id, exit_code=code, exit_signal=sig, killed=running.killed,
+                                out_of_memory=oom, peak_memory_bytes=peak))
+
+    def _end_cgroup(self, job_id: int) -> tuple[bool, int]:
+        """Kill what is left in the job's cgroup (processes that left its process group), read whether
+        the kernel killed any for memory, and remove the group."""
+        if not self.cgroups.enabled:
+            return False, 0
+        for _ in range(50):
+            if not self.cgroups.kill(job_id):
+                break
+            time.sleep(0.02)
+        oom, peak = self.cgroups.oom_kills(job_id) > 0, self.cgroups.peak_memory(job_id)
+        self.cgroups.remove(job_id)
+        return oom, peak
 
     def kill_orphans(self) -> list[int]:
         """Kill what jobs of an earlier daemon on this node left running; it can no longer watch them.
@@ -241,6 +280,13 @@ class Launcher:
             shutil.rmtree(pgid_file.parent, ignore_errors=True)
             killed.append(job_id)
             log.warning("job %d: killed process group %d left by an earlier airnoded", job_id, pgid)
+        if self.cgroups.enabled:   # and whatever left its group but not its cgroup
+            for group in self.cgroups.base.glob("job*"):
+                job_id = int(group.name[3:])
+                if self.cgroups.kill(job_id):
+                    log.warning("job %d: killed processes left in its cgroup by an earlier airnoded", job_id)
+                    time.sleep(0.1)
+                self.cgroups.remove(job_id)
         return killed
 
     def signal(self, job_id: int, sig: int, grace_s: float, batch_only: bool = False) -> bool:
@@ -267,6 +313,7 @@ class Launcher:
     def _kill_after(self, running: RunningJob, grace_s: float) -> None:
         if not running.done.wait(grace_s):
             killpg(running.pgid, signal.SIGKILL)
+            self.cgroups.kill(running.job_id)
 
 
 def _group_is_job(pgid: int, job_id: int) -> bool:

@@ -11,6 +11,8 @@ import threading
 from typing import Iterator
 
 from airctld.steps import rank_environment
+from airnoded.cgroups import JobCgroups
+from airnoded.launcher import GATE
 from airnoded.procs import as_owner, exit_status, killpg
 from protos import air_pb2 as pb
 
@@ -22,9 +24,10 @@ class StepError(Exception):
 
 
 class StepRunner:
-    def __init__(self, node: str, address: str):
+    def __init__(self, node: str, address: str, cgroups: JobCgroups | None = None):
         self.node = node
         self.address = address
+        self.cgroups = cgroups or JobCgroups(node, mode="none")
         self._prepared: dict[tuple[int, int], pb.Step] = {}
         self._groups: dict[int, set[int]] = {}   # job id -> process groups of its running ranks
         self._lock = threading.Lock()
@@ -62,12 +65,22 @@ class StepRunner:
         events: queue.Queue = queue.Queue()
         procs: list[subprocess.Popen] = []
         kwargs, extra_env = as_owner(step.uid, step.gid)
+        group = self.cgroups.path(job_id)
+        gated = group is not None and group.is_dir()   # ranks join the job's cgroup on its batch node
+        argv = ["/bin/sh", "-c", GATE, "air-rank", *step.spec.argv] if gated else list(step.spec.argv)
         for local_rank, rank in enumerate(here.ranks):
             env = rank_environment(step, index, local_rank, {**step.spec.environment, **extra_env})
             try:
-                proc = subprocess.Popen(list(step.spec.argv), env=env, cwd=step.spec.workdir or "/",
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, start_new_session=True, **kwargs)
+                proc = subprocess.Popen(argv, env=env, cwd=step.spec.workdir or "/",
+                                        stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                        **kwargs)
+                if gated:
+                    try:
+                        self.cgroups.attach(job_id, proc.pid)
+                    finally:
+                        proc.stdin.write(b"\n")
+                        proc.stdin.close()
             except OSError as e:
                 message = f"airrun: {self.node}: cannot run {step.spec.argv[0]}: {e.strerror}\n"
                 events.put(pb.StepEvent(rank=rank, stderr=True, data=message.encode()))

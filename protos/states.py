@@ -61,6 +61,7 @@ REASON_NAMES = {
     Reason.ARRAY_TASK_LIMIT: "JobArrayTaskLimit",
     Reason.NODES_DRAINED: "NodesDrained",
     Reason.ACCOUNT_NOT_ALLOWED: "AccountNotAllowed",
+    Reason.OUT_OF_MEMORY: "OutOfMemory",
 }
 
 TERMINAL_PHASES = frozenset({JobPhase.DONE})

@@ -1,0 +1,167 @@
+"""Per-job control groups: every process of a job, however it forked or detached, in one group
+that a kill reaches, with a memory limit (--mem) and an out-of-memory count read back at the end.
+
+cgroup v2 (the unified hierarchy) where the host has it; the v1 memory controller on hosts that
+mount v1 (as this project's CI machine does); neither when the daemon is not root or the
+hierarchy cannot be written, in which case jobs are tracked by process group alone and the
+daemon says so in its log. Groups live under <root>/air/<node>/job<ID>, so several node daemons
+on one host stay apart.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+log = logging.getLogger("airnoded")
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+class JobCgroups:
+    """One node daemon's job groups. `mode` is "v2", "v1" or "none"."""
+
+    def __init__(self, node: str, root: Path = CGROUP_ROOT, mode: str | None = None):
+        self.node = node
+        self.mode = mode if mode is not None else detect(root)
+        if self.mode == "v2":
+            self.base = root / "air" / node
+        elif self.mode == "v1":
+            self.base = root / "memory" / "air" / node
+        else:
+            self.base = None
+        if self.base is not None:
+            try:
+                self.base.mkdir(parents=True, exist_ok=True)
+                if self.mode == "v2":
+                    _enable_memory(root, self.base)
+            except OSError as e:
+                log.warning("cannot create job cgroups under %s (%s); tracking jobs by process group only",
+                            self.base, e.strerror)
+                self.mode, self.base = "none", None
+        if self.mode == "none":
+            log.info("no writable cgroup hierarchy (cgroup v2, or v1 memory, as root): jobs are tracked by "
+                     "process group only and --mem is not enforced")
+        else:
+            log.info("jobs run in cgroup %s groups under %s", self.mode, self.base)
+
+    @property
+    def enabled(self) -> bool:
+        return self.base is not None
+
+    def path(self, job_id: int) -> Path | None:
+        return self.base / f"job{job_id}" if self.base is not None else None
+
+    def create(self, job_id: int, memory_bytes: int) -> Path | None:
+        """The job's group, with its memory limit (0: none); None without cgroups."""
+        path = self.path(job_id)
+        if path is None:
+            return None
+        path.mkdir(parents=True, exist_ok=True)
+        if memory_bytes:
+            if self.mode == "v2":
+                (path / "memory.max").write_text(str(memory_bytes))
+                if (path / "memory.swap.max").exists():
+                    (path / "memory.swap.max").write_text("0")
+            else:
+                (path / "memory.limit_in_bytes").write_text(str(memory_bytes))
+        return path
+
+    def attach(self, job_id: int, pid: int) -> None:
+        path = self.path(job_id)
+        if path is not None:
+            (path / "cgroup.procs").write_text(str(pid))
+
+    def pids(self, job_id: int) -> list[int]:
+        path = self.path(job_id)
+        if path is None:
+            return []
+        try:
+            return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
+
+    def kill(self, job_id: int, sig: int = signal.SIGKILL) -> int:
+        """Signal every process in the job's group; how many there were."""
+        pids = self.pids(job_id)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return len(pids)
+
+    def oom_kills(self, job_id: int) -> int:
+        """How many of the job's processes the kernel killed for memory."""
+        path = self.path(job_id)
+        if path is None:
+            return 0
+        name = "memory.events" if self.mode == "v2" else "memory.oom_control"
+        try:
+            for line in (path / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def peak_memory(self, job_id: int) -> int:
+        path = self.path(job_id)
+        if path is None:
+            return 0
+        name = "memory.peak" if self.mode == "v2" else "memory.max_usage_in_bytes"
+        try:
+            return int((path / name).read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def remove(self, job_id: int) -> None:
+        path = self.path(job_id)
+        if path is None:
+            return
+        try:
+            path.rmdir()
+        except OSError as e:   # processes still in it: they die with the next kill
+            log.warning("cannot remove cgroup %s: %s", path, e.strerror)
+
+
+    def close(self) -> None:
+        """On the daemon's way out: remove the node's folder (and air/ above it) if no job is left in it."""
+        if self.base is None:
+            return
+        for folder in (self.base, self.base.parent):
+            try:
+                folder.rmdir()
+            except OSError:
+                return
+
+
+def detect(root: Path = CGROUP_ROOT) -> str:
+    if os.geteuid() != 0:
+        return "none"
+    if (root / "cgroup.controllers").exists() and "memory" in (root / "cgroup.controllers").read_text().split():
+        return "v2"
+    if (root / "memory" / "memory.limit_in_bytes").exists() or (root / "memory" / "cgroup.procs").exists():
+        return "v1"
+    return "none"
+
+
+def _enable_memory(root: Path, base: Path) -> None:
+    """v2: the memory controller enabled down to the node's folder."""
+    here = root
+    for part in base.relative_to(root).parts:
+        control = here / "cgroup.subtree_control"
+        if control.exists() and "memory" not in control.read_text().split():
+            control.write_text("+memory")
+        here = here / part
+
+
+def memory_limit_bytes(mem_per_node_mb: int, mem_per_gpu_mb: int, gpus_here: int) -> int:
+    """--mem (per node) or --mem-per-gpu times the GPUs on this node; 0 for no limit."""
+    if mem_per_node_mb:
+        return mem_per_node_mb * 1024 * 1024
+    if mem_per_gpu_mb and gpus_here:
+        return mem_per_gpu_mb * gpus_here * 1024 * 1024
+    return 0

@@ -1,0 +1,60 @@
+"""Per-job cgroups: a memory limit that ends a job as OUT_OF_MEMORY, and a kill that reaches processes
+that left the job's process group. On a host without a writable hierarchy the daemon says so."""
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from airnoded.cgroups import JobCgroups, detect, memory_limit_bytes
+from cluster import wait_for
+
+BASE_ADDRESS = "127.0.17.1"
+MODE = detect()
+
+
+def test_limits_and_layout_on_a_cgroup_tree(tmp_path):
+    for mode, limit_file in (("v1", "memory/air/n1/job7/memory.limit_in_bytes"), ("v2", "air/n1/job7/memory.max")):
+        root = tmp_path / mode
+        root.mkdir()
+        groups = JobCgroups("n1", root=root, mode=mode)
+        groups.create(7, memory_limit_bytes(0, 512, 2))
+        assert (root / limit_file).read_text() == str(1024 * 1024 * 1024)
+        assert groups.path(7) == root / Path(limit_file).parent
+    assert memory_limit_bytes(100, 512, 2) == 100 * 1024 * 1024
+    assert memory_limit_bytes(0, 0, 8) == 0
+
+
+@pytest.mark.skipif(MODE != "none", reason="this host has a writable cgroup hierarchy; see the tests below")
+def test_without_cgroups_the_daemon_says_so(cluster):
+    logs = [p for p in (cluster.dir / "log").glob("*.log") if p.name != "airctld.log"]
+    assert logs and all("tracked by process group only" in p.read_text() for p in logs)
+
+
+@pytest.mark.skipif(MODE == "none", reason="no writable cgroup hierarchy on this host (checked by the test above)")
+def test_memory_limit_ends_the_job_out_of_memory(cluster):
+    hog = cluster.write_script("hog.sh", f"#!/bin/sh\nexec {sys.executable} -c '"
+                               "b = [bytearray(16 << 20) for _ in range(40)]; print(len(b))'\n")
+    job = cluster.submit(hog, "--mem=64M")
+    done = cluster.wait_state(job, "OUT_OF_MEMORY", "COMPLETED", "FAILED", timeout=30)
+    assert done["state"] == "OUT_OF_MEMORY" and done["reason"] == "OutOfMemory"
+    assert cluster.cli("airq", "-j", str(job), "-h", "-t", "all", "-o", "%t").stdout.strip() == "OOM"
+    fits = cluster.submit(hog, "--mem=2G")
+    assert cluster.wait_state(fits, "COMPLETED", "OUT_OF_MEMORY", "FAILED", timeout=30)["state"] == "COMPLETED"
+
+
+@pytest.mark.skipif(MODE == "none", reason="no writable cgroup hierarchy on this host (checked by the test above)")
+def test_cancel_reaches_processes_that_left_the_job_group(cluster, tmp_path):
+    marker = cluster.work / "escaped.pid"
+    script = cluster.write_script("escape.sh", f"#!/bin/sh\nsetsid sh -c 'echo $$ > {marker}; exec sleep 300' &\n"
+                                  "sleep 300\n")
+    job = cluster.submit(script)
+    cluster.wait_state(job, "RUNNING")
+    pid = int(wait_for(lambda: marker.exists() and marker.read_text().strip(), what="the escaped process"))
+    assert os.getpgid(pid) != os.getpgid(os.getpid()) and psutil.pid_exists(pid)
+    cluster.cli("aircancel", str(job))
+    cluster.wait_state(job, "CANCELLED", timeout=40)
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+             timeout=10, what="the escaped process to be killed")
