@@ -98,6 +98,7 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         dependency=values.get("dependency", ""), qos=values.get("qos", ""), nice=values.get("nice", 0),
         array=values.get("array", ""), begin_time=values.get("begin", 0.0),
         mem_per_node_mb=values.get("mem", 0), mem_per_gpu_mb=values.get("mem_per_gpu", 0),
+        hang_timeout_s=values.get("hang_timeout", 0),
         no_requeue=bool(values.get("no_requeue")) and not values.get("requeue"), retries=values.get("retries", 0))
     if "switches" in values:
         req.switches, req.switches_wait_s = values["switches"]

@@ -134,8 +134,42 @@ def compact_arrays(jobs) -> list[pb.Job]:
     return out
 
 
+def progress_of(job: pb.Job) -> dict:
+    import json
+    try:
+        return json.loads(job.progress) if job.progress else {}
+    except ValueError:
+        return {}
+
+
+def _progress_field(key: str, fmt: str) -> Callable[[pb.Job], str]:
+    def get(job: pb.Job) -> str:
+        value = progress_of(job).get(key)
+        return fmt.format(value) if value is not None else "-"
+    return get
+
+
+def _checkpoint_age(now: float) -> Callable[[pb.Job], str]:
+    """The newest checkpoint: its step and how long ago it was written ("120@45s")."""
+    def get(job: pb.Job) -> str:
+        p = progress_of(job)
+        if not p.get("checkpoint_step"):
+            return "-"
+        age = f"@{max(0, now - p['checkpoint_time']):.0f}s" if p.get("checkpoint_time") else ""
+        return f"{p['checkpoint_step']:.0f}{age}"
+    return get
+
+
+SQUEUE_LONG = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %.8s %.9L %.9k %.6f %.10c %R"
+
+
 def job_fields(now: float) -> dict[str, tuple[str, Callable[[pb.Job], object]]]:
     return {
+        "s": ("STEP", _progress_field("step", "{}")),
+        "L": ("LOSS", _progress_field("loss", "{:.4f}")),
+        "k": ("TOK/S", _progress_field("tokens_per_s", "{:.0f}")),
+        "f": ("MFU", _progress_field("mfu", "{:.1%}")),
+        "c": ("LAST_CKPT", _checkpoint_age(now)),
         "i": ("JOBID", job_id_text),
         "A": ("JOBID", lambda j: j.job_id),
         "F": ("ARRAY_JOB_ID", lambda j: j.array_job_id or j.job_id),
@@ -182,6 +216,7 @@ def job_json(job: pb.Job, now: float) -> dict:
         "last_stop_reason": REASON_NAMES[Reason(job.last_stop_reason)] if job.restart_count else None,
         "qos": job.request.qos, "priority": job.priority, "dependency": job.request.dependency,
         "array_job_id": job.array_job_id or None,
+        "progress": progress_of(job) or None, "last_progress": job.last_progress or None,
         "array_task_id": (job.array_pending_tasks or job.array_task_id) if job.array_job_id else None,
     }
 
@@ -211,6 +246,7 @@ def job_keyvalues(job: pb.Job, now: float) -> list[str]:
          f"CPUs/Task={req.cpus_per_task or 1}"],
         [f"TresPerNode={_gres(job)}", f"GpuIndices={gpus or '(null)'}"],
         [f"WorkDir={req.workdir}"],
+        [f"Progress={job.progress or '(null)'}"],
         [f"StdOut={out}"],
         [f"StdErr={err or out}"],
     ]

@@ -55,6 +55,8 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("signal", "--signal", None, "signal", help="[B:]SIG[@SECONDS]: send SIG this long before the time limit"),
     Opt("mem", "--mem", None, "size", help="memory per node (N[K|M|G|T], default M); enforced by the job's cgroup"),
     Opt("mem_per_gpu", "--mem-per-gpu", None, "size", help="memory per allocated GPU (N[K|M|G|T], default M)"),
+    Opt("hang_timeout", "--hang-timeout", None, "time", help="end the job as HUNG (requeued if allowed) when its "
+        "ranks report no progress for this long"),
     Opt("begin", "--begin", "-b", "begin", help="start no earlier than: now+N[s|m|h|d], HH:MM[:SS] or "
         "YYYY-MM-DDTHH:MM[:SS]"),
     Opt("requeue", "--requeue", None, "flag", help="may be requeued (the default)"),

@@ -69,11 +69,14 @@ def state_filter(text: str, option: str) -> tuple[list[int], list[int]]:
 @click.option("-o", "--format", "fmt", help="squeue-style %-field format")
 @click.option("--json", "as_json", is_flag=True, help="JSON for programs")
 @click.option("-r", "--array", "expand_arrays", is_flag=True, help="one line per array task")
+@click.option("-l", "--long", "long_", is_flag=True,
+              help="with running jobs' progress: STEP, LOSS, TOK/S, MFU, LAST_CKPT (from runtime reports)")
 @click.option("--priority", "show_priority", is_flag=True,
               help="pending jobs' priority factors, weighted (as sprio shows them)")
 @click.option("--start", "show_start", is_flag=True, help="pending jobs' estimated start times")
 @click.option("--config", hidden=True)
-def command(users, me, states, jobs, names, noheader, fmt, as_json, expand_arrays, show_priority, show_start, config):
+def command(users, me, states, jobs, names, noheader, fmt, as_json, expand_arrays, long_, show_priority, show_start,
+            config):
     from aircli.client import Client
     from aircli import formats
     from protos import air_pb2 as pb
@@ -93,7 +96,8 @@ def command(users, me, states, jobs, names, noheader, fmt, as_json, expand_array
         filt.phases.extend(phases)
         filt.results.extend(results)
     try:
-        items = formats.compile_format(fmt or formats.SQUEUE_DEFAULT, formats.job_fields(time.time()))
+        items = formats.compile_format(fmt or (formats.SQUEUE_LONG if long_ else formats.SQUEUE_DEFAULT),
+                                       formats.job_fields(time.time()))
     except formats.FormatError as e:
         raise click.BadParameter(str(e), param_hint="'-o'") from None
     if show_priority or show_start:
@@ -111,6 +115,7 @@ def command(users, me, states, jobs, names, noheader, fmt, as_json, expand_array
         lines = formats.table(rows, header=not noheader, left=(0, 1, 2, 3))
         sys.stdout.write("\n".join(lines) + "\n" if lines else "")
         return
+    filt.with_progress = bool(long_ or as_json or (fmt and any(f in fmt for f in ("%s", "%L", "%k", "%f", "%c"))))
     reply = Client(config).call("ListJobs", filt)
     now = time.time()
     rows = reply.jobs if expand_arrays else formats.compact_arrays(reply.jobs)

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import sys
 import threading
 
 import click
 
 from aircli.client import CliError, entry
+
+REQUEUE_EXIT = 75   # runtime.REQUEUE_EXIT: a rank checkpointed and stopped for requeue
 
 
 @click.command(context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]})
@@ -51,6 +54,13 @@ def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_
 
     out, err = sys.stdout.buffer, sys.stderr.buffer
     remaining, first_bad, streams_left = step.world_size, 0, len(calls)
+
+    def stopping(signum, frame):
+        # The ranks get the same signal from their node daemons: let them checkpoint and end on their
+        # own; leaving now would cancel the step and kill them mid-write. SIGKILL ends airrun itself.
+        err.write(b"airrun: SIGTERM: waiting for the ranks to stop\n")
+        err.flush()
+    signal.signal(signal.SIGTERM, stopping)
     try:
         while remaining and streams_left:
             kind, value = events.get()
@@ -68,7 +78,8 @@ def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_
                 code = event.exit_code or (128 + event.exit_signal if event.exit_signal else 0)
                 if code and not first_bad:
                     first_bad = code
-                    if kill_on_bad_exit and remaining:
+                    # a rank that stopped cleanly for requeue is not a failure: the others follow
+                    if kill_on_bad_exit and remaining and code != REQUEUE_EXIT:
                         err.write(f"airrun: rank {event.rank} exited with {code}; ending the step\n".encode())
                         break
                 continue

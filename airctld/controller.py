@@ -8,6 +8,7 @@ are not done and the recently done ones; the store holds all of them.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,7 @@ from airctld.store import Store
 from airctld.validate import check_request, filtered_environment
 from protos import air_pb2 as pb
 from protos.credential import Identity
-from protos.states import ACTIVE_PHASES, JobPhase, JobResult, NodeState, Reason, long_state
+from protos.states import ACTIVE_PHASES, REASON_NAMES, JobPhase, JobResult, NodeState, Reason, long_state
 
 log = logging.getLogger("airctld")
 
@@ -69,6 +70,8 @@ class Controller(NodeReports):
                 self._arrays.setdefault(job.array_job_id, []).append(job.job_id)
         self._warned: set[int] = set()
         self.telemetry: dict[str, list[pb.GpuStatus]] = {}   # node -> its GPUs' latest reading
+        self.last_progress: dict[int, float] = {}   # job -> when one of its ranks last reported
+        self.latest_report: dict[int, str] = {}     # job -> rank 0's newest report (JSON)
         self._last_pass = 0.0
         self._due = float("inf")   # when a pending job's --begin time comes
         self._pass_seconds = 0.0
@@ -308,13 +311,15 @@ class Controller(NodeReports):
             grace = self.config.scheduler.preempt_grace_s if job.reason == Reason.PREEMPTED \
                 else self.config.controller.kill_wait_s
         nodes = job.node_names[:1] if batch_only else job.node_names
+        why = REASON_NAMES[Reason(job.reason)] if signal == 0 else ("TimeLimit" if job.job_id in self._warned else "")
         for node in nodes:
             if self.nodes[node].state in (NodeState.UP, NodeState.DRAIN):
-                self._actions.submit(self._deliver_signal, node, job.job_id, signal, grace, batch_only)
+                self._actions.submit(self._deliver_signal, node, job.job_id, signal, grace, batch_only, why)
 
-    def _deliver_signal(self, node: str, job_id: int, signal: int, grace: float, batch_only: bool = False) -> None:
+    def _deliver_signal(self, node: str, job_id: int, signal: int, grace: float, batch_only: bool = False,
+                        why: str = "") -> None:
         try:
-            self.clients.signal(self.nodes[node].address, job_id, signal, grace, batch_only)
+            self.clients.signal(self.nodes[node].address, job_id, signal, grace, batch_only, why)
         except Exception as e:  # the node's liveness check ends the job if the node is gone
             log.warning("could not signal job %d on %s: %s", job_id, node, e)
 
@@ -355,8 +360,19 @@ class Controller(NodeReports):
                 if job.phase == JobPhase.DONE and job.end_time < horizon and not filt.include_old \
                         and not filt.job_ids:
                     continue
-                out.append(self.jobs.brief(job, _brief))
+                brief = self.jobs.brief(job, _brief)
+                if filt.with_progress and job.job_id in self.latest_report:
+                    brief += self._progress_fields(job.job_id)   # fields appended merge into the message
+                out.append(brief)
             return out
+
+    def _progress_fields(self, job_id: int) -> bytes:
+        return pb.Job(progress=self.latest_report.get(job_id, ""),
+                      last_progress=self.last_progress.get(job_id, 0.0)).SerializeToString()
+
+    def job_reports(self, job_id: int, who: Identity) -> list[str]:
+        self.get_job(job_id, who)   # exists, and the caller may see it
+        return self.store.reports(job_id)
 
     def get_job(self, job_id: int, who: Identity) -> Job:
         with self._lock:
@@ -420,6 +436,11 @@ class Controller(NodeReports):
             warn = [j for j in running if j.request.warn_signal and j.time_limit_s and j.job_id not in self._warned
                     and now >= j.start_time + j.time_limit_s - j.request.warn_time_s]
             over = [j for j in running if j.time_limit_s and now - j.start_time > j.time_limit_s]
+            silent = [j for j in running if j.request.hang_timeout_s and j not in over and
+                      now - max(self.last_progress.get(j.job_id, 0.0), j.start_time) > j.request.hang_timeout_s]
+            hung = self._commit([(j, events.hung(j, now, now - max(self.last_progress.get(j.job_id, 0.0),
+                                                                    j.start_time))) for j in silent],
+                                now, CONTROLLER_UID)
             changed = self._commit([(j, events.stop(j, now, JobResult.TIMEOUT, Reason.TIME_LIMIT,
                                                     "time limit reached")) for j in over], now, CONTROLLER_UID)
         for job in warn:   # --signal: the warning before the limit, once a run
@@ -427,6 +448,15 @@ class Controller(NodeReports):
             self._send_signal(job, job.request.warn_signal, batch_only=job.request.warn_batch_only)
         for job in changed:
             self._send_signal(job, 0)
+        for job in hung:   # stacks first (faulthandler on SIGUSR2 in the runtime), then the stop
+            log.warning("job %d hung: %s", job.job_id, job.reason_detail)
+            self._actions.submit(self._dump_then_stop, job)
+
+    def _dump_then_stop(self, job: Job) -> None:
+        for node in job.node_names:
+            self._deliver_signal(node, job.job_id, signal.SIGUSR2, 0.0)
+        time.sleep(1.0)
+        self._send_signal(job, 0)
 
     def _forget_old(self, now: float) -> None:
         horizon = now - self.config.controller.min_job_age_s
@@ -436,6 +466,8 @@ class Controller(NodeReports):
                     self.jobs.remove(job.job_id)
                     self.planner.forget(job.job_id)
                     self._warned.discard(job.job_id)
+                    self.last_progress.pop(job.job_id, None)
+                    self.latest_report.pop(job.job_id, None)
 
     def _schedule(self, now: float) -> None:
         """Snapshot under the lock, plan without it, apply what still holds under it.
@@ -488,6 +520,7 @@ class Controller(NodeReports):
                     self.jobs.put(evolve(job, priority=value))
             self.planner.plan = plan
             self._launching.update(j.job_id for j in started)
+            self._warned.difference_update(j.job_id for j in started)   # a new run gets its own warning
             launching = set(self._launching)
         for job in started:
             self._actions.submit(self._launch, job)

@@ -16,7 +16,8 @@ class TransitionError(Exception):
 
 
 # Stops after which a job goes back to the queue (when it allows requeue) rather than ending.
-REQUEUING = frozenset({Reason.REQUEUE_REQUESTED, Reason.PREEMPTED})
+REQUEUING = frozenset({Reason.REQUEUE_REQUESTED, Reason.PREEMPTED, Reason.HUNG})
+REQUEUE_EXIT = 75   # the runtime's exit code for "stopped cleanly for requeue" (EX_TEMPFAIL)
 
 
 def _require(job: Job, *phases: JobPhase, doing: str) -> None:
@@ -84,6 +85,13 @@ def preempted(job: Job, now: float, by: int) -> Job:
     return stop(job, now, result, Reason.PREEMPTED, f"preempted by job {by}")
 
 
+def hung(job: Job, now: float, silent_s: float) -> Job:
+    """Stop a job whose ranks stopped reporting progress: back to the queue if it allows requeue,
+    HUNG if not."""
+    result = JobResult.NONE if job.requeue_allowed else JobResult.HUNG
+    return stop(job, now, result, Reason.HUNG, f"no progress for {silent_s:.0f} s (--hang-timeout)")
+
+
 def held(job: Job, hold: bool) -> Job:
     """Hold a pending job, or release it."""
     _require(job, JobPhase.PENDING, doing="hold or release it")
@@ -91,11 +99,16 @@ def held(job: Job, hold: bool) -> Job:
 
 
 def finished(job: Job, now: float, exit_code: int, exit_signal: int, detail: str = "",
-             launch_failed: bool = False, out_of_memory: bool = False) -> Job:
+             launch_failed: bool = False, out_of_memory: bool = False, warned: bool = False) -> Job:
     """The batch script ended: back to the queue when a requeue was asked for, or when it failed on its
     own and has retries left (--retries); otherwise done."""
     if job.phase == JobPhase.COMPLETING and job.reason in REQUEUING and job.requeue_allowed:
         return requeued(job, now, job.reason, job.reason_detail or "requeued on request")
+    if job.phase == JobPhase.RUNNING and exit_code == REQUEUE_EXIT and not exit_signal and job.requeue_allowed:
+        # stopped cleanly for requeue on its own: at the time-limit warning (--signal), or told by a
+        # signal the cluster did not send
+        reason = Reason.TIME_LIMIT if warned else Reason.REQUEUE_REQUESTED
+        return requeued(job, now, reason, "checkpointed and stopped for requeue")
     done = exited(job, now, exit_code, exit_signal, detail, launch_failed, out_of_memory)
     if done.result == JobResult.FAILED and not launch_failed and job.restart_count < job.request.retries:
         return requeued(job, now, done.reason, f"exit {exit_code}:{exit_signal}; retry {job.restart_count + 1} "

@@ -77,6 +77,8 @@ class NodeReports:
                 return pb.HeartbeatReply(reregister=True)
             self.nodes[req.name] = node = evolve(node, last_heartbeat=now)
             self.telemetry[req.name] = list(req.gpus)
+            if req.progress:
+                self._take_progress(req.progress, now)
             if node.state == NodeState.DRAIN and node.drain_signal and not req.ongoing:
                 self._maybe_return(node, now)
             reported = {e.job_id for e in req.exits}
@@ -85,11 +87,13 @@ class NodeReports:
                 job = self.jobs.get(e.job_id)
                 if job is not None and job.phase in ACTIVE_PHASES and job.batch_node == req.name:
                     changes.append((job, events.finished(job, now, e.exit_code, e.exit_signal, e.detail,
-                                                         e.launch_failed, e.out_of_memory)))
+                                                         e.launch_failed, e.out_of_memory,
+                                                         warned=e.job_id in self._warned)))
             running = set(req.running)
             for job in self.jobs.active():
-                if job.batch_node != req.name or job.job_id in running or job.job_id in reported \
-                        or job.job_id in self._launching:
+                if job.batch_node != req.name:
+                    continue   # another node's heartbeat says nothing about this job's batch script
+                if job.job_id in running or job.job_id in reported or job.job_id in self._launching:
                     self._misses.pop(job.job_id, None)
                     continue
                 misses = self._misses[job.job_id] = self._misses.get(job.job_id, 0) + 1
@@ -106,6 +110,22 @@ class NodeReports:
         if changes:
             self._wake.set()
         return pb.HeartbeatReply(acked=sorted(reported), kill=kill)
+
+    def _take_progress(self, reports, now: float) -> None:
+        """Ranks' progress from a node: when the job last moved (hang detection), its newest report
+        (airq -l, aircontrol show job) and the history (airstat)."""
+        rows = []
+        for p in reports:
+            job = self.jobs.get(p.job_id)
+            if job is None or job.phase not in ACTIVE_PHASES:
+                continue
+            self.last_progress[p.job_id] = max(self.last_progress.get(p.job_id, 0.0), now - p.age_s)
+            if p.report:
+                self.latest_report[p.job_id] = p.report
+                rows.append((p.job_id, now, p.report))
+        if rows:
+            with self.store.transaction():
+                self.store.add_reports(rows)
 
     def _maybe_return(self, node: Node, now: float) -> None:
         """A node drained by a condition that has cleared (an IB port ACTIVE again, a GPU cooled down,

@@ -73,7 +73,14 @@ class ControllerService:
 
     @_handle
     def GetJob(self, request: pb.GetJobRequest, context, who):
-        return self.c.get_job(request.job_id, who).to_proto()
+        job = self.c.get_job(request.job_id, who).to_proto()
+        job.progress = self.c.latest_report.get(request.job_id, "")
+        job.last_progress = self.c.last_progress.get(request.job_id, 0.0)
+        return job
+
+    @_handle
+    def Reports(self, request: pb.ReportsRequest, context, who):
+        return pb.ReportsReply(reports=self.c.job_reports(request.job_id, who))
 
     @_handle
     def ListNodes(self, request, context, who):
@@ -166,6 +173,7 @@ def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
         "UpdateNode": unary(cs.UpdateNode, pb.UpdateNodeRequest.FromString, pb.Node.SerializeToString),
         "InjectFault": unary(cs.InjectFault, pb.FaultRequest.FromString, pb.FaultReply.SerializeToString),
         "GetNode": unary(cs.GetNode, pb.GetNodeRequest.FromString, pb.Node.SerializeToString),
+        "Reports": unary(cs.Reports, pb.ReportsRequest.FromString, pb.ReportsReply.SerializeToString),
         "Pending": unary(cs.Pending, pb.JobFilter.FromString, pb.PendingReply.SerializeToString),
         "Shares": unary(cs.Shares, pb.SharesRequest.FromString, pb.SharesReply.SerializeToString),
         "UpdateAccount": unary(cs.UpdateAccount, pb.AccountRequest.FromString, pb.SharesReply.SerializeToString),

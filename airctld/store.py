@@ -80,7 +80,13 @@ def _migrate_5(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE nodes ADD COLUMN drain_signal TEXT NOT NULL DEFAULT ''")
 
 
-MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5]
+def _migrate_6(db: sqlite_utils.Database) -> None:
+    """Jobs' progress reports, for airstat."""
+    db.execute("CREATE TABLE reports (job_id INTEGER NOT NULL, time REAL NOT NULL, report TEXT NOT NULL)")
+    db.execute("CREATE INDEX reports_job ON reports (job_id, time)")
+
+
+MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5, _migrate_6]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -207,6 +213,12 @@ class Store:
     def set_array_job_id(self, job_ids: list[int], array_job_id: int) -> None:
         self.db.conn.executemany("UPDATE jobs SET array_job_id = ? WHERE id = ?",
                                  [(array_job_id, i) for i in job_ids])
+
+    def add_reports(self, rows: list[tuple[int, float, str]]) -> None:
+        self.db.conn.executemany("INSERT INTO reports (job_id, time, report) VALUES (?, ?, ?)", rows)
+
+    def reports(self, job_id: int) -> list[str]:
+        return [r for (r,) in self.db.execute("SELECT report FROM reports WHERE job_id = ? ORDER BY time", [job_id])]
 
     # ------------------------------------------------------------ accounts and usage
 

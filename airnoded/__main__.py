@@ -60,9 +60,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"airnoded: error: {e}", file=sys.stderr)
         return 2
     agent = Agent(cfg, node, gpus, auth)
-    if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-        logging.getLogger("airnoded").info("no cgroup v2 hierarchy on this host: jobs are tracked and killed "
-                                           "by process group")
     agent.launcher.kill_orphans()
     agent.monitor.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=[  # a thread per streaming step

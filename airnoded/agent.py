@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -11,10 +12,12 @@ import grpc
 import psutil
 
 from airctld.config import Config, NodeConfig
+from airnoded import progress
 from airnoded.cgroups import JobCgroups
 from airnoded.gpus import GpuBackend, GpuError
 from airnoded.health import HealthMonitor
 from airnoded.launcher import Launcher
+from airnoded.procs import killpg_all
 from airnoded.steps import StepError, StepRunner
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
@@ -33,7 +36,8 @@ class Agent:
         self.interval = config.controller.heartbeat_interval_s
         self.cgroups = JobCgroups(node.name)
         self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups)
-        self.steps = StepRunner(node.name, node.address, self.cgroups)
+        self.steps = StepRunner(node.name, node.address, self.cgroups, node.spool)
+        self._progress_sent: dict[int, float] = {}
         self._exits: dict[int, pb.JobExit] = {}   # reported exits not yet acknowledged
         self._health: list[pb.HealthEvent] = []   # health events not yet delivered
         self.monitor = HealthMonitor(node.name, gpus, node.ib_root, node.health_program, node.health_interval_s,
@@ -88,7 +92,8 @@ class Agent:
             health = list(self._health)
         reply = self._registry.Heartbeat(
             pb.HeartbeatRequest(name=self.node.name, running=self.launcher.running(), exits=exits, health=health,
-                                gpus=self.monitor.latest, ongoing=self.monitor.ongoing()),
+                                gpus=self.monitor.latest, ongoing=self.monitor.ongoing(),
+                                progress=progress.collect(self.node.spool, time.time(), self._progress_sent)),
             timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
         if not reply.reregister:
             with self._lock:
@@ -104,6 +109,11 @@ class Agent:
             log.warning("job %d is not running here as far as the controller knows; killing it", job_id)
             self.launcher.signal(job_id, 0, self.config.controller.kill_wait_s)
             self.steps.signal(job_id, 0)
+
+    def remove_job_dir(self, job_id: int) -> None:
+        """A job's folder on a node where only its ranks ran (the batch node's goes with the script)."""
+        if job_id not in self.launcher.running() and not self.steps.has_ranks(job_id):
+            shutil.rmtree(progress.job_dir(self.node.spool, job_id), ignore_errors=True)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -131,15 +141,21 @@ class AgentService:
 
     def Signal(self, request: pb.SignalRequest, context):
         self._controller_only(context)
+        if request.reason:
+            progress.write_stop_reason(self.agent.node.spool, request.job_id, request.reason)
         batch = self.agent.launcher.signal(request.job_id, request.signal, request.grace_s, request.batch_only)
         if request.batch_only:
             return pb.SignalReply(found=batch)
         if request.signal == 0:
             self.agent.steps.forget_job(request.job_id)
+            threading.Timer(request.grace_s + 1.0, self.agent.remove_job_dir, (request.job_id,)).start()
         # steps get the signal at once; on a stop, SIGTERM now and SIGKILL with the batch script's group
+        groups = self.agent.steps.groups(request.job_id)
         ranks = self.agent.steps.signal(request.job_id, request.signal or signal.SIGTERM)
-        if request.signal == 0 and ranks:
-            threading.Timer(request.grace_s, self.agent.steps.signal, (request.job_id, signal.SIGKILL)).start()
+        if request.signal == 0 and groups:
+            # SIGKILL after the grace time to these ranks only: a requeued run of the job may have
+            # started new ones here by then
+            threading.Timer(request.grace_s, killpg_all, (groups, signal.SIGKILL)).start()
         return pb.SignalReply(found=batch or ranks)
 
     def InjectFault(self, request: pb.FaultRequest, context):

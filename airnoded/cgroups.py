@@ -4,14 +4,16 @@ that a kill reaches, with a memory limit (--mem) and an out-of-memory count read
 cgroup v2 (the unified hierarchy) where the host has it; the v1 memory controller on hosts that
 mount v1 (as this project's CI machine does); neither when the daemon is not root or the
 hierarchy cannot be written, in which case jobs are tracked by process group alone and the
-daemon says so in its log. Groups live under <root>/air/<node>/job<ID>, so several node daemons
+daemon says so in its log. Groups live under <root>/air/<node>/job<ID>.<RUN>, so several node daemons
 on one host stay apart.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+import threading
 from pathlib import Path
 
 log = logging.getLogger("airnoded")
@@ -24,6 +26,8 @@ class JobCgroups:
 
     def __init__(self, node: str, root: Path = CGROUP_ROOT, mode: str | None = None):
         self.node = node
+        self._lock = threading.Lock()
+        self._current: dict[int, Path] = {}
         self.mode = mode if mode is not None else detect(root)
         if self.mode == "v2":
             self.base = root / "air" / node
@@ -50,14 +54,12 @@ class JobCgroups:
     def enabled(self) -> bool:
         return self.base is not None
 
-    def path(self, job_id: int) -> Path | None:
-        return self.base / f"job{job_id}" if self.base is not None else None
-
-    def create(self, job_id: int, memory_bytes: int) -> Path | None:
-        """The job's group, with its memory limit (0: none); None without cgroups."""
-        path = self.path(job_id)
-        if path is None:
+    def create(self, job_id: int, run: int, memory_bytes: int) -> Path | None:
+        """The group of one run of the job (a requeued job's next run gets its own, so that the end
+        of an old run never touches the new one), with its memory limit (0: none)."""
+        if self.base is None:
             return None
+        path = self.base / f"job{job_id}.{run}"
         path.mkdir(parents=True, exist_ok=True)
         if memory_bytes:
             if self.mode == "v2":
@@ -66,25 +68,30 @@ class JobCgroups:
                     (path / "memory.swap.max").write_text("0")
             else:
                 (path / "memory.limit_in_bytes").write_text(str(memory_bytes))
+        with self._lock:
+            self._current[job_id] = path
         return path
 
-    def attach(self, job_id: int, pid: int) -> None:
-        path = self.path(job_id)
-        if path is not None:
-            (path / "cgroup.procs").write_text(str(pid))
+    def current(self, job_id: int) -> Path | None:
+        """The group of the job's run on this node now, if it has one (its ranks join it)."""
+        with self._lock:
+            path = self._current.get(job_id)
+        return path if path is not None and path.is_dir() else None
 
-    def pids(self, job_id: int) -> list[int]:
-        path = self.path(job_id)
-        if path is None:
-            return []
+    @staticmethod
+    def attach(path: Path, pid: int) -> None:
+        (path / "cgroup.procs").write_text(str(pid))
+
+    @staticmethod
+    def pids(path: Path) -> list[int]:
         try:
             return [int(p) for p in (path / "cgroup.procs").read_text().split()]
         except OSError:
             return []
 
-    def kill(self, job_id: int, sig: int = signal.SIGKILL) -> int:
-        """Signal every process in the job's group; how many there were."""
-        pids = self.pids(job_id)
+    def kill(self, path: Path, sig: int = signal.SIGKILL) -> int:
+        """Signal every process in the group; how many there were."""
+        pids = self.pids(path)
         for pid in pids:
             try:
                 os.kill(pid, sig)
@@ -92,11 +99,8 @@ class JobCgroups:
                 pass
         return len(pids)
 
-    def oom_kills(self, job_id: int) -> int:
-        """How many of the job's processes the kernel killed for memory."""
-        path = self.path(job_id)
-        if path is None:
-            return 0
+    def oom_kills(self, path: Path) -> int:
+        """How many of the group's processes the kernel killed for memory."""
         name = "memory.events" if self.mode == "v2" else "memory.oom_control"
         try:
             for line in (path / name).read_text().splitlines():
@@ -107,25 +111,27 @@ class JobCgroups:
             pass
         return 0
 
-    def peak_memory(self, job_id: int) -> int:
-        path = self.path(job_id)
-        if path is None:
-            return 0
+    def peak_memory(self, path: Path) -> int:
         name = "memory.peak" if self.mode == "v2" else "memory.max_usage_in_bytes"
         try:
             return int((path / name).read_text())
         except (OSError, ValueError):
             return 0
 
-    def remove(self, job_id: int) -> None:
-        path = self.path(job_id)
-        if path is None:
-            return
+    def remove(self, path: Path) -> None:
+        with self._lock:
+            for job_id, current in list(self._current.items()):
+                if current == path:
+                    del self._current[job_id]
         try:
             path.rmdir()
         except OSError as e:   # processes still in it: they die with the next kill
-            log.warning("cannot remove cgroup %s: %s", path, e.strerror)
+            if e.errno != errno.ENOENT:
+                log.warning("cannot remove cgroup %s: %s", path, e.strerror)
 
+    def leftovers(self) -> list[Path]:
+        """Groups an earlier daemon left behind."""
+        return sorted(self.base.glob("job*")) if self.base is not None else []
 
     def close(self) -> None:
         """On the daemon's way out: remove the node's folder (and air/ above it) if no job is left in it."""

@@ -21,6 +21,7 @@ from typing import Callable
 import hostlist
 import psutil
 
+from airnoded import progress
 from airnoded.cgroups import JobCgroups, memory_limit_bytes
 from airnoded.procs import as_owner, exit_status, killpg
 from protos import air_pb2 as pb
@@ -74,7 +75,7 @@ def output_paths(job: pb.Job, node: str) -> tuple[str, str | None]:
     return out, err
 
 
-def job_environment(job: pb.Job, node: str) -> dict[str, str]:
+def job_environment(job: pb.Job, node: str, spool: Path | None = None) -> dict[str, str]:
     """The batch script's environment: the submitter's exported variables, then AIR_* and SLURM_*."""
     req = job.request
     nodes = [a.node for a in job.allocation]
@@ -107,6 +108,8 @@ def job_environment(job: pb.Job, node: str) -> dict[str, str]:
         "SLURM_RESTART_COUNT": str(job.restart_count),
         "AIR_LAST_STOP_REASON": REASON_NAMES[Reason(job.last_stop_reason)] if job.restart_count else "",
     }
+    if spool is not None:
+        air.update(progress.environment(spool, job.job_id))
     if job.array_job_id:
         for prefix in ("AIR", "SLURM"):
             air[f"{prefix}_ARRAY_JOB_ID"] = str(job.array_job_id)
@@ -121,6 +124,7 @@ class RunningJob:
     process: subprocess.Popen
     pgid: int
     status_fd: int = -1      # read end of the start-up status pipe
+    cgroup: Path | None = None
     killed: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -173,14 +177,15 @@ class Launcher:
         os.replace(tmp, script)
         out_path, err_path = output_paths(job, self.node)
         kwargs, owner_env = as_owner(job.uid, job.gid)
-        env = {**job_environment(job, self.node), **owner_env}
+        progress.prepare(self.spool, job.job_id, job.uid, job.gid)
+        env = {**job_environment(job, self.node, self.spool), **owner_env}
         separate_err = err_path if err_path and err_path != out_path else ""
         status_r = -1
         here = next((a for a in job.allocation if a.node == self.node), None)
-        gated = self.cgroups.enabled
-        if gated:
-            self.cgroups.create(job.job_id, memory_limit_bytes(req.mem_per_node_mb, req.mem_per_gpu_mb,
-                                                               len(here.gpus) if here else 0))
+        group = self.cgroups.create(job.job_id, job.restart_count,
+                                    memory_limit_bytes(req.mem_per_node_mb, req.mem_per_gpu_mb,
+                                                       len(here.gpus) if here else 0))
+        gated = group is not None
         stdin = subprocess.PIPE if gated else subprocess.DEVNULL
         if same_user:
             proc = self._spawn_as_self(job, script, out_path, separate_err, env, stdin, gated)
@@ -199,13 +204,13 @@ class Launcher:
                 os.close(status_w)
         if gated:
             try:
-                self.cgroups.attach(job.job_id, proc.pid)
+                self.cgroups.attach(group, proc.pid)
             finally:
                 proc.stdin.write(b"\n")
                 proc.stdin.close()
         (jobdir / "pgid").write_text(f"{proc.pid}\n")
         log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
-        return RunningJob(job.job_id, proc, proc.pid, status_fd=status_r)
+        return RunningJob(job.job_id, proc, proc.pid, status_fd=status_r, cgroup=group)
 
     @staticmethod
     def _spawn_as_self(job: pb.Job, script: Path, out_path: str, err_path: str, env: dict, stdin,
@@ -237,7 +242,7 @@ class Launcher:
         status = running.process.wait()
         running.done.set()
         killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group
-        oom, peak = self._end_cgroup(running.job_id)
+        oom, peak = self._end_cgroup(running.cgroup)
         with self._lock:
             self.jobs.pop(running.job_id, None)
         shutil.rmtree(self.spool / f"job{running.job_id}", ignore_errors=True)
@@ -250,17 +255,17 @@ class Launcher:
         self.on_exit(pb.JobExit(job_id=running.job_id, exit_code=code, exit_signal=sig, killed=running.killed,
                                 out_of_memory=oom, peak_memory_bytes=peak))
 
-    def _end_cgroup(self, job_id: int) -> tuple[bool, int]:
-        """Kill what is left in the job's cgroup (processes that left its process group), read whether
+    def _end_cgroup(self, group: Path | None) -> tuple[bool, int]:
+        """Kill what is left in the run's cgroup (processes that left its process group), read whether
         the kernel killed any for memory, and remove the group."""
-        if not self.cgroups.enabled:
+        if group is None:
             return False, 0
         for _ in range(50):
-            if not self.cgroups.kill(job_id):
+            if not self.cgroups.kill(group):
                 break
             time.sleep(0.02)
-        oom, peak = self.cgroups.oom_kills(job_id) > 0, self.cgroups.peak_memory(job_id)
-        self.cgroups.remove(job_id)
+        oom, peak = self.cgroups.oom_kills(group) > 0, self.cgroups.peak_memory(group)
+        self.cgroups.remove(group)
         return oom, peak
 
     def kill_orphans(self) -> list[int]:
@@ -281,12 +286,11 @@ class Launcher:
             killed.append(job_id)
             log.warning("job %d: killed process group %d left by an earlier airnoded", job_id, pgid)
         if self.cgroups.enabled:   # and whatever left its group but not its cgroup
-            for group in self.cgroups.base.glob("job*"):
-                job_id = int(group.name[3:])
-                if self.cgroups.kill(job_id):
-                    log.warning("job %d: killed processes left in its cgroup by an earlier airnoded", job_id)
+            for group in self.cgroups.leftovers():
+                if self.cgroups.kill(group):
+                    log.warning("%s: killed processes left in the cgroup by an earlier airnoded", group.name)
                     time.sleep(0.1)
-                self.cgroups.remove(job_id)
+                self.cgroups.remove(group)
         return killed
 
     def signal(self, job_id: int, sig: int, grace_s: float, batch_only: bool = False) -> bool:
@@ -313,7 +317,8 @@ class Launcher:
     def _kill_after(self, running: RunningJob, grace_s: float) -> None:
         if not running.done.wait(grace_s):
             killpg(running.pgid, signal.SIGKILL)
-            self.cgroups.kill(running.job_id)
+            if running.cgroup is not None:
+                self.cgroups.kill(running.cgroup)
 
 
 def _group_is_job(pgid: int, job_id: int) -> bool:

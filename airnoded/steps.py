@@ -8,9 +8,11 @@ import signal
 import socket
 import subprocess
 import threading
+from pathlib import Path
 from typing import Iterator
 
 from airctld.steps import rank_environment
+from airnoded import progress
 from airnoded.cgroups import JobCgroups
 from airnoded.launcher import GATE
 from airnoded.procs import as_owner, exit_status, killpg
@@ -24,9 +26,10 @@ class StepError(Exception):
 
 
 class StepRunner:
-    def __init__(self, node: str, address: str, cgroups: JobCgroups | None = None):
+    def __init__(self, node: str, address: str, cgroups: JobCgroups | None = None, spool: Path | None = None):
         self.node = node
         self.address = address
+        self.spool = spool
         self.cgroups = cgroups or JobCgroups(node, mode="none")
         self._prepared: dict[tuple[int, int], pb.Step] = {}
         self._groups: dict[int, set[int]] = {}   # job id -> process groups of its running ranks
@@ -44,6 +47,15 @@ class StepRunner:
         with self._lock:
             for key in [k for k in self._prepared if k[0] == job_id]:
                 del self._prepared[key]
+
+    def groups(self, job_id: int) -> list[int]:
+        """The process groups of the job's running ranks here."""
+        with self._lock:
+            return list(self._groups.get(job_id, ()))
+
+    def has_ranks(self, job_id: int) -> bool:
+        with self._lock:
+            return bool(self._groups.get(job_id))
 
     def signal(self, job_id: int, sig: int) -> bool:
         with self._lock:
@@ -65,8 +77,11 @@ class StepRunner:
         events: queue.Queue = queue.Queue()
         procs: list[subprocess.Popen] = []
         kwargs, extra_env = as_owner(step.uid, step.gid)
-        group = self.cgroups.path(job_id)
-        gated = group is not None and group.is_dir()   # ranks join the job's cgroup on its batch node
+        if self.spool is not None:   # where the ranks report progress and read why they were stopped
+            progress.prepare(self.spool, job_id, step.uid, step.gid)
+            extra_env = {**extra_env, **progress.environment(self.spool, job_id)}
+        group = self.cgroups.current(job_id)
+        gated = group is not None   # ranks join the job's cgroup on its batch node
         argv = ["/bin/sh", "-c", GATE, "air-rank", *step.spec.argv] if gated else list(step.spec.argv)
         for local_rank, rank in enumerate(here.ranks):
             env = rank_environment(step, index, local_rank, {**step.spec.environment, **extra_env})
@@ -77,7 +92,7 @@ class StepRunner:
                                         **kwargs)
                 if gated:
                     try:
-                        self.cgroups.attach(job_id, proc.pid)
+                        self.cgroups.attach(group, proc.pid)
                     finally:
                         proc.stdin.write(b"\n")
                         proc.stdin.close()

@@ -105,6 +105,11 @@ class ControllerStub:
                 request_serializer=protos_dot_air__pb2.AccountRequest.SerializeToString,
                 response_deserializer=protos_dot_air__pb2.SharesReply.FromString,
                 _registered_method=True)
+        self.Reports = channel.unary_unary(
+                '/air.v1.Controller/Reports',
+                request_serializer=protos_dot_air__pb2.ReportsRequest.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.ReportsReply.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -198,6 +203,13 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reports(self, request, context):
+        """airstat: the progress reports the controller kept for a job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -270,6 +282,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.UpdateAccount,
                     request_deserializer=protos_dot_air__pb2.AccountRequest.FromString,
                     response_serializer=protos_dot_air__pb2.SharesReply.SerializeToString,
+            ),
+            'Reports': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reports,
+                    request_deserializer=protos_dot_air__pb2.ReportsRequest.FromString,
+                    response_serializer=protos_dot_air__pb2.ReportsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -651,6 +668,33 @@ class Controller:
             '/air.v1.Controller/UpdateAccount',
             protos_dot_air__pb2.AccountRequest.SerializeToString,
             protos_dot_air__pb2.SharesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reports(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/Reports',
+            protos_dot_air__pb2.ReportsRequest.SerializeToString,
+            protos_dot_air__pb2.ReportsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,10 +28,12 @@ _DONE_NAMES = {
     JobResult.NODE_FAIL: "NODE_FAIL",
     JobResult.PREEMPTED: "PREEMPTED",
     JobResult.OUT_OF_MEMORY: "OUT_OF_MEMORY",
+    JobResult.HUNG: "HUNG",
 }
 LONG_TO_CODE = {
     "PENDING": "PD", "RUNNING": "R", "COMPLETING": "CG", "COMPLETED": "CD", "FAILED": "F",
     "CANCELLED": "CA", "TIMEOUT": "TO", "NODE_FAIL": "NF", "PREEMPTED": "PR", "OUT_OF_MEMORY": "OOM",
+    "HUNG": "HG",
 }
 CODE_TO_LONG = {code: long for long, code in LONG_TO_CODE.items()}
 
@@ -62,6 +64,7 @@ REASON_NAMES = {
     Reason.NODES_DRAINED: "NodesDrained",
     Reason.ACCOUNT_NOT_ALLOWED: "AccountNotAllowed",
     Reason.OUT_OF_MEMORY: "OutOfMemory",
+    Reason.HUNG: "Hung",
 }
 
 TERMINAL_PHASES = frozenset({JobPhase.DONE})

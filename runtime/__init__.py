@@ -15,6 +15,9 @@
 from runtime.checkpoint import Checkpointer
 from runtime.context import Context, init
 from runtime.data import ResumableSampler
-from runtime.stop import StopSignal
+from runtime.parallel import average_gradients, broadcast_parameters
+from runtime.report import Reporter, peak_flops, transformer_flops_per_token
+from runtime.stop import REQUEUE_EXIT, StopSignal
 
-__all__ = ["Checkpointer", "Context", "ResumableSampler", "StopSignal", "init"]
+__all__ = ["Checkpointer", "Context", "REQUEUE_EXIT", "Reporter", "ResumableSampler", "StopSignal",
+           "average_gradients", "broadcast_parameters", "init", "peak_flops", "transformer_flops_per_token"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 import random
 import re
 import shutil
@@ -30,6 +31,8 @@ from runtime.context import Context
 from runtime.data import ResumableSampler
 
 log = logging.getLogger("air.runtime")
+# DCP warns on every save without a process group; a single-rank job is meant to save that way.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 STEP_DIR = re.compile(r"^step-(\d+)$")
 MARKER = "COMPLETE"
 PER_RANK = (ResumableSampler,)
@@ -69,6 +72,7 @@ class Checkpointer:
         self.keep = keep
         self._last_save = time.monotonic()
         self.last_step = 0
+        self.last_time = 0.0   # wall time of the newest checkpoint written or restored
         if ctx.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
         ctx.barrier()
@@ -137,6 +141,7 @@ class Checkpointer:
         self.ctx.barrier()
         self._last_save = time.monotonic()
         self.last_step = step
+        self.last_time = time.time()
         return path
 
     def _prune(self) -> None:
@@ -180,6 +185,10 @@ class Checkpointer:
         dcp.load(loaded, checkpoint_id=choice[0])
         self._apply(state, loaded)
         self.last_step = int(loaded["step"])
+        try:
+            self.last_time = os.stat(os.path.join(choice[0], MARKER)).st_mtime
+        except OSError:
+            self.last_time = time.time()
         log.info("resumed from %s (step %d)", choice[0], self.last_step)
         return self.last_step
 

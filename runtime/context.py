@@ -1,13 +1,17 @@
 """init(): the job and rank environment, the device, and torch.distributed when there are several ranks."""
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from runtime.report import Reporter, peak_flops
 from runtime.stop import StopSignal
 
 
@@ -21,6 +25,11 @@ class Context:
     restart_count: int
     checkpoint_dir: Path
     stop: StopSignal = field(repr=False, default=None)
+    reporter: Reporter = field(repr=False, default=None)
+
+    def report(self, step: int, **values) -> dict:
+        """Progress for airq -l, aircontrol show job and airstat, and the heartbeat of hang detection."""
+        return self.reporter.report(step, **values)
 
     @property
     def is_main(self) -> bool:
@@ -49,9 +58,15 @@ def init(checkpoint_dir: str | None = None) -> Context:
         device = torch.device("cpu")
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
+    # SIGUSR2 dumps every thread's Python stack to stderr (the job's output): what the controller
+    # asks for before it ends a job that stopped making progress (--hang-timeout)
+    if hasattr(signal, "SIGUSR2"):
+        faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
     job_id = os.environ.get("AIR_JOB_ID", "local")
     where = checkpoint_dir or os.environ.get("AIR_CHECKPOINT_DIR") or \
         os.path.join(os.environ.get("AIR_SUBMIT_DIR", os.getcwd()), f"air-ckpt-{job_id}")
     return Context(rank=rank, world_size=world, local_rank=local, device=device, job_id=job_id,
                    restart_count=_env_int("AIR_RESTART_COUNT", 0), checkpoint_dir=Path(where),
-                   stop=StopSignal(world > 1))
+                   stop=StopSignal(world > 1),
+                   reporter=Reporter(rank, world, peak=peak_flops(torch.cuda.get_device_name(device))
+                                     if device.type == "cuda" else 0.0))

@@ -2,7 +2,6 @@
 that left the job's process group. On a host without a writable hierarchy the daemon says so."""
 import os
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -16,13 +15,16 @@ MODE = detect()
 
 
 def test_limits_and_layout_on_a_cgroup_tree(tmp_path):
-    for mode, limit_file in (("v1", "memory/air/n1/job7/memory.limit_in_bytes"), ("v2", "air/n1/job7/memory.max")):
+    for mode, limit_file in (("v1", "memory/air/n1/job7.0/memory.limit_in_bytes"),
+                             ("v2", "air/n1/job7.0/memory.max")):
         root = tmp_path / mode
         root.mkdir()
         groups = JobCgroups("n1", root=root, mode=mode)
-        groups.create(7, memory_limit_bytes(0, 512, 2))
+        path = groups.create(7, 0, memory_limit_bytes(0, 512, 2))
         assert (root / limit_file).read_text() == str(1024 * 1024 * 1024)
-        assert groups.path(7) == root / Path(limit_file).parent
+        assert path == root / Path(limit_file).parent and groups.current(7) == path
+        second = groups.create(7, 1, 0)    # a requeued run gets a group of its own
+        assert second != path and groups.current(7) == second
     assert memory_limit_bytes(100, 512, 2) == 100 * 1024 * 1024
     assert memory_limit_bytes(0, 0, 8) == 0
 

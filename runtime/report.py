@@ -1,0 +1,77 @@
+"""Progress reports: what a training loop says about itself (step, loss, throughput, MFU), written
+where the node daemon reads it, which is also the heartbeat that hang detection watches.
+
+Every rank writes its own file under $AIR_PROGRESS_DIR (set by airnoded) on each report, aside then
+renamed; rank 0's file carries the job's numbers. Throughput is over the interval since the last
+report; MFU needs the model's FLOPs per token (transformer_flops_per_token) and the GPU's peak.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+# Dense bf16 peak FLOP/s per GPU (no sparsity), by the name NVML reports.
+PEAK_BF16 = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "B200": 2250e12}
+
+
+def transformer_flops_per_token(params: int, layers: int = 0, width: int = 0, context: int = 0) -> float:
+    """Training FLOPs per token: 6N for the weights plus 12·layers·width·context for attention."""
+    return 6.0 * params + 12.0 * layers * width * context
+
+
+def peak_flops(device_name: str) -> float:
+    """The peak for a GPU name such as "NVIDIA H100 80GB HBM3" ($AIR_PEAK_FLOPS overrides); 0 if unknown."""
+    override = os.environ.get("AIR_PEAK_FLOPS", "")
+    if override:
+        return float(override)
+    for key, value in PEAK_BF16.items():
+        if key in device_name:
+            return value
+    return 0.0
+
+
+class Reporter:
+    def __init__(self, rank: int, world_size: int, flops_per_token: float = 0.0, peak: float = 0.0,
+                 directory: str | None = None):
+        self.rank = rank
+        self.world_size = world_size
+        self.flops_per_token = flops_per_token
+        self.peak = peak
+        where = directory if directory is not None else os.environ.get("AIR_PROGRESS_DIR", "")
+        self.path = Path(where) / f"rank{rank}.json" if where else None
+        self._last: tuple[float, int, int] | None = None   # (time, tokens so far, samples so far)
+        self._tokens = 0
+        self._samples = 0
+        self.latest: dict = {}
+
+    def report(self, step: int, loss: float | None = None, tokens: int = 0, samples: int = 0,
+               checkpoint_step: int | None = None, **metrics) -> dict:
+        """`tokens` and `samples`: what this rank processed since its last report."""
+        now = time.time()
+        self._tokens += tokens
+        self._samples += samples
+        out = {"step": step, "time": now, "rank": self.rank}
+        if loss is not None:
+            out["loss"] = float(loss)
+        if self._last is not None and now > self._last[0]:
+            dt = now - self._last[0]
+            tok_s = (self._tokens - self._last[1]) / dt * self.world_size
+            out["tokens_per_s"] = tok_s
+            out["samples_per_s"] = (self._samples - self._last[2]) / dt * self.world_size
+            if self.flops_per_token and self.peak:
+                out["mfu"] = tok_s * self.flops_per_token / (self.peak * self.world_size)
+        self._last = (now, self._tokens, self._samples)
+        if checkpoint_step is not None:
+            out["checkpoint_step"] = checkpoint_step
+        out.update({k: float(v) if isinstance(v, (int, float)) else str(v) for k, v in metrics.items()})
+        self.latest = out
+        if self.path is not None:
+            tmp = self.path.with_suffix(".tmp")
+            try:
+                tmp.write_text(json.dumps(out))
+                os.replace(tmp, self.path)
+            except OSError:
+                pass   # progress is best effort: never the reason a training run fails
+        return out

@@ -1,0 +1,174 @@
+"""The runtime's promise on a real cluster, with examples/tinygpt: interrupted twice (a preemption, then
+kill -9 of a node daemon with its ranks), a 2-node x 2-rank run ends bit-identical to an uninterrupted
+one, having trained on exactly the same batches. Also: the time-limit warning checkpoints and requeues
+with the real reason, a hung job is ended with its stacks in its output, and airq -l shows progress."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from cluster import LocalCluster, wait_for
+
+BASE_ADDRESS = "127.0.19.1"
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
+SMALL = ["--layers", "2", "--width", "64", "--heads", "2", "--block", "32", "--batch", "4"]
+EXTRA = """
+[scheduler]
+preempt_grace_s = 30.0
+
+[[qos]]
+name = "normal"
+
+[[qos]]
+name = "high"
+priority = 10
+preempt = ["normal"]
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(BASE_ADDRESS, nodes=2, gpus_per_node=4, extra_config=EXTRA).up()
+    yield c
+    c.down()
+
+
+def _tinygpt_job(cluster, name: str, steps: int, *options: str, every: int = 5, sleep: float = 0.1,
+                 ranks: int = 2, nodes: int = 2) -> tuple[int, Path]:
+    out = cluster.work / name
+    launch = f"exec airrun python {TRAIN}" if nodes * ranks > 1 else f"exec {sys.executable} {TRAIN}"
+    script = cluster.write_script(f"{name}.sh", f"#!/bin/bash\n{launch} --steps {steps} --every {every} "
+                                  f"--sleep {sleep} {' '.join(SMALL)} --checkpoint-dir {out}-ckpt "
+                                  f"--log {out}.log --out {out}.pt\n")
+    job = cluster.submit(script, f"--nodes={nodes}", "--gpus-per-node=2", f"--ntasks-per-node={ranks}",
+                         "-o", f"{name}-%j.out", *options)
+    return job, out
+
+
+def _steps_logged(out: Path, rank: int = 0) -> int:
+    log = Path(f"{out}.log.rank{rank}")
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def _history(out: Path, rank: int) -> dict[int, str]:
+    """step -> the batch the run that counted used (a step run again after a crash replaces the first)."""
+    steps = {}
+    for line in Path(f"{out}.log.rank{rank}").read_text().splitlines():
+        step, idx = line.split()
+        steps[int(step)] = idx
+    return steps
+
+
+def _job_processes(job_id: int, node: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            env = p.environ()
+        except (psutil.Error, OSError):
+            continue
+        if env.get("AIR_JOB_ID") == str(job_id) and env.get("AIR_NODENAME") == node:
+            found.append(p)
+    return found
+
+
+def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
+    steps = 40
+    base, base_out = _tinygpt_job(cluster, "base", steps)
+    assert cluster.wait_state(base, "COMPLETED", "FAILED", timeout=180)["state"] == "COMPLETED"
+
+    job, out = _tinygpt_job(cluster, "interrupted", steps)
+    cluster.wait_state(job, "RUNNING")
+    wait_for(lambda: _steps_logged(out) >= 8, timeout=90, what="training to pass step 8")
+    # progress as the user sees it
+    row = wait_for(lambda: (r := cluster.queue("-j", str(job))[0])["progress"] and
+                   r["progress"].get("checkpoint_step") and r, timeout=20, what="a progress report")
+    assert row["progress"]["step"] >= 5 and row["progress"]["tokens_per_s"] > 0
+    long = cluster.cli("airq", "-l", "-j", str(job)).stdout.splitlines()
+    assert long[0].split()[7:13] == ["STEP", "LOSS", "TOK/S", "MFU", "LAST_CKPT", "NODELIST(REASON)"]
+    assert long[1].split()[4] == "R" and "@" in long[1].split()[11]   # the last checkpoint: its step and age
+
+    # interruption 1: a preempting job takes every GPU; the run stops at an agreed step with a checkpoint
+    boss = cluster.submit(cluster.write_script("boss.sh", "#!/bin/sh\nsleep 2\n"), "--nodes=2",
+                          "--gpus-per-node=4", "--qos=high")
+    cluster.wait_state(boss, "RUNNING", "COMPLETED", timeout=60)
+    record = cluster.job(job)
+    assert record["restart_count"] == 1 and record["last_stop_reason"] == "Preempted"
+    text = (cluster.work / f"interrupted-{job}.out").read_text()
+    assert "(Preempted); checkpoint written" in text
+    stopped_at = _steps_logged(out)
+
+    # interruption 2: node01's daemon and the job's processes there die; no chance to checkpoint
+    cluster.wait_state(job, "RUNNING", timeout=60)
+    wait_for(lambda: _steps_logged(out) >= stopped_at + 12, timeout=90, what="the resumed run to train on")
+    victims = _job_processes(job, "node01")
+    assert victims
+    cluster.kill_node(0)
+    for p in victims:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    log = open(cluster.dir / "log" / "node01.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "airnoded", "--config", str(cluster.config), "--name", "node01"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    pids = cluster.pids
+    pids[1] = proc.pid
+    (cluster.dir / "pids").write_text("\n".join(map(str, pids)) + "\n")
+    wait_for(lambda: cluster.job(job)["restart_count"] == 2, timeout=30, what="the job to be requeued")
+    # the daemon came back before the node timeout: its job is gone from it (JobLost), else NodeFail
+    assert cluster.job(job)["last_stop_reason"] in ("JobLost", "NodeFail")
+    done = cluster.wait_state(job, "COMPLETED", "FAILED", "NODE_FAIL", timeout=180)
+    assert done["state"] == "COMPLETED", (done, (cluster.work / f"interrupted-{job}.out").read_text()[-3000:])
+
+    final, reference = torch.load(f"{out}.pt"), torch.load(f"{base_out}.pt")
+    assert final.keys() == reference.keys()
+    assert all(torch.equal(final[k], reference[k]) for k in reference)
+    for rank in range(4):
+        history, expected = _history(out, rank), _history(base_out, rank)
+        assert sorted(history) == list(range(1, steps + 1))
+        assert history == expected   # the same batch at every step: none skipped, none repeated
+    shown = cluster.cli("aircontrol", "show", "job", str(job)).stdout
+    assert "Restarts=2" in shown and "LastStopReason=" in shown
+
+
+def test_time_limit_warning_checkpoints_requeues_and_finishes(cluster, tmp_path):
+    steps = 100   # about 12 s of steps: more than one run of 16 s less startup has after the warning
+    job, out = _tinygpt_job(cluster, "warned", steps, "--time=0:16", "--signal=TERM@8", every=1000,
+                            sleep=0.1, ranks=1, nodes=1)
+    done = cluster.wait_state(job, "COMPLETED", "FAILED", "TIMEOUT", timeout=180)
+    assert done["state"] == "COMPLETED" and done["restart_count"] >= 1
+    assert done["last_stop_reason"] == "TimeLimit"
+    assert "(TimeLimit); checkpoint written" in (cluster.work / f"warned-{job}.out").read_text()
+    # the same result as one run of all the steps
+    subprocess.run([sys.executable, str(TRAIN), "--steps", str(steps), "--every", "1000", *SMALL,
+                    "--checkpoint-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "ref.pt")],
+                   check=True, capture_output=True, timeout=300)
+    final, reference = torch.load(f"{out}.pt"), torch.load(tmp_path / "ref.pt")
+    assert all(torch.equal(final[k], reference[k]) for k in reference)
+
+
+def test_a_job_that_stops_making_progress_ends_hung_with_its_stacks(cluster):
+    script = cluster.write_script("stuck.py", "import time, runtime\nctx = runtime.init()\n"
+                                  "for step in range(1, 4):\n    ctx.report(step, loss=1.0 / step)\n"
+                                  "    time.sleep(0.2)\n"
+                                  "def wait_for_a_peer_that_never_answers():\n    time.sleep(600)\n"
+                                  "wait_for_a_peer_that_never_answers()\n")
+    batch = cluster.write_script("stuck.sh", f"#!/bin/sh\nexec env PYTHONPATH={ROOT} {sys.executable} {script}\n")
+    began = time.monotonic()
+    job = cluster.submit(batch, "--hang-timeout=0:03", "--no-requeue", "-o", "stuck-%j.out")
+    done = cluster.wait_state(job, "HUNG", "COMPLETED", "FAILED", timeout=30)
+    assert done["state"] == "HUNG" and done["reason"] == "Hung" and "no progress for" in done["reason_detail"]
+    assert time.monotonic() - began < 20
+    text = (cluster.work / f"stuck-{job}.out").read_text()
+    assert "wait_for_a_peer_that_never_answers" in text and "stuck.py" in text   # faulthandler's stacks
+    assert cluster.cli("airq", "-j", str(job), "-h", "-t", "all", "-o", "%t").stdout.strip() == "HG"
+    import json
+    series = json.loads(cluster.cli("airstat", str(job), "--json").stdout)   # sampled at each heartbeat
+    assert series["step"][-1] == 3 and series["loss"][-1] == pytest.approx(1 / 3)
