@@ -12,6 +12,7 @@
             ckpt.save(step, state)
             break
 """
+from runtime import early   # noqa: F401  (first: catches SIGTERM while torch is still importing)
 from runtime.checkpoint import Checkpointer
 from runtime.context import Context, init
 from runtime.data import ResumableSampler

@@ -16,6 +16,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from runtime import early
+
 REQUEUE_EXIT = 75   # EX_TEMPFAIL: stopped cleanly for requeue
 
 
@@ -35,6 +37,9 @@ class StopSignal:
         self.distributed = distributed
         self._flag = threading.Event()
         self.reason = ""
+        if early.received.is_set():   # told to stop before init() could listen
+            self.reason = stop_reason() or "SIGTERM"
+            self._flag.set()
         if threading.current_thread() is threading.main_thread():
             for sig in signals:
                 signal.signal(sig, self._handler)

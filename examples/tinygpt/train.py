@@ -12,10 +12,11 @@ import os
 import sys
 import time
 
+import runtime  # first: from here on a stop signal is caught, not fatal
+
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import runtime  # noqa: E402
 from data import CharDataset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
