@@ -82,8 +82,21 @@ def main() -> int:
         async_total = blocked + _timed(lambda: holder["f"].result())
         shutil.rmtree(work / "async")
         ctx = runtime.init(checkpoint_dir=str(work / "rt"))
-        ckpt = runtime.Checkpointer(ctx)
-        ours = _timed(lambda: ckpt.save(1, {"model": model, "optim": optim}))
+        ckpt = runtime.Checkpointer(ctx, async_save=False)
+        actx = runtime.init(checkpoint_dir=str(work / "rt-async"))
+        aster = runtime.Checkpointer(actx)
+        state = {"model": model, "optim": optim}
+        cold = _timed(lambda: aster.save(1, state))      # allocates the staging buffers
+        cold_total = cold + _timed(aster.wait)
+        # the disk's write rate swings with the page cache's writeback: three rounds, alternating, best of each
+        rounds = []
+        for i in range(2, 5):
+            sync_s = _timed(lambda: ckpt.save(i, state))
+            blocked_s = _timed(lambda: aster.save(i, state))   # reuses the buffers: what every later save costs
+            rounds.append((sync_s, blocked_s, blocked_s + _timed(aster.wait)))
+        ours = min(r[0] for r in rounds)
+        warm = min(r[1] for r in rounds)
+        warm_total = min(r[2] for r in rounds)
         model2, optim2 = _state()
         restore = _timed(lambda: ckpt.restore({"model": model2, "optim": optim2}))
         same = all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
@@ -96,8 +109,13 @@ def main() -> int:
         ("torch.save (s, GB/s)", f"{plain:.2f}", f"{gb / plain:.2f} GB/s"),
         ("dcp.save (s, GB/s)", f"{sync:.2f}", f"{gb / sync:.2f} GB/s"),
         ("dcp.async_save: loop blocked (s) / total (s)", f"{blocked:.2f} / {async_total:.2f}", ""),
-        ("runtime Checkpointer.save, synchronous (s, GB/s)", f"{ours:.2f}",
+        ("runtime Checkpointer.save, synchronous, best of 3 (s, GB/s)", f"{ours:.2f}",
          f"{gb / ours:.2f} GB/s, {gb / ours / dd_gbs * 100:.0f}% of dd" if dd_gbs else f"{gb / ours:.2f} GB/s"),
+        ("runtime Checkpointer.save, async, first: loop blocked / total (s)", f"{cold:.2f} / {cold_total:.2f}",
+         "allocates the staging buffers"),
+        ("runtime Checkpointer.save, async, later (best of 3): loop blocked / total (s)", f"{warm:.2f} / {warm_total:.2f}",
+         f"blocked {warm / copy:.1f}x the plain copy (target: 2x); write {gb / (warm_total - warm):.2f} GB/s"
+         + (f", {gb / (warm_total - warm) / dd_gbs * 100:.0f}% of dd (target: 80%)" if dd_gbs else "")),
         ("runtime Checkpointer.restore (s)", f"{restore:.2f}", "bit-identical" if same else "DIFFERENT"),
     ]
     table = ("| figure | value | note |\n|---|---|---|\n" + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows))
@@ -106,8 +124,8 @@ def main() -> int:
         with open(args.write, "a") as f:
             f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: checkpoints\n\n"
                     f"`python bench/bench_checkpoint.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} cores, one "
-                    "process, CPU tensors, files in /tmp. The runtime saves synchronously for now; async saving with "
-                    "reused staging buffers is not built yet.\n\n" + table + "\n")
+                    "process, CPU tensors, files in /tmp. Async: the loop blocks for the staging copy into reused "
+                    "buffers; a background thread writes with 4 writer threads.\n\n" + table + "\n")
     return 0
 
 

@@ -9,7 +9,7 @@
         ...
         ckpt.maybe_save(step, state)
         if ctx.stop.requested():          # SIGTERM on any rank; every rank agrees on this step
-            ckpt.save(step, state)
+            ckpt.save(step, state, blocking=True)
             break
 """
 from runtime import early   # noqa: F401  (first: catches SIGTERM while torch is still importing)

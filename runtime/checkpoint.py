@@ -6,14 +6,23 @@ aside, fsynced, then renamed), after every rank has finished. Restore takes the 
 that has COMPLETE and whose metadata reads back; a newer one without it (interrupted mid-write)
 or with unreadable metadata is skipped with a warning. The newest `keep` complete checkpoints stay.
 
+Saves are asynchronous by default: save() copies the state into staging buffers that are allocated
+once and reused (pinned host memory for GPU tensors), then a background thread writes them, on a
+process group of its own, while training goes on; one save is in flight at a time, and a save, a
+restore or the end of the process waits for it. save(..., blocking=True) (at a stop) returns only
+once the checkpoint is complete.
+
 What goes in: every nn.Module and optimizer of the state (through DCP's state-dict helpers),
 anything else with state_dict()/load_state_dict(), plain values, and per rank the RNG states
 (python, torch, CUDA, numpy) and the state of per-rank objects such as a ResumableSampler.
 """
 from __future__ import annotations
 
+import atexit
+import copy
 import logging
 import os
+import threading
 import warnings
 import random
 import re
@@ -60,9 +69,34 @@ def _set_rng_state(state: dict) -> None:
         numpy.random.set_state(state["numpy"])
 
 
+class _Staging:
+    """Reused buffers for the staging copy: one per tensor position in the state, allocated on first
+    use (pinned when the source is on a GPU) and kept while shapes and dtypes stay the same."""
+
+    def __init__(self):
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def stage(self, value, path: tuple = ()):
+        if torch.is_tensor(value):
+            key = path
+            buf = self._buffers.get(key)
+            if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
+                buf = torch.empty(value.shape, dtype=value.dtype, device="cpu",
+                                  pin_memory=value.is_cuda and torch.cuda.is_available())
+                self._buffers[key] = buf
+            buf.copy_(value.detach(), non_blocking=value.is_cuda)
+            return buf
+        if isinstance(value, dict):
+            return {k: self.stage(v, path + (k,)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            staged = [self.stage(v, path + (i,)) for i, v in enumerate(value)]
+            return type(value)(staged) if isinstance(value, tuple) else staged
+        return copy.deepcopy(value)
+
+
 class Checkpointer:
     def __init__(self, ctx: Context, every_steps: int = 0, every_seconds: float = 0, keep: int = 2,
-                 directory: str | os.PathLike | None = None):
+                 directory: str | os.PathLike | None = None, async_save: bool = True, write_threads: int = 4):
         if keep < 2:
             raise ValueError("keep at least 2 checkpoints, so that a bad newest one has a fallback")
         self.ctx = ctx
@@ -70,6 +104,14 @@ class Checkpointer:
         self.every_steps = every_steps
         self.every_seconds = every_seconds
         self.keep = keep
+        self.async_save = async_save
+        self.write_threads = write_threads
+        self._staging = _Staging()
+        self._writer: threading.Thread | None = None
+        self._error: BaseException | None = None
+        # the background writer's collectives go on a group of their own, beside the training's
+        self._group = dist.new_group(backend="gloo") if ctx.world_size > 1 and async_save else None
+        atexit.register(self.wait)
         self._last_save = time.monotonic()
         self.last_step = 0
         self.last_time = 0.0   # wall time of the newest checkpoint written or restored
@@ -127,22 +169,64 @@ class Checkpointer:
             self.save(step, state)
         return bool(due)
 
-    def save(self, step: int, state: dict) -> Path:
-        """Write a checkpoint of `state` at `step` (a collective: every rank calls it)."""
+    def save(self, step: int, state: dict, blocking: bool | None = None) -> Path:
+        """Checkpoint `state` at `step` (a collective: every rank calls it). Asynchronous unless
+        `blocking` (or the Checkpointer was made with async_save=False): the call returns once the
+        state is staged, and the checkpoint counts once the background write has finished."""
+        blocking = not self.async_save if blocking is None else blocking
+        self.wait()
         path = self.dir / f"step-{step:09d}"
         if self.ctx.is_main and path.exists():
             shutil.rmtree(path)   # an earlier, interrupted attempt at the same step
         self.ctx.barrier()
-        dcp.save(self._to_save(state, step), checkpoint_id=str(path))
-        self.ctx.barrier()        # every rank's part is on disk
+        staged = self._staging.stage(self._to_save(state, step))
+        if any(t.is_cuda for t in self._models_tensors(state)):
+            torch.cuda.synchronize()   # the non-blocking copies into pinned memory have landed
+        self._last_save = time.monotonic()
+        if blocking or not self.async_save:
+            self._write(staged, path, step, self._group if self.async_save else None)
+        else:
+            self._writer = threading.Thread(target=self._write_in_background, args=(staged, path, step),
+                                            name="checkpoint-writer", daemon=True)
+            self._writer.start()
+        return path
+
+    @staticmethod
+    def _models_tensors(state: dict):
+        for value in state.values():
+            if isinstance(value, torch.nn.Module):
+                yield from value.parameters()
+
+    def _write(self, staged: dict, path: Path, step: int, group) -> None:
+        writer = dcp.FileSystemWriter(str(path), thread_count=self.write_threads)
+        if self.ctx.world_size > 1:
+            dcp.save(staged, storage_writer=writer, process_group=group)
+            dist.barrier(group=group)        # every rank's part is on disk
+        else:
+            dcp.save(staged, storage_writer=writer)
         if self.ctx.is_main:
             _write_marker(path, step)
             self._prune()
-        self.ctx.barrier()
-        self._last_save = time.monotonic()
+        if self.ctx.world_size > 1:
+            dist.barrier(group=group)
         self.last_step = step
         self.last_time = time.time()
-        return path
+
+    def _write_in_background(self, staged: dict, path: Path, step: int) -> None:
+        try:
+            self._write(staged, path, step, self._group)
+        except BaseException as e:   # raised again in the training thread at the next save or wait
+            self._error = e
+
+    def wait(self) -> None:
+        """Until the save in flight, if any, is complete."""
+        writer = self._writer
+        if writer is not None:
+            writer.join()
+            self._writer = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"the background checkpoint write failed: {error}") from error
 
     def _prune(self) -> None:
         complete = [p for _, p in self._checkpoints() if (p / MARKER).exists()]
@@ -176,6 +260,7 @@ class Checkpointer:
 
     def restore(self, state: dict) -> int:
         """Load the newest complete checkpoint into `state`; return its step, or 0 when there is none."""
+        self.wait()
         choice = [self._choose() if self.ctx.is_main else ""]
         if self.ctx.world_size > 1:
             dist.broadcast_object_list(choice, src=0)   # every rank loads the same one

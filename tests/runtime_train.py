@@ -24,6 +24,7 @@ def main() -> None:
     p.add_argument("--crash-at", type=int, default=0)
     p.add_argument("--stop-at", type=int, default=0)
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step, to be caught mid-run")
+    p.add_argument("--async-save", action="store_true", help="periodic saves in the background")
     args = p.parse_args()
 
     ctx = runtime.init(checkpoint_dir=args.dir)
@@ -39,7 +40,7 @@ def main() -> None:
         model = torch.nn.parallel.DistributedDataParallel(model)
     optim = torch.optim.AdamW(model.parameters(), lr=0.01)
     sampler = runtime.ResumableSampler(len(data), seed=3, rank=ctx.rank, world_size=ctx.world_size)
-    ckpt = runtime.Checkpointer(ctx, every_steps=args.every, keep=2)
+    ckpt = runtime.Checkpointer(ctx, every_steps=args.every, keep=2, async_save=args.async_save)
     state = {"model": model, "optim": optim, "sampler": sampler}
     start = ckpt.restore(state)
     batches = iter(sampler)
@@ -65,7 +66,7 @@ def main() -> None:
         if step == args.stop_at:
             ctx.stop.request("test")
         if ctx.stop.requested():
-            ckpt.save(step, state)
+            ckpt.save(step, state, blocking=True)
             return
         ckpt.maybe_save(step, state)
     if ctx.is_main:

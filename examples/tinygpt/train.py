@@ -82,7 +82,7 @@ def main() -> None:
         if ctx.is_main and step % 50 == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
         if ctx.stop.requested():          # every rank agrees on this step
-            ckpt.save(step, state)
+            ckpt.save(step, state, blocking=True)
             if ctx.is_main:
                 print(f"stopping at step {step} ({ctx.stop.reason}); checkpoint written", flush=True)
             ctx.stop.exit()
