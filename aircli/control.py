@@ -242,16 +242,18 @@ def local():
 @click.option("--health-program", default="", help="run on every node each second; non-zero exit drains it")
 @click.option("--max-gpu-temp", default=85, show_default=True, type=click.IntRange(0, 200),
               help="a GPU hotter than this (C) drains its node; 0: no limit")
+@click.option("--heartbeat", default=0.0, type=click.FloatRange(min=0.0),
+              help="seconds between node heartbeats (default: a quarter of --node-timeout, at most 1)")
 @click.option("--health-auto-resume", is_flag=True,
               help="nodes drained by a condition that clears return by themselves once it has")
 def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_timeout, auth, munge_socket,
-             extra_config, operators, private_jobs, health_program, max_gpu_temp, health_auto_resume):
+             extra_config, operators, private_jobs, health_program, max_gpu_temp, health_auto_resume, heartbeat):
     from aircli.local import up
     extra = Path(extra_config).read_text() if extra_config else ""
     config = up(Path(directory), nodes, gpus_per_node, cpus_per_node, base_address, node_timeout,
                 auth=auth, munge_socket=munge_socket, extra=extra, operators=operators,
                 private_jobs=private_jobs, health_program=health_program, max_gpu_temp_c=max_gpu_temp,
-                health_auto_resume=health_auto_resume)
+                health_auto_resume=health_auto_resume, heartbeat_s=heartbeat)
     click.echo(f"local cluster up: {nodes} nodes with {gpus_per_node} GPUs each; logs in {config.parent / 'log'}")
     click.echo(f"export AIR_CONF={config}")
 

@@ -33,8 +33,8 @@ class ControllerConfig:
     service_user: str = "root"  # the user airctld runs as; node daemons accept calls from it
     operators: tuple = ()      # users, or @groups, who may act on any job
     private_jobs: bool = False  # airq shows others' jobs only to root and operators
-    heartbeat_interval_s: float = 5.0
-    node_timeout_s: float = 30.0
+    heartbeat_interval_s: float = 3.0
+    node_timeout_s: float = 10.0
     kill_wait_s: float = 30.0
     min_job_age_s: float = 300.0
     max_script_bytes: int = 4 * 1024 * 1024
