@@ -12,6 +12,7 @@ import click
 from aircli.client import CliError, entry
 
 REQUEUE_EXIT = 75   # runtime.REQUEUE_EXIT: a rank checkpointed and stopped for requeue
+NODE_LOST_EXIT = 76  # a node of the step stopped answering: the controller requeues the job
 
 
 @click.command(context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]})
@@ -66,9 +67,9 @@ def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_
             kind, value = events.get()
             if kind == "end":
                 streams_left -= 1
-                if value:  # a node's stream broke: its ranks are gone
-                    err.write(f"airrun: error: {value}\n".encode())
-                    first_bad = first_bad or 1
+                if value:  # a node's stream broke: its ranks are gone, most likely with the node
+                    err.write(f"airrun: error: {value}; ending the step\n".encode())
+                    first_bad = first_bad or NODE_LOST_EXIT
                     if kill_on_bad_exit:
                         break
                 continue

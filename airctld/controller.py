@@ -72,6 +72,7 @@ class Controller(NodeReports):
         self.telemetry: dict[str, list[pb.GpuStatus]] = {}   # node -> its GPUs' latest reading
         self.last_progress: dict[int, float] = {}   # job -> when one of its ranks last reported
         self.latest_report: dict[int, str] = {}     # job -> rank 0's newest report (JSON)
+        self.suspect: dict[str, float] = {}         # nodes a step lost, until their next heartbeat
         self._last_pass = 0.0
         self._due = float("inf")   # when a pending job's --begin time comes
         self._pass_seconds = 0.0
@@ -485,7 +486,8 @@ class Controller(NodeReports):
             if not pending:
                 return
             active = self.jobs.active()
-            free = scheduler.free_resources(self.nodes.values(), active, self.switches)
+            nodes = [evolve(n, state=NodeState.DOWN) if n.name in self.suspect else n for n in self.nodes.values()]
+            free = scheduler.free_resources(nodes, active, self.switches)
             capacity = (sum(len(n.gpus) for n in self.nodes.values()), sum(n.cpus for n in self.nodes.values()))
         began = time.perf_counter()
         inputs = self.planner.inputs(pending, self.jobs, active, self.accounting, capacity, now, self._dep_states)

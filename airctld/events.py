@@ -18,6 +18,7 @@ class TransitionError(Exception):
 # Stops after which a job goes back to the queue (when it allows requeue) rather than ending.
 REQUEUING = frozenset({Reason.REQUEUE_REQUESTED, Reason.PREEMPTED, Reason.HUNG})
 REQUEUE_EXIT = 75   # the runtime's exit code for "stopped cleanly for requeue" (EX_TEMPFAIL)
+NODE_LOST_EXIT = 76  # airrun's exit code when a node of its step stopped answering
 
 
 def _require(job: Job, *phases: JobPhase, doing: str) -> None:
@@ -109,6 +110,9 @@ def finished(job: Job, now: float, exit_code: int, exit_signal: int, detail: str
         # signal the cluster did not send
         reason = Reason.TIME_LIMIT if warned else Reason.REQUEUE_REQUESTED
         return requeued(job, now, reason, "checkpointed and stopped for requeue")
+    if job.phase == JobPhase.RUNNING and exit_code == NODE_LOST_EXIT and not exit_signal and job.requeue_allowed:
+        # airrun lost a node of its step before the controller noticed the node was gone
+        return requeued(job, now, Reason.NODE_FAIL, "a node of the step stopped answering (airrun)")
     done = exited(job, now, exit_code, exit_signal, detail, launch_failed, out_of_memory)
     if done.result == JobResult.FAILED and not launch_failed and job.restart_count < job.request.retries:
         return requeued(job, now, done.reason, f"exit {exit_code}:{exit_signal}; retry {job.restart_count + 1} "

@@ -76,6 +76,7 @@ class NodeReports:
             if node is None or node.state not in (NodeState.UP, NodeState.DRAIN):
                 return pb.HeartbeatReply(reregister=True)
             self.nodes[req.name] = node = evolve(node, last_heartbeat=now)
+            self.suspect.pop(req.name, None)
             self.telemetry[req.name] = list(req.gpus)
             if req.progress:
                 self._take_progress(req.progress, now)
@@ -89,6 +90,9 @@ class NodeReports:
                     changes.append((job, events.finished(job, now, e.exit_code, e.exit_signal, e.detail,
                                                          e.launch_failed, e.out_of_memory,
                                                          warned=e.job_id in self._warned)))
+                    if e.exit_code == events.NODE_LOST_EXIT:
+                        # airrun lost one of these nodes; none takes new work until it is heard from
+                        self.suspect.update({n: now for n in job.node_names if n != req.name})
             running = set(req.running)
             for job in self.jobs.active():
                 if job.batch_node != req.name:

@@ -83,3 +83,19 @@ def test_requeue_paths():
     assert state_code(never.phase, never.result) == "NF"
     cancelling = events.stop(events.start(_job(), 1, ALLOC), 2, JobResult.CANCELLED, Reason.CANCELLED)
     assert events.node_lost(cancelling, 3, Reason.NODE_FAIL, "x").result == JobResult.NODE_FAIL
+
+
+def test_clean_stops_and_lost_nodes_reported_by_exit_codes():
+    running = events.start(_job(), 1, ALLOC)
+    warned = events.finished(running, 2, events.REQUEUE_EXIT, 0, warned=True)
+    assert warned.phase == JobPhase.PENDING and warned.last_stop_reason == Reason.TIME_LIMIT
+    asked = events.finished(running, 2, events.REQUEUE_EXIT, 0)
+    assert asked.phase == JobPhase.PENDING and asked.last_stop_reason == Reason.REQUEUE_REQUESTED
+    lost = events.finished(running, 2, events.NODE_LOST_EXIT, 0)
+    assert lost.phase == JobPhase.PENDING and lost.last_stop_reason == Reason.NODE_FAIL
+    stuck = events.start(_job(request=pb.JobRequest(no_requeue=True)), 1, ALLOC)
+    assert events.finished(stuck, 2, events.REQUEUE_EXIT, 0).result == JobResult.FAILED
+    hung = events.hung(running, 5, 120)
+    assert hung.reason == Reason.HUNG and events.finished(hung, 6, 0, 9).phase == JobPhase.PENDING
+    oom = events.finished(running, 2, 137, 0, out_of_memory=True)
+    assert oom.result == JobResult.OUT_OF_MEMORY and oom.reason == Reason.OUT_OF_MEMORY
