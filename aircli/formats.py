@@ -160,7 +160,14 @@ def _checkpoint_age(now: float) -> Callable[[pb.Job], str]:
     return get
 
 
-SQUEUE_LONG = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %.8s %.9L %.9k %.6f %.10c %R"
+SQUEUE_LONG = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %.8s %.9L %.9k %.6f %.10c %.14y %R"
+
+
+def _restarts(job: pb.Job) -> str:
+    """How many times the job restarted, and why it last stopped ("2:Preempted")."""
+    if not job.restart_count:
+        return "0"
+    return f"{job.restart_count}:{REASON_NAMES[Reason(job.last_stop_reason)]}"
 
 
 def job_fields(now: float) -> dict[str, tuple[str, Callable[[pb.Job], object]]]:
@@ -170,6 +177,7 @@ def job_fields(now: float) -> dict[str, tuple[str, Callable[[pb.Job], object]]]:
         "k": ("TOK/S", _progress_field("tokens_per_s", "{:.0f}")),
         "f": ("MFU", _progress_field("mfu", "{:.1%}")),
         "c": ("LAST_CKPT", _checkpoint_age(now)),
+        "y": ("RESTARTS", _restarts),
         "i": ("JOBID", job_id_text),
         "A": ("JOBID", lambda j: j.job_id),
         "F": ("ARRAY_JOB_ID", lambda j: j.array_job_id or j.job_id),

@@ -23,7 +23,7 @@ MISSES_BEFORE_LOST = 2
 
 def clears_by_itself(signal: str) -> bool:
     """Health signals of conditions that can pass (a port, a temperature, the admin's program)."""
-    return signal.startswith("IB ") or signal in ("thermal", "health program")
+    return (signal.startswith("IB ") and not signal.endswith("flapping")) or signal in ("thermal", "health program")
 
 
 class NodeReports:

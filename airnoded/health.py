@@ -53,6 +53,30 @@ def ib_port_faults(root: Path) -> dict[str, str]:
     return faults
 
 
+# InfiniBand error counters watched on every check (sysfs ports/*/counters/*). Rises are recorded;
+# a port whose link went down more than IB_FLAP_LIMIT times since the daemon started is flapping.
+IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+               "local_link_integrity_errors", "excessive_buffer_overrun_errors")
+IB_FLAP_LIMIT = 3
+
+
+def ib_counters(root: Path) -> dict[str, dict[str, int]]:
+    """{"mlx5_0/1": {"link_downed": 0, ...}} for every port with a counters folder."""
+    out: dict[str, dict[str, int]] = {}
+    if not root.is_dir():
+        return out
+    for folder in sorted(root.glob("*/ports/*/counters")):
+        port = f"{folder.parents[2].name}/{folder.parent.name}"
+        values = {}
+        for name in IB_COUNTERS:
+            try:
+                values[name] = int((folder / name).read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+        out[port] = values
+    return out
+
+
 class HealthMonitor:
     def __init__(self, node: str, gpus, ib_root: Path | None, program: str, interval_s: float, timeout_s: float,
                  report: Callable[[pb.HealthEvent], None], max_temp_c: int = 0):
@@ -64,6 +88,9 @@ class HealthMonitor:
         self.timeout_s = timeout_s
         self.report = report
         self._ib_down: dict[str, str] = {}
+        self._ib_counts: dict[str, dict[str, int]] | None = None
+        self._ib_base: dict[str, dict[str, int]] = {}
+        self._ib_flapping: set[str] = set()
         self._program_failing = False
         self.max_temp_c = max_temp_c
         self._hot: set[int] = set()
@@ -117,8 +144,28 @@ class HealthMonitor:
                                                message=f"InfiniBand port {port} is {state}, not ACTIVE",
                                                critical=True, time=now))
             self._ib_down = down
+            self._check_ib_counters(now)
         if self.program:
             self._run_program(now)
+
+    def _check_ib_counters(self, now: float) -> None:
+        counts = ib_counters(self.ib_root)
+        if self._ib_counts is None:      # the first reading is the baseline
+            self._ib_counts = {port: dict(v) for port, v in counts.items()}
+            self._ib_base = {port: dict(v) for port, v in counts.items()}
+            return
+        for port, values in counts.items():
+            before = self._ib_counts.get(port, {})
+            rises = {k: v - before.get(k, v) for k, v in values.items() if v > before.get(k, v)}
+            if rises:
+                self.report(pb.HealthEvent(gpu=-1, signal=f"IB {port} errors", critical=False, time=now,
+                                           message=", ".join(f"{k} +{n}" for k, n in sorted(rises.items()))))
+            downs = values.get("link_downed", 0) - self._ib_base.get(port, {}).get("link_downed", 0)
+            if downs > IB_FLAP_LIMIT and port not in self._ib_flapping:
+                self._ib_flapping.add(port)
+                self.report(pb.HealthEvent(gpu=-1, signal=f"IB {port} flapping", critical=True, time=now,
+                                           message=f"link went down {downs} times since the daemon started"))
+        self._ib_counts = {port: dict(v) for port, v in counts.items()}
 
     def ongoing(self) -> list[str]:
         """Conditions that still hold: IB ports not ACTIVE, hot GPUs, a failing health program."""

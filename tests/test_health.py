@@ -114,6 +114,27 @@ def test_only_operators_resume_and_real_gpus_refuse_faults(cluster):
     assert proc.returncode != 0 and "GPU 9 does not exist" in proc.stderr
 
 
+def test_ib_error_counters_are_recorded_and_a_flapping_port_is_critical(tmp_path):
+    from airnoded.gpus import SimulatedGpus
+    from airnoded.health import HealthMonitor
+    counters = tmp_path / "mlx5_0" / "ports" / "1" / "counters"
+    counters.mkdir(parents=True)
+    (counters.parent / "state").write_text("4: ACTIVE\n")
+    (counters / "symbol_error").write_text("0\n")
+    (counters / "link_downed").write_text("1\n")
+    seen = []
+    monitor = HealthMonitor("n1", SimulatedGpus(0, "n1"), tmp_path, "", 1.0, 1.0, seen.append)
+    monitor.check(0.0)
+    assert seen == []                                  # the first reading is the baseline
+    (counters / "symbol_error").write_text("7\n")
+    monitor.check(1.0)
+    assert [(e.signal, e.message, e.critical) for e in seen] == [("IB mlx5_0/1 errors", "symbol_error +7", False)]
+    (counters / "link_downed").write_text("6\n")
+    monitor.check(2.0)
+    assert seen[-1].signal == "IB mlx5_0/1 flapping" and seen[-1].critical
+    assert "5 times" in seen[-1].message
+
+
 def test_xid_policy_and_ib_reader(tmp_path):
     assert classify_xid(1, 79, 0, 0).critical and not classify_xid(1, 13, 0, 0).critical
     assert not classify_xid(1, 63, 0, 0).critical and classify_xid(1, 63, 1, 0).critical

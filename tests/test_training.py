@@ -90,7 +90,7 @@ def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
                    r["progress"].get("checkpoint_step") and r, timeout=20, what="a progress report")
     assert row["progress"]["step"] >= 5 and row["progress"]["tokens_per_s"] > 0
     long = cluster.cli("airq", "-l", "-j", str(job)).stdout.splitlines()
-    assert long[0].split()[7:13] == ["STEP", "LOSS", "TOK/S", "MFU", "LAST_CKPT", "NODELIST(REASON)"]
+    assert long[0].split()[7:14] == ["STEP", "LOSS", "TOK/S", "MFU", "LAST_CKPT", "RESTARTS", "NODELIST(REASON)"]
     assert long[1].split()[4] == "R" and "@" in long[1].split()[11]   # the last checkpoint: its step and age
 
     # interruption 1: a preempting job takes every GPU; the run stops at an agreed step with a checkpoint
@@ -135,6 +135,8 @@ def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
         assert history == expected   # the same batch at every step: none skipped, none repeated
     shown = cluster.cli("aircontrol", "show", "job", str(job)).stdout
     assert "Restarts=2" in shown and "LastStopReason=" in shown
+    row = cluster.cli("airq", "-l", "-t", "all", "-j", str(job), "-h").stdout.split()
+    assert row[12].startswith("2:")
 
 
 def test_time_limit_warning_checkpoints_requeues_and_finishes(cluster, tmp_path):
