@@ -145,7 +145,7 @@ def test_time_limit_warning_checkpoints_requeues_and_finishes(cluster, tmp_path)
                             sleep=0.1, ranks=1, nodes=1)
     done = cluster.wait_state(job, "COMPLETED", "FAILED", "TIMEOUT", timeout=240)
     text = (cluster.work / f"warned-{job}.out").read_text()
-    assert done["state"] == "COMPLETED" and done["restart_count"] >= 1, (done, text[-2000:])
+    assert done["state"] == "COMPLETED" and done["restart_count"] >= 1, (done["exit_code"], done["exit_signal"], done["reason_detail"], text[-2000:])
     assert done["last_stop_reason"] == "TimeLimit"
     assert "(TimeLimit); checkpoint written" in text
     # the same result as one run of all the steps

@@ -58,6 +58,7 @@ def main() -> None:
               f"restart {ctx.restart_count}, from step {start}", flush=True)
     log = open(f"{args.log}.rank{ctx.rank}", "a") if args.log else None
     batches = iter(sampler)
+    loss = None   # a run resumed at the last step trains no further
     for step in range(start + 1, args.steps + 1):
         idx = []
         while len(idx) < args.batch:
@@ -91,8 +92,8 @@ def main() -> None:
         if args.out:
             torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
         sample = model(torch.tensor([[data.index["t"]]], device=ctx.device))[0][0, -1].argmax().item()
-        print(f"done: {args.steps} steps, final loss {loss.item():.4f}; after 't' it predicts {data.decode([sample])!r}",
-              flush=True)
+        final = f"final loss {loss.item():.4f}; " if loss is not None else ""
+        print(f"done: {args.steps} steps, {final}after 't' it predicts {data.decode([sample])!r}", flush=True)
 
 
 if __name__ == "__main__":
