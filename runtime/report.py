@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -50,15 +51,35 @@ class Reporter:
         self.latest: dict = {}
         self.write_every_s = write_every_s
         self._written = 0.0
+        self._pending: tuple | None = None
+        self._timer: threading.Timer | None = None
+        self._lock = threading.RLock()
 
     def report(self, step: int, loss: float | None = None, tokens: int = 0, samples: int = 0,
                checkpoint_step: int | None = None, **metrics) -> dict:
         """`tokens` and `samples`: what this rank processed since its last report."""
-        now = time.time()
-        self._tokens += tokens
-        self._samples += samples
-        if now - self._written < self.write_every_s and self._last is not None:
-            return self.latest     # the figures of the next written report cover this step too
+        with self._lock:
+            now = time.time()
+            self._tokens += tokens
+            self._samples += samples
+            if now - self._written < self.write_every_s and self._last is not None:
+                # written later: by the next report, or by the timer if the loop goes quiet
+                self._pending = (step, loss, checkpoint_step, metrics)
+                if self._timer is None:
+                    self._timer = threading.Timer(self.write_every_s, self._flush)
+                    self._timer.daemon = True
+                    self._timer.start()
+                return self.latest
+            return self._make(step, loss, checkpoint_step, metrics, now)
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._pending is not None:
+                self._make(*self._pending, time.time())
+
+    def _make(self, step: int, loss, checkpoint_step, metrics: dict, now: float) -> dict:
+        self._pending = None
         out = {"step": step, "time": now, "rank": self.rank}
         if loss is not None:
             out["loss"] = float(loss)
