@@ -82,6 +82,14 @@ class JobCgroups:
     def attach(path: Path, pid: int) -> None:
         (path / "cgroup.procs").write_text(str(pid))
 
+    def enter(self, path: Path, proc) -> None:
+        """Put a process started behind the launcher's GATE into the group, then let it run."""
+        try:
+            self.attach(path, proc.pid)
+        finally:
+            proc.stdin.write(b"\n")
+            proc.stdin.close()
+
     @staticmethod
     def pids(path: Path) -> list[int]:
         try:

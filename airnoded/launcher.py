@@ -203,11 +203,7 @@ class Launcher:
             finally:
                 os.close(status_w)
         if gated:
-            try:
-                self.cgroups.attach(group, proc.pid)
-            finally:
-                proc.stdin.write(b"\n")
-                proc.stdin.close()
+            self.cgroups.enter(group, proc)
         (jobdir / "pgid").write_text(f"{proc.pid}\n")
         log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
         return RunningJob(job.job_id, proc, proc.pid, status_fd=status_r, cgroup=group)

@@ -91,11 +91,7 @@ class StepRunner:
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                                         **kwargs)
                 if gated:
-                    try:
-                        self.cgroups.attach(group, proc.pid)
-                    finally:
-                        proc.stdin.write(b"\n")
-                        proc.stdin.close()
+                    self.cgroups.enter(group, proc)
             except OSError as e:
                 message = f"airrun: {self.node}: cannot run {step.spec.argv[0]}: {e.strerror}\n"
                 events.put(pb.StepEvent(rank=rank, stderr=True, data=message.encode()))
