@@ -56,6 +56,8 @@ def command(job_id, as_json, width, config):
         plt.xlabel("step")
         plt.plotsize(width or min(plt.terminal_width() or 100, 120), 15)
         plt.theme("clear")
+        if not sys.stdout.isatty():
+            plt.clear_color()   # no escape codes in a file or a pipe
         plt.show()
 
 

@@ -175,4 +175,4 @@ def test_a_job_that_stops_making_progress_ends_hung_with_its_stacks(cluster):
     series = json.loads(cluster.cli("airstat", str(job), "--json").stdout)   # sampled at each heartbeat
     assert series["step"][-1] == 3 and series["loss"][-1] == pytest.approx(1 / 3)
     drawn = cluster.cli("airstat", str(job), "--width", "60").stdout
-    assert f"job {job}: loss by step" in drawn and "step" in drawn
+    assert f"job {job}: loss by step" in drawn and "step" in drawn and "\x1b[" not in drawn   # no colours in a pipe
