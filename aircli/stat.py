@@ -3,11 +3,14 @@ controller kept (runtime reports, see docs/runtime.md)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import click
 
 from aircli.client import CliError, entry
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def series(reports: list[str]) -> dict[str, list]:
@@ -56,9 +59,10 @@ def command(job_id, as_json, width, config):
         plt.xlabel("step")
         plt.plotsize(width or min(plt.terminal_width() or 100, 120), 15)
         plt.theme("clear")
-        if not sys.stdout.isatty():
-            plt.clear_color()   # no escape codes in a file or a pipe
-        plt.show()
+        if sys.stdout.isatty():
+            plt.show()
+        else:   # a file or a pipe: the same drawing without escape codes
+            sys.stdout.write(ANSI.sub("", plt.build()) + "\n")
 
 
 main = entry(command, "airstat")
