@@ -39,6 +39,7 @@ class Accounting:
                     store.save_assoc(a)
                     stored[a.key] = a
         self.assocs: dict[tuple[str, str], Assoc] = stored
+        self._chains: tuple[dict, dict] | None = None
         usage, charged = store.load_usage()
         self.usage = usage
         self.charged_until = charged or now
@@ -71,11 +72,15 @@ class Accounting:
         return fairshare.compute(self.tree(leaves), self.usage)
 
     def account_chains(self) -> tuple[dict[str, tuple[str, ...]], dict[str, int]]:
-        """account -> (it and the accounts above it), and account -> its GPU quota."""
-        tree = self.tree()
-        chains = {k[0]: tuple(fairshare.ancestors(tree, k[0])) for k in tree if not k[1] and k[0] != ROOT}
-        quotas = {k[0]: a.max_gpus for k, a in tree.items() if not k[1] and a.max_gpus}
-        return chains, quotas
+        """account -> (it and the accounts above it), and account -> its GPU quota. They depend on the
+        configured tree alone (an account known only from usage hangs under root, with no quota), so
+        they are worked out once per change of the tree, not on every submit and pass."""
+        if self._chains is None:
+            tree = fairshare.complete_tree(self.assocs.values(), ())
+            chains = {k[0]: tuple(fairshare.ancestors(tree, k[0])) for k in tree if not k[1] and k[0] != ROOT}
+            quotas = {k[0]: a.max_gpus for k, a in tree.items() if not k[1] and a.max_gpus}
+            self._chains = (chains, quotas)
+        return self._chains
 
     def has_accounts(self) -> bool:
         return bool(self.assocs)
@@ -170,8 +175,10 @@ class Accounting:
         with self.store.transaction():
             self.store.remove_assoc(account, user)
         del self.assocs[(account, user)]
+        self._chains = None
 
     def _save(self, a: Assoc) -> None:
         with self.store.transaction():
             self.store.save_assoc(a)
         self.assocs[a.key] = a
+        self._chains = None

@@ -111,10 +111,7 @@ class Controller(NodeReports):
     # ------------------------------------------------------------ submit
 
     def submit(self, req: pb.JobRequest, who: Identity, test_only: bool = False) -> tuple[int, str]:
-        job = self._new_job(req, who)
-        tasks = None
-        if job.request.array:
-            tasks, _ = arrays.parse(job.request.array)
+        job, tasks = self._new_job(req, who)
         if test_only:
             return 0, self._estimate(job)
         with self._lock:
@@ -134,7 +131,8 @@ class Controller(NodeReports):
         self._wake.set()
         return job_id, ""
 
-    def _new_job(self, req: pb.JobRequest, who: Identity) -> Job:
+    def _new_job(self, req: pb.JobRequest, who: Identity) -> tuple[Job, list[int] | None]:
+        """The job a request makes, and its array task indices (None when it is not an array)."""
         check_request(req, self.config.controller)
         part = self.config.partition(req.partition)
         if part is None:
@@ -153,19 +151,20 @@ class Controller(NodeReports):
         account = self.policy.account_for(who, req.account, self.accounting)
         self._check_policy(req, who, account, part, nodes * req.gpus_per_node, limit)
         env = filtered_environment(req.environment, self.config.controller.drop_env)
-        throttle = 0
+        tasks, throttle = None, 0
         if req.array:
             try:
-                _, throttle = arrays.parse(req.array)
+                tasks, throttle = arrays.parse(req.array)
             except ValueError as e:
                 raise InvalidRequest(str(e)) from None
         if account != req.account or len(env) != len(req.environment) or throttle != req.array_max_running:
             req = _amended(req, account, env, throttle)
-        return Job(job_id=0, uid=who.uid, gid=who.gid, user=user_name(who.uid),
-                   name=req.name or "batch", partition=part.name, num_nodes=nodes,
-                   gpus_per_node=req.gpus_per_node, cpus_per_node=cpus, time_limit_s=limit,
-                   submit_time=self.clock(), request=req, hold=req.hold,
-                   reason=Reason.JOB_HELD_USER if req.hold else Reason.NONE)
+        job = Job(job_id=0, uid=who.uid, gid=who.gid, user=user_name(who.uid),
+                  name=req.name or "batch", partition=part.name, num_nodes=nodes,
+                  gpus_per_node=req.gpus_per_node, cpus_per_node=cpus, time_limit_s=limit,
+                  submit_time=self.clock(), request=req, hold=req.hold,
+                  reason=Reason.JOB_HELD_USER if req.hold else Reason.NONE)
+        return job, tasks
 
     def _check_policy(self, req: pb.JobRequest, who: Identity, account: str, part, gpus: int, limit: int) -> None:
         """The limits a job could never pass, refused at submit: QOS, quotas, partition accounts,
