@@ -46,6 +46,7 @@ class Client:
         from airctld import config as configuration
         import grpc
         from protos import air_pb2_grpc as rpc
+        from protos.credential import signed
         try:
             self.config = configuration.load(config_path)
         except configuration.ConfigError as e:
@@ -54,15 +55,15 @@ class Client:
         limit = self.config.controller.max_message_bytes
         channel = grpc.insecure_channel(self.address, options=[
             ("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", -1)])
-        self._stub = rpc.ControllerStub(channel)
-        self._grpc = grpc
         self._auth = self.config.controller.authenticator()
+        self._stub = rpc.ControllerStub(signed(channel, self._auth, self.address))
+        self._grpc = grpc
 
     def call(self, method: str, request, timeout: float = 30.0):
         from protos.credential import CredentialError
         grpc = self._grpc
         try:
-            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._auth.metadata())
+            return getattr(self._stub, method)(request, timeout=timeout)
         except CredentialError as e:
             raise CliError(str(e)) from None
         except grpc.RpcError as e:

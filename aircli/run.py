@@ -32,6 +32,7 @@ def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_
     from aircli.client import Client
     from protos import air_pb2 as pb
     from protos import air_pb2_grpc as rpc
+    from protos.credential import signed
     job_id = jobid or int(os.environ.get("AIR_JOB_ID", "0") or 0)
     if not job_id:
         raise CliError("not inside a job: $AIR_JOB_ID is not set (use airbatch, or --jobid)")
@@ -48,8 +49,8 @@ def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_
     events: queue.Queue = queue.Queue()
     calls = []
     for node in step.nodes:
-        stub = rpc.NodeAgentStub(grpc.insecure_channel(node.address))
-        call = stub.RunStep(pb.RunStepRequest(job_id=step.job_id, step_id=step.step_id), metadata=auth.metadata())
+        stub = rpc.NodeAgentStub(signed(grpc.insecure_channel(node.address), auth, node.node))
+        call = stub.RunStep(pb.RunStepRequest(job_id=step.job_id, step_id=step.step_id))
         calls.append(call)
         threading.Thread(target=_drain, args=(node.node, call, events), daemon=True).start()
 

@@ -41,6 +41,13 @@ class ControllerConfig:
     max_env_bytes: int = 1024 * 1024
     drop_env: tuple = ()       # variables never passed from the submit host to a job
     max_message_bytes: int = 8 * 1024 * 1024
+    # bounds on what one request may ask of the daemons (a refusal names the key)
+    max_tasks_per_node: int = 512        # ranks of one step on one node
+    max_array_tasks: int = 10_000        # tasks of one --array
+    max_dependencies: int = 1_000        # job ids in one --dependency
+    max_name_chars: int = 256            # job, account, QOS, partition names
+    max_report_bytes: int = 64 * 1024    # one progress report of a rank
+    max_steps_per_user: int = 16         # airrun streams one user may hold open on one node
 
     @property
     def host(self) -> str:
@@ -199,7 +206,8 @@ def parse(data: dict) -> Config:
         raise ConfigError(f"[controller] auth = {controller.auth!r}: valid values are {', '.join(AUTH_MODES)}")
     if ":" not in controller.address:
         raise ConfigError(f"[controller] address = {controller.address!r}: give host:port")
-    for key in ("heartbeat_interval_s", "node_timeout_s"):
+    for key in ("heartbeat_interval_s", "node_timeout_s", "max_tasks_per_node", "max_array_tasks",
+                "max_dependencies", "max_name_chars", "max_report_bytes", "max_steps_per_user"):
         if getattr(controller, key) <= 0:
             raise ConfigError(f"[controller] {key} = {getattr(controller, key)!r}: must be above 0")
     if controller.node_timeout_s <= controller.heartbeat_interval_s:

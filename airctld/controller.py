@@ -157,6 +157,9 @@ class Controller(NodeReports):
                 tasks, throttle = arrays.parse(req.array)
             except ValueError as e:
                 raise InvalidRequest(str(e)) from None
+            if len(tasks) > self.config.controller.max_array_tasks:
+                raise InvalidRequest(f"--array={req.array} makes {len(tasks)} tasks; the limit is "
+                                     f"{self.config.controller.max_array_tasks} (max_array_tasks)")
         if account != req.account or len(env) != len(req.environment) or throttle != req.array_max_running:
             req = _amended(req, account, env, throttle)
         job = Job(job_id=0, uid=who.uid, gid=who.gid, user=user_name(who.uid),
@@ -191,6 +194,10 @@ class Controller(NodeReports):
             dep = deps.parse(req.dependency)
         except ValueError as e:
             raise InvalidRequest(str(e)) from None
+        count = sum(len(t.job_ids) for t in dep.terms) if dep else 0
+        limit = self.config.controller.max_dependencies
+        if count > limit:
+            raise InvalidRequest(f"--dependency names {count} jobs; the limit is {limit} (max_dependencies)")
         for job_id in sorted(dep.job_ids if dep else ()):
             if job_id not in self.jobs and job_id not in self._arrays and self.store.get_job(job_id) is None:
                 raise InvalidRequest(f"dependency on job {job_id}, which does not exist")
@@ -337,6 +344,10 @@ class Controller(NodeReports):
                 raise Conflict(f"job {job.job_id} is {long_state(job.phase, job.result).lower()}; "
                                "steps run only in running jobs")
             addresses = {a.node: self.nodes[a.node].address for a in job.allocation}
+            most = self.config.controller.max_tasks_per_node
+            if spec.ntasks_per_node > most:
+                raise InvalidRequest(f"{spec.ntasks_per_node} tasks per node asked for; the limit is {most} "
+                                     "(max_tasks_per_node)")
             nodes, world = steps.layout(job, spec, addresses)
             step_id = self._step_ids[job.job_id] = self._step_ids.get(job.job_id, -1) + 1
         step = pb.Step(job_id=job.job_id, step_id=step_id, uid=job.uid, gid=job.gid, world_size=world,
@@ -383,6 +394,17 @@ class Controller(NodeReports):
         if job.uid != who.uid and not self.policy.sees_all(who):
             raise Denied(f"job {job_id} belongs to another user; this cluster keeps jobs private")
         return job
+
+    def job_view(self, job_id: int, who: Identity) -> pb.Job:
+        """A job as `who` may see it: its script, environment and arguments go only to its owner, root
+        and operators, whatever private_jobs says (output paths and names stay visible, as in Slurm)."""
+        job = self.get_job(job_id, who)
+        view = job.to_proto()
+        if job.uid != who.uid and not self.policy.is_operator(who):
+            _strip_private(view)
+        view.progress = self.latest_report.get(job_id, "")
+        view.last_progress = self.last_progress.get(job_id, 0.0)
+        return view
 
     def pending_views(self, filt: pb.JobFilter, who: Identity) -> list[pb.PendingJob]:
         """airq --priority and --start: each pending job's factors and the last pass's estimate."""
@@ -561,10 +583,16 @@ def _matches(job: Job, f: pb.JobFilter) -> bool:
     return True
 
 
+def _strip_private(view: pb.Job) -> None:
+    """What only a job's owner, root and operators may read: the script, environment and arguments."""
+    for name in ("script", "environment", "argv"):
+        view.request.ClearField(name)
+
+
 def _brief(job: Job) -> bytes:
+    """A job as listings carry it to anyone: never its script, environment or arguments."""
     p = job.to_proto()
-    p.request.ClearField("script")
-    p.request.ClearField("environment")
+    _strip_private(p)
     return p.SerializeToString()
 
 

@@ -79,7 +79,7 @@ class NodeReports:
             self.suspect.pop(req.name, None)
             self.telemetry[req.name] = list(req.gpus)
             if req.progress:
-                self._take_progress(req.progress, now)
+                self._take_progress(req.name, req.progress, now)
             if node.state == NodeState.DRAIN and node.drain_signal and not req.ongoing:
                 self._maybe_return(node, now)
             reported = {e.job_id for e in req.exits}
@@ -115,16 +115,21 @@ class NodeReports:
             self._wake.set()
         return pb.HeartbeatReply(acked=sorted(reported), kill=kill)
 
-    def _take_progress(self, reports, now: float) -> None:
+    def _take_progress(self, node: str, reports, now: float) -> None:
         """Ranks' progress from a node: when the job last moved (hang detection), its newest report
-        (airq -l, aircontrol show job) and the history (airstat)."""
+        (airq -l, aircontrol show job) and the history (airstat). Only for jobs running on that node,
+        and only reports within max_report_bytes (the node daemon checks the same)."""
         rows = []
+        limit = self.config.controller.max_report_bytes
         for p in reports:
             job = self.jobs.get(p.job_id)
-            if job is None or job.phase not in ACTIVE_PHASES:
+            if job is None or job.phase not in ACTIVE_PHASES or node not in job.node_names:
                 continue
-            self.last_progress[p.job_id] = max(self.last_progress.get(p.job_id, 0.0), now - p.age_s)
-            if p.report:
+            self.last_progress[p.job_id] = max(self.last_progress.get(p.job_id, 0.0), now - max(0.0, p.age_s))
+            if len(p.report) > limit:
+                log.warning("job %d: a progress report of %d characters from %s ignored (max_report_bytes %d)",
+                            p.job_id, len(p.report), node, limit)
+            elif p.report:
                 self.latest_report[p.job_id] = p.report
                 rows.append((p.job_id, now, p.report))
         if rows:

@@ -8,6 +8,7 @@ import grpc
 from airctld.config import Config
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
+from protos.credential import signed
 
 CALL_TIMEOUT_S = 10.0
 
@@ -17,6 +18,7 @@ class NodeClients:
         self.auth = auth or config.controller.authenticator()
         self._max = config.controller.max_message_bytes
         self._stubs: dict[str, rpc.NodeAgentStub] = {}
+        self._names = {n.endpoint: n.name for n in config.nodes}   # credentials are made for a node by name
         self._lock = threading.Lock()
 
     def _stub(self, address: str) -> rpc.NodeAgentStub:
@@ -26,22 +28,22 @@ class NodeClients:
                 channel = grpc.insecure_channel(address, options=[
                     ("grpc.max_send_message_length", self._max),
                     ("grpc.max_receive_message_length", self._max)])
+                channel = signed(channel, self.auth, self._names.get(address, address))
                 stub = self._stubs[address] = rpc.NodeAgentStub(channel)
             return stub
 
     def launch(self, address: str, job: pb.Job) -> None:
-        self._stub(address).Launch(pb.LaunchRequest(job=job, batch=True), timeout=CALL_TIMEOUT_S,
-                                   metadata=self.auth.metadata())
+        self._stub(address).Launch(pb.LaunchRequest(job=job, batch=True), timeout=CALL_TIMEOUT_S)
 
     def prepare_step(self, address: str, step: pb.Step) -> pb.PrepareStepReply:
-        return self._stub(address).PrepareStep(step, timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
+        return self._stub(address).PrepareStep(step, timeout=CALL_TIMEOUT_S)
 
     def inject_fault(self, address: str, fault: pb.FaultRequest) -> None:
-        self._stub(address).InjectFault(fault, timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
+        self._stub(address).InjectFault(fault, timeout=CALL_TIMEOUT_S)
 
     def signal(self, address: str, job_id: int, signal: int, grace_s: float, batch_only: bool = False,
                reason: str = "") -> bool:
         reply = self._stub(address).Signal(pb.SignalRequest(job_id=job_id, signal=signal, grace_s=grace_s,
                                                             batch_only=batch_only, reason=reason),
-                                           timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
+                                           timeout=CALL_TIMEOUT_S)
         return reply.found

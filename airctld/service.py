@@ -18,7 +18,7 @@ log = logging.getLogger("airctld")
 def _handle(fn):
     @functools.wraps(fn)
     def wrapper(self, request, context):
-        who = self.auth.identify(context)
+        who = self.auth.identify(context, f"/{self.SERVICE}/{fn.__name__}", request, self.target)
         try:
             return fn(self, request, context, who)
         except RequestError as e:
@@ -46,9 +46,12 @@ def encode_job_list(encoded_jobs: list[bytes]) -> bytes:
 
 
 class ControllerService:
+    SERVICE = "air.v1.Controller"
+
     def __init__(self, controller: Controller, auth):
         self.c = controller
         self.auth = auth
+        self.target = controller.config.controller.address   # what credentials must be made for
 
     @_handle
     def Submit(self, request: pb.SubmitRequest, context, who):
@@ -73,10 +76,7 @@ class ControllerService:
 
     @_handle
     def GetJob(self, request: pb.GetJobRequest, context, who):
-        job = self.c.get_job(request.job_id, who).to_proto()
-        job.progress = self.c.latest_report.get(request.job_id, "")
-        job.last_progress = self.c.last_progress.get(request.job_id, 0.0)
-        return job
+        return self.c.job_view(request.job_id, who)
 
     @_handle
     def Reports(self, request: pb.ReportsRequest, context, who):
@@ -131,9 +131,12 @@ class ControllerService:
 
 
 class RegistryService:
+    SERVICE = "air.v1.NodeRegistry"
+
     def __init__(self, controller: Controller, auth):
         self.c = controller
         self.auth = auth
+        self.target = controller.config.controller.address
         self.service_uid = controller.config.controller.service_uid()
 
     def _daemon_only(self, context, who) -> None:

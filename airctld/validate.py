@@ -11,8 +11,8 @@ from airctld.config import ControllerConfig
 from airctld.errors import InvalidRequest
 from protos import air_pb2 as pb
 
-MAX_NAME = 256
 MAX_PATH = 4096
+MAX_DEPENDENCY_CHARS = 64 * 1024
 MAX_ARGS = 1024
 MAX_ARGS_BYTES = 256 * 1024
 MAX_ENV_VARS = 4096
@@ -30,12 +30,14 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
         raise InvalidRequest("the batch script contains NUL bytes; is it a binary file?")
     if not req.script.startswith("#!"):
         raise InvalidRequest("the batch script must start with a #! line, such as #!/bin/bash")
-    if len(req.name) > MAX_NAME or any(c < " " for c in req.name):
-        raise InvalidRequest(f"job name {req.name[:40]!r}...: at most {MAX_NAME} printable characters")
-    for field in ("account", "partition", "dependency"):
+    longest = cc.max_name_chars
+    for field, what in (("name", "job name"), ("account", "account"), ("qos", "QOS"), ("partition", "partition")):
         value = getattr(req, field)
-        if len(value) > MAX_NAME or any(c < " " for c in value):
-            raise InvalidRequest(f"{field} {value[:40]!r}: at most {MAX_NAME} printable characters")
+        if len(value) > longest or any(c < " " for c in value):
+            raise InvalidRequest(f"{what} {value[:40]!r}: at most {longest} printable characters (max_name_chars)")
+    if len(req.dependency) > MAX_DEPENDENCY_CHARS or any(c < " " for c in req.dependency):
+        raise InvalidRequest(f"dependency {req.dependency[:40]!r}...: at most {MAX_DEPENDENCY_CHARS} printable "
+                             "characters")
     if not req.workdir.startswith("/"):
         raise InvalidRequest(f"working directory {req.workdir!r} is not an absolute path")
     for field in ("workdir", "output", "error"):

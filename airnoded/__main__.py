@@ -22,6 +22,7 @@ from airctld import config as configuration
 from airctld.sdnotify import notify
 from airnoded.agent import Agent, AgentService
 from airnoded.gpus import GpuError, open_backend
+from airnoded.jobfiles import check_spool
 from protos import air_pb2_grpc as rpc
 
 
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gpus = open_backend(node.gpus, node.name)
         node.spool.mkdir(parents=True, exist_ok=True)
+        check_spool(node.spool)
     except (GpuError, OSError) as e:
         print(f"airnoded: error: {e}", file=sys.stderr)
         return 2
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(cfg, node, gpus, auth)
     agent.launcher.kill_orphans()
     agent.monitor.start()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=[  # a thread per streaming step
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=128), options=[  # a thread per streaming step (at most steps.MAX_STREAMS)
         ("grpc.max_receive_message_length", cfg.controller.max_message_bytes),
         ("grpc.so_reuseport", 0)])
     rpc.add_NodeAgentServicer_to_server(AgentService(agent), server)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import threading
 import time
@@ -12,19 +11,21 @@ import grpc
 import psutil
 
 from airctld.config import Config, NodeConfig
-from airnoded import progress
+from airnoded import jobfiles, progress
 from airnoded.cgroups import JobCgroups
 from airnoded.gpus import GpuBackend, GpuError
 from airnoded.health import HealthMonitor
 from airnoded.launcher import Launcher
 from airnoded.procs import killpg_all
-from airnoded.steps import StepError, StepRunner
+from airnoded.steps import StepError, StepLimit, StepRunner
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
+from protos.credential import signed
 
 log = logging.getLogger("airnoded")
 
 CALL_TIMEOUT_S = 5.0
+MAX_HEALTH_EVENTS = 1000   # health events kept while the controller cannot be reached (the newest)
 
 
 class Agent:
@@ -36,8 +37,11 @@ class Agent:
         self.interval = config.controller.heartbeat_interval_s
         self.cgroups = JobCgroups(node.name)
         self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups)
-        self.steps = StepRunner(node.name, node.address, self.cgroups, node.spool)
-        self._progress_sent: dict[int, float] = {}
+        cc = config.controller
+        self.steps = StepRunner(node.name, node.address, self.cgroups, node.spool, cc.max_tasks_per_node,
+                                cc.max_steps_per_user, on_idle=self.remove_job_dir)
+        self.progress = progress.ProgressReader(node.spool, cc.max_report_bytes)
+        self.beat_failures = 0   # beats that failed with an error of this daemon's own (logged, counted)
         self._exits: dict[int, pb.JobExit] = {}   # reported exits not yet acknowledged
         self._health: list[pb.HealthEvent] = []   # health events not yet delivered
         self.monitor = HealthMonitor(node.name, gpus, node.ib_root, node.health_program, node.health_interval_s,
@@ -45,7 +49,7 @@ class Agent:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        channel = grpc.insecure_channel(config.controller.address)
+        channel = signed(grpc.insecure_channel(config.controller.address), self.auth, config.controller.address)
         self._registry = rpc.NodeRegistryStub(channel)
         self._registered = False
 
@@ -59,6 +63,7 @@ class Agent:
         log.warning("health: %s%s: %s", f"GPU {event.gpu} " if event.gpu >= 0 else "", event.signal, event.message)
         with self._lock:
             self._health.append(event)
+            del self._health[:-MAX_HEALTH_EVENTS]
         if event.critical:
             self._wake.set()
 
@@ -72,7 +77,7 @@ class Agent:
             try:
                 if not self._registered:
                     reply = self._registry.Register(pb.RegisterRequest(node=self.describe()),
-                                                    timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
+                                                    timeout=CALL_TIMEOUT_S)
                     self.interval = reply.heartbeat_interval_s or self.interval
                     self._registered = True
                     log.info("registered with %s", self.config.controller.address)
@@ -83,6 +88,9 @@ class Agent:
                 else:
                     log.warning("controller %s unreachable: %s", self.config.controller.address,
                                 e.code().name)
+            except Exception:   # nothing a job does, and no bug of ours, stops the heartbeats
+                self.beat_failures += 1
+                log.exception("heartbeat failed (%d so far); trying again at the next beat", self.beat_failures)
             self._wake.wait(self.interval)
             self._wake.clear()
 
@@ -93,8 +101,8 @@ class Agent:
         reply = self._registry.Heartbeat(
             pb.HeartbeatRequest(name=self.node.name, running=self.launcher.running(), exits=exits, health=health,
                                 gpus=self.monitor.latest, ongoing=self.monitor.ongoing(),
-                                progress=progress.collect(self.node.spool, time.time(), self._progress_sent)),
-            timeout=CALL_TIMEOUT_S, metadata=self.auth.metadata())
+                                progress=self._progress()),
+            timeout=CALL_TIMEOUT_S)
         if not reply.reregister:
             with self._lock:
                 del self._health[:len(health)]
@@ -110,10 +118,19 @@ class Agent:
             self.launcher.signal(job_id, 0, self.config.controller.kill_wait_s)
             self.steps.signal(job_id, 0)
 
+    def _progress(self) -> list[pb.JobProgress]:
+        try:
+            jobs = sorted(set(self.launcher.running()) | set(self.steps.jobs()))
+            return self.progress.collect(time.time(), jobs)
+        except Exception:
+            log.exception("progress reports not collected this beat")
+            return []
+
     def remove_job_dir(self, job_id: int) -> None:
-        """A job's folder on a node where only its ranks ran (the batch node's goes with the script)."""
+        """A job's folder on a node where only its ranks ran, once none run here (the batch node's goes
+        with the script)."""
         if job_id not in self.launcher.running() and not self.steps.has_ranks(job_id):
-            shutil.rmtree(progress.job_dir(self.node.spool, job_id), ignore_errors=True)
+            jobfiles.remove_job_dir(self.node.spool, job_id)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -124,23 +141,29 @@ class Agent:
 class AgentService:
     """NodeAgent: what airctld asks of this node."""
 
+    SERVICE = "air.v1.NodeAgent"
+
     def __init__(self, agent: Agent):
         self.agent = agent
         self.service_uid = agent.config.controller.service_uid()
 
-    def _controller_only(self, context) -> None:
-        who = self.agent.auth.identify(context)
+    def _identify(self, context, method: str, request):
+        """The caller, from a credential made for this call on this node."""
+        return self.agent.auth.identify(context, f"/{self.SERVICE}/{method}", request, self.agent.node.name)
+
+    def _controller_only(self, context, method: str, request) -> None:
+        who = self._identify(context, method, request)
         if not who.is_root and who.uid != self.service_uid:
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           f"only the controller may call the node agent (caller uid {who.uid})")
 
     def Launch(self, request: pb.LaunchRequest, context):
-        self._controller_only(context)
+        self._controller_only(context, "Launch", request)
         self.agent.launcher.launch(request.job)
         return pb.LaunchReply()
 
     def Signal(self, request: pb.SignalRequest, context):
-        self._controller_only(context)
+        self._controller_only(context, "Signal", request)
         if request.reason:
             progress.write_stop_reason(self.agent.node.spool, request.job_id, request.reason)
         batch = self.agent.launcher.signal(request.job_id, request.signal, request.grace_s, request.batch_only)
@@ -159,7 +182,7 @@ class AgentService:
         return pb.SignalReply(found=batch or ranks)
 
     def InjectFault(self, request: pb.FaultRequest, context):
-        self._controller_only(context)
+        self._controller_only(context, "InjectFault", request)
         gpus = self.agent.gpus
         if not getattr(gpus, "simulated", False):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
@@ -172,15 +195,19 @@ class AgentService:
         return pb.FaultReply()
 
     def PrepareStep(self, request: pb.Step, context):
-        self._controller_only(context)
+        self._controller_only(context, "PrepareStep", request)
         return pb.PrepareStepReply(free_port=self.agent.steps.prepare(request))
 
     def RunStep(self, request: pb.RunStepRequest, context):
-        who = self.agent.auth.identify(context)
+        who = self._identify(context, "RunStep", request)
         try:
             events, stop = self.agent.steps.run(request.job_id, request.step_id, who.uid)
         except StepError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except StepLimit as e:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except OSError as e:
+            context.abort(grpc.StatusCode.INTERNAL, f"cannot start the step's ranks on {self.agent.node.name}: {e}")
         except PermissionError as e:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         context.add_callback(stop)  # airrun went away (Ctrl-C, a failed rank elsewhere): kill the ranks

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -21,7 +20,7 @@ from typing import Callable
 import hostlist
 import psutil
 
-from airnoded import progress
+from airnoded import jobfiles, progress
 from airnoded.cgroups import JobCgroups, memory_limit_bytes
 from airnoded.procs import as_owner, exit_status, killpg
 from protos import air_pb2 as pb
@@ -33,7 +32,8 @@ DEFAULT_OUTPUT = "air-%j.out"
 
 # GATE holds a job's first process until the daemon has put it in the job's cgroup (it writes a
 # line to the process's stdin then), so that nothing the job forks escapes the group.
-GATE = 'read -r _ || true; exec "$@" 0</dev/null'
+GATE_LINE = 'read -r _ || true; exec 0</dev/null; '
+GATE = GATE_LINE + 'exec "$@"'
 
 # Runs as the job's owner (after the same gate): enter the working directory and open the output files with the
 # owner's rights (so a job writes only where its owner could), then exec the script. Any
@@ -164,17 +164,11 @@ class Launcher:
 
     def _spawn(self, job: pb.Job) -> RunningJob:
         req = job.request
-        jobdir = self.spool / f"job{job.job_id}"
-        jobdir.mkdir(parents=True, exist_ok=True)
-        script = jobdir / "script"
-        tmp = jobdir / "script.tmp"
-        tmp.write_text(req.script)
-        os.chmod(tmp, 0o700)
         same_user = job.uid == os.getuid()
-        if not same_user:
-            os.chown(jobdir, job.uid, job.gid)
-            os.chown(tmp, job.uid, job.gid)
-        os.replace(tmp, script)
+        jobdir = jobfiles.create_job_dir(self.spool, job.job_id)   # root's, fresh for this run
+        jobfiles.write_root_file(jobdir, "script", req.script.encode(), 0o700,
+                                 owner=None if same_user else (job.uid, job.gid))
+        script = jobdir / "script"
         out_path, err_path = output_paths(job, self.node)
         kwargs, owner_env = as_owner(job.uid, job.gid)
         progress.prepare(self.spool, job.job_id, job.uid, job.gid)
@@ -204,7 +198,7 @@ class Launcher:
                 os.close(status_w)
         if gated:
             self.cgroups.enter(group, proc)
-        (jobdir / "pgid").write_text(f"{proc.pid}\n")
+        jobfiles.write_root_file(jobdir, "pgid", f"{proc.pid}\n".encode(), 0o600)
         log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
         return RunningJob(job.job_id, proc, proc.pid, status_fd=status_r, cgroup=group)
 
@@ -241,7 +235,7 @@ class Launcher:
         oom, peak = self._end_cgroup(running.cgroup)
         with self._lock:
             self.jobs.pop(running.job_id, None)
-        shutil.rmtree(self.spool / f"job{running.job_id}", ignore_errors=True)
+        jobfiles.remove_job_dir(self.spool, running.job_id)
         code, sig = exit_status(status)
         if problem:
             log.warning("job %d could not start: %s", running.job_id, problem)
@@ -270,17 +264,19 @@ class Launcher:
         The controller then finds those jobs gone from this node and ends them with a reason.
         """
         killed = []
-        for pgid_file in self.spool.glob("job*/pgid"):
-            try:
-                pgid = int(pgid_file.read_text())
-            except (OSError, ValueError):
+        for entry in os.scandir(self.spool):
+            if not (entry.name.startswith("job") and entry.name[3:].isdigit()):
                 continue
-            job_id = int(pgid_file.parent.name[3:])
-            if _group_is_job(pgid, job_id):  # not a recycled process group
+            job_id = int(entry.name[3:])
+            try:
+                pgid = int(jobfiles.read_root_file(Path(entry.path), "pgid", 64))
+            except (OSError, ValueError, jobfiles.UnsafeFile):
+                pgid = 0
+            if pgid > 1 and _group_is_job(pgid, job_id):  # not a recycled process group
                 killpg(pgid, signal.SIGKILL)
-            shutil.rmtree(pgid_file.parent, ignore_errors=True)
-            killed.append(job_id)
-            log.warning("job %d: killed process group %d left by an earlier airnoded", job_id, pgid)
+                log.warning("job %d: killed process group %d left by an earlier airnoded", job_id, pgid)
+                killed.append(job_id)
+            jobfiles.remove_job_dir(self.spool, job_id)
         if self.cgroups.enabled:   # and whatever left its group but not its cgroup
             for group in self.cgroups.leftovers():
                 if self.cgroups.kill(group):

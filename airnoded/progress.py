@@ -1,27 +1,36 @@
-"""Reading what jobs' ranks report about their progress (runtime.Reporter writes the files)."""
+"""Reading what jobs' ranks report about their progress (runtime.Reporter writes the files).
+
+The progress folder is the job owner's: everything in it is hostile input. Reports are read through
+`jobfiles.OwnerDir` (no links, no FIFOs, no devices, the owner's own files, size-limited), must be
+UTF-8 JSON objects, and a bad one is skipped with one log line naming the job; one job's files
+never keep the node from reporting the others'.
+"""
 from __future__ import annotations
 
+import json
+import logging
 import os
+import stat
 from pathlib import Path
 
+from airnoded import jobfiles
+from airnoded.jobfiles import UnsafeFile
 from protos import air_pb2 as pb
+
+log = logging.getLogger("airnoded")
 
 PROGRESS = "progress"
 STOP_REASON = "stop_reason"
+MAX_REPORT_BYTES = 64 * 1024    # one rank's report
+MAX_NAMES = 1024                # names looked at in one progress folder per beat
 
-
-def job_dir(spool: Path, job_id: int) -> Path:
-    return spool / f"job{job_id}"
+job_dir = jobfiles.job_dir
 
 
 def prepare(spool: Path, job_id: int, uid: int, gid: int) -> Path:
-    """The job's progress folder on this node, writable by its owner."""
-    folder = job_dir(spool, job_id) / PROGRESS
-    folder.mkdir(parents=True, exist_ok=True)
-    if uid != os.getuid():
-        os.chown(folder.parent, uid, gid)
-        os.chown(folder, uid, gid)
-    return folder
+    """The job's progress folder on this node, writable by its owner only."""
+    base = jobfiles.ensure_job_dir(spool, job_id)
+    return jobfiles.make_owner_dir(base, PROGRESS, uid, gid)
 
 
 def environment(spool: Path, job_id: int) -> dict[str, str]:
@@ -30,41 +39,87 @@ def environment(spool: Path, job_id: int) -> dict[str, str]:
 
 
 def write_stop_reason(spool: Path, job_id: int, reason: str) -> None:
+    """Why the job is being stopped, for the runtime to read; in root's own folder, never through a link."""
     base = job_dir(spool, job_id)
-    if not base.is_dir():
+    try:
+        st = os.lstat(base)
+    except FileNotFoundError:
         return
-    tmp = base / f".{STOP_REASON}.tmp"
-    tmp.write_text(reason + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, base / STOP_REASON)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        log.warning("job %d: %s is not the daemon's folder; no stop reason written", job_id, base)
+        return
+    jobfiles.write_root_file(base, STOP_REASON, reason.encode()[:256] + b"\n", 0o644)
 
 
-def collect(spool: Path, now: float, sent: dict[int, float]) -> list[pb.JobProgress]:
+class ProgressReader:
     """Every job here that reports: the age of its newest report, and rank 0's report when it changed
-    since `sent` (job id -> mtime of the last one sent; updated)."""
-    out = []
-    seen = set()
-    for folder in spool.glob(f"job*/{PROGRESS}"):
-        try:
-            job_id = int(folder.parent.name[3:])
-        except ValueError:
-            continue
-        seen.add(job_id)
-        newest, report = 0.0, ""
-        for f in folder.glob("rank*.json"):
+    since the last one sent."""
+
+    def __init__(self, spool: Path, max_report_bytes: int = MAX_REPORT_BYTES):
+        self.spool = spool
+        self.max_report_bytes = max_report_bytes
+        self._sent: dict[int, float] = {}            # job id -> mtime of the rank 0 report last sent
+        self._refused: dict[int, set[str]] = {}      # job id -> problems already logged
+
+    def collect(self, now: float, jobs: list[int]) -> list[pb.JobProgress]:
+        out = []
+        for job_id in jobs:
             try:
-                mtime = f.stat().st_mtime
-            except OSError:
+                got = self._one(job_id, now)
+            except Exception as e:   # whatever a job did to its folder, the others are still read
+                self._refuse(job_id, f"progress folder unreadable: {e}")
                 continue
-            newest = max(newest, mtime)
-            if f.name == "rank0.json" and mtime != sent.get(job_id):
+            if got is not None:
+                out.append(got)
+        for gone in set(self._sent) - set(jobs):
+            del self._sent[gone]
+        for gone in set(self._refused) - set(jobs):
+            del self._refused[gone]
+        return out
+
+    def _one(self, job_id: int, now: float) -> pb.JobProgress | None:
+        try:
+            folder = jobfiles.OwnerDir(job_dir(self.spool, job_id) / PROGRESS)
+        except FileNotFoundError:
+            return None
+        with folder:
+            newest, report = 0.0, ""
+            for name in folder.names(MAX_NAMES):
+                if not (name.startswith("rank") and name.endswith(".json")):
+                    continue
                 try:
-                    report = f.read_text()
-                    sent[job_id] = mtime
-                except OSError:
-                    report = ""
-        if newest:
-            out.append(pb.JobProgress(job_id=job_id, age_s=max(0.0, now - newest), report=report))
-    for gone in set(sent) - seen:
-        del sent[gone]
-    return out
+                    mtime = folder.mtime(name)
+                except (OSError, UnsafeFile):
+                    continue   # gone, or not a file: nothing to date a report by
+                newest = max(newest, mtime)
+                if name == "rank0.json" and mtime != self._sent.get(job_id):
+                    report = self._read_report(job_id, folder, name)
+                    self._sent[job_id] = mtime
+        if not newest:
+            return None
+        return pb.JobProgress(job_id=job_id, age_s=max(0.0, now - newest), report=report)
+
+    def _read_report(self, job_id: int, folder: jobfiles.OwnerDir, name: str) -> str:
+        try:
+            text = folder.read(name, self.max_report_bytes).decode("utf-8")
+            if not isinstance(json.loads(text), dict):
+                raise ValueError("not a JSON object")
+            return text
+        except FileNotFoundError:
+            return ""
+        except UnsafeFile as e:
+            self._refuse(job_id, f"progress report ignored: {e}")
+        except UnicodeDecodeError:
+            self._refuse(job_id, f"progress report ignored: {name} is not UTF-8")
+        except ValueError as e:
+            self._refuse(job_id, f"progress report ignored: {name} is not a JSON object ({str(e)[:80]})")
+        except OSError as e:
+            self._refuse(job_id, f"progress report ignored: {name}: {e.strerror}")
+        return ""
+
+    def _refuse(self, job_id: int, problem: str) -> None:
+        """One log line per job and problem, not one a beat; at most 16 lines for a job."""
+        seen = self._refused.setdefault(job_id, set())
+        if problem not in seen and len(seen) < 16:
+            seen.add(problem)
+            log.warning("job %d: %s", job_id, problem)

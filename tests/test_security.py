@@ -12,6 +12,7 @@ from cluster import LocalCluster
 from munged import Munged
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
+from protos.credential import binding, request_bytes
 from protos.munge import Munge
 
 BASE_ADDRESS = "127.0.4.1"
@@ -131,8 +132,9 @@ def test_bad_credentials_are_refused_and_change_nothing(cluster, munged):
         other.stop()
     _refused(cluster, (("air-cred", forged),), "invalid")
     good = Munge(munged.socket)
-    cred = good.encode()
-    _stub(cluster).ListNodes(pb.ListNodesRequest(), metadata=(("air-cred", cred),), timeout=10)
+    req = pb.ListNodesRequest()
+    cred = good.encode(binding("/air.v1.Controller/ListNodes", f"{BASE_ADDRESS}:6817", request_bytes(req)))
+    _stub(cluster).ListNodes(req, metadata=(("air-cred", cred),), timeout=10)
     _refused(cluster, (("air-cred", cred),), "replayed")
     short = Munge(munged.socket, ttl=1).encode()
     time.sleep(2.5)
@@ -146,15 +148,16 @@ def test_node_calls_need_root_credentials(cluster, munged):
     code = (
         "import grpc, sys\n"
         "from protos import air_pb2 as pb, air_pb2_grpc as rpc\n"
-        "from protos.munge import Munge\n"
-        f"m = Munge({munged.socket!r})\n"
+        "from protos.credential import MungeCredentials, signed\n"
+        f"auth = MungeCredentials({munged.socket!r})\n"
         "out = []\n"
-        f"reg = rpc.NodeRegistryStub(grpc.insecure_channel('{BASE_ADDRESS}:6817'))\n"
-        f"agent = rpc.NodeAgentStub(grpc.insecure_channel('127.0.4.2:6818'))\n"
+        f"reg = rpc.NodeRegistryStub(signed(grpc.insecure_channel('{BASE_ADDRESS}:6817'), auth, "
+        f"'{BASE_ADDRESS}:6817'))\n"
+        "agent = rpc.NodeAgentStub(signed(grpc.insecure_channel('127.0.4.2:6818'), auth, 'node01'))\n"
         "for call, req in ((reg.Heartbeat, pb.HeartbeatRequest(name='node01')),\n"
         "                  (agent.Launch, pb.LaunchRequest(job=pb.Job(job_id=999)))):\n"
         "    try:\n"
-        "        call(req, metadata=(('air-cred', m.encode()),), timeout=10)\n"
+        "        call(req, timeout=10)\n"
         "        out.append('allowed')\n"
         "    except grpc.RpcError as e:\n"
         "        out.append(e.code().name)\n"
