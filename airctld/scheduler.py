@@ -10,13 +10,19 @@ each, start now or wait with a reason:
   A single-node job takes the node with the fewest free GPUs that still fit (so whole nodes stay
   free for whole-node jobs), and on a node the GPUs are an aligned block, in one NVLink domain
   when the node reports them.
-- Backfill: the first `reservations` jobs that cannot start get a reservation: the earliest
-  time, from running jobs' time limits, at which enough nodes are free, and those nodes. A later
-  job may start now only where it does not delay a reservation: on nodes no reservation holds,
-  or ending before the reservation starts, or using only what the reservation leaves spare.
+- Backfill: every job that cannot start gets a reservation (up to `reservations` of them): the
+  earliest time, from the time limits of running jobs and of those started earlier in the same
+  pass, from which enough nodes keep room for it beside the reservations made before it, and
+  those nodes (of the nodes ready by then, the ones ready last, so that nodes free sooner stay
+  for backfill). A later job may start now only where it delays no reservation: on nodes no
+  reservation holds, or ending before the reservation starts, or using only what the
+  reservations leave spare. Once the reservations run out, nothing after the job that found none
+  starts in its partition: no job passes a higher-priority job that has no reservation.
 - Preemption: a job whose QOS may preempt others, and that would not otherwise start within the
-  preemption grace time, picks victims among running jobs of those QOS: the fewest, lowest
-  priority, most recently started jobs whose resources let it start.
+  preemption grace time, picks victims among running jobs of those QOS that it outranks
+  (priority, then QOS priority): the fewest, lowest priority, most recently started jobs whose
+  resources let it start. A stopping victim counts as ending when the grace it was given runs
+  out. The nodes its victims free are held for the preemptor (`holds`) until it starts.
 
 Two kinds of "no": `infeasible` says a request can never run (refused at submit); `schedule`
 leaves a job pending with the reason it waits.
@@ -28,23 +34,11 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from airctld.config import PartitionConfig, QosConfig
-from airctld.model import Job, Node, NodeAlloc
-from airctld.timefmt import format_limit
-from protos.states import JobPhase, NodeState, Reason
+from airctld.model import Job, NodeAlloc
+from airctld.resources import FreeNode, free_resources, infeasible, pick_gpus  # noqa: F401 (the scheduler's API)
+from protos.states import JobPhase, Reason
 
 INF = float("inf")
-
-
-@dataclass
-class FreeNode:
-    name: str
-    up: bool
-    gpus: list[int]          # free GPU indices, ascending
-    cpus: int                # free CPUs
-    drained: bool = False
-    switch: str = ""
-    total_gpus: int = 0
-    domains: dict[int, int] = field(default_factory=dict)   # GPU index -> NVLink domain
 
 
 @dataclass(frozen=True)
@@ -78,56 +72,17 @@ class Limits:
     account_max_gpus: Mapping[str, int] = field(default_factory=dict)
 
 
-def free_resources(nodes: Iterable[Node], active: Iterable[Job],
-                   switches: Mapping[str, str] | None = None) -> dict[str, FreeNode]:
-    """What each node has free, given the jobs that hold resources (running or completing)."""
-    switches = switches or {}
-    free = {}
-    for n in nodes:
-        free[n.name] = FreeNode(n.name, n.state == NodeState.UP, sorted(n.gpu_indices), n.cpus,
-                                n.state == NodeState.DRAIN, switches.get(n.name) or n.name, len(n.gpus),
-                                {g.index: g.nvlink_domain for g in n.gpus})
-    for job in active:
-        for a in job.allocation:
-            node = free.get(a.node)
-            if node is not None:
-                node.gpus = [g for g in node.gpus if g not in a.gpus]
-                node.cpus -= a.cpus
-    return free
-
-
-def job_end(job: Job, now: float, completing_release_s: float) -> float:
-    """When an active job's resources are expected back: its time limit, or soon if it is stopping."""
+def job_end(job: Job, now: float, completing_release_s: float, preempt_grace_s: float = 0.0,
+            stopped_at: float | None = None) -> float:
+    """When an active job's resources are expected back: its time limit; a stopping job once the
+    grace time it was given runs out (the preemption grace for a preempted job, else the kill wait),
+    counted from when it was asked to stop (from now, when that is not known)."""
     if job.phase == JobPhase.COMPLETING:
-        return now + completing_release_s
+        grace = preempt_grace_s if job.reason == Reason.PREEMPTED else completing_release_s
+        return max((now if stopped_at is None else stopped_at) + grace, now)
     if not job.time_limit_s:
         return INF
     return max(job.start_time + job.time_limit_s, now)
-
-
-def pick_gpus(free: list[int], count: int, total: int, domains: Mapping[int, int]) -> tuple[int, ...]:
-    """`count` of the free GPUs: an aligned block (0-1, 2-3, 0-3, ...) when one is free, so that the
-    node keeps whole blocks for larger jobs; else within one NVLink domain; else the lowest."""
-    if count == 0:
-        return ()
-    if count >= len(free):
-        return tuple(free[:count])
-    free_set = set(free)
-    block = 1
-    while block < count:
-        block *= 2
-    if block <= total:
-        for start in range(0, total, block):
-            members = range(start, min(start + block, total))
-            if all(g in free_set for g in members) and len({domains.get(g, 0) for g in members}) == 1:
-                return tuple(members[:count])
-    by_domain: dict[int, list[int]] = {}
-    for g in free:
-        by_domain.setdefault(domains.get(g, 0), []).append(g)
-    fitting = [d for d in by_domain.values() if len(d) >= count]
-    if fitting:
-        return tuple(min(fitting, key=len)[:count])
-    return tuple(free[:count])
 
 
 class _Pass:
@@ -135,12 +90,12 @@ class _Pass:
     partition, reservations, and the limits' running totals."""
 
     def __init__(self, free: dict[str, FreeNode], partitions: Mapping[str, PartitionConfig],
-                 active: Sequence[Job], now: float, completing_release_s: float, limits: Limits,
+                 active: Sequence[Job], now: float, ends: Mapping[int, float], limits: Limits,
                  priority: Mapping[int, int]):
         self.free = free
         self.now = now
         self.limits = limits
-        self.completing_release_s = completing_release_s
+        self.ends = ends          # active job -> when its resources come back
         self.active = active
         self.priority = priority
         self.part_nodes = {p: [n for n in part.nodes if n in free] for p, part in partitions.items()}
@@ -148,6 +103,8 @@ class _Pass:
         # buckets[p][k]: up nodes of partition p with exactly k free GPUs, in configuration order
         self.buckets: dict[str, list[dict[str, None]]] = {}
         self.node_parts: dict[str, list[str]] = {}
+        self.sharing = {p: {q for q, other in self.part_nodes.items() if set(other) & set(names) or q == p}
+                        for p, names in self.part_nodes.items()}   # partitions that share a node with p
         self.up_count: dict[str, int] = {}
         self.drained_count: dict[str, int] = {}
         for p, names in self.part_nodes.items():
@@ -163,10 +120,12 @@ class _Pass:
         self.res_start: dict[str, float] = {}
         self.res_gpus: dict[str, int] = {}
         self.res_cpus: dict[str, int] = {}
-        self.res_until: dict[str, float] = {}   # when the last reservation on the node ends
+        self.res_list: dict[str, list[tuple[float, float, int, int]]] = {}   # node -> (start, end, gpus, cpus)
         self.spare_gpus: dict[str, int] = {}
         self.spare_cpus: dict[str, int] = {}
+        self.own: dict[tuple[str, int], tuple[int, int]] = {}   # (node, job) -> what the job holds there
         self._releases: dict[str, list[tuple[float, int, int]]] | None = None
+        self._started: list[tuple[str, float, int, int]] = []   # this pass's starts, until releases() is built
         self._avail_heaps: dict[tuple, list[tuple[float, str]]] = {}
         # limits' running totals
         self.used_qos_user: dict[tuple[str, str], int] = {}
@@ -222,7 +181,7 @@ class _Pass:
     def count_fitting(self, part: str, gpus: int) -> int:
         return sum(len(b) for b in self.buckets[part][gpus:])
 
-    def usable(self, node: FreeNode, gpus: int, cpus: int, end: float, respect: bool) -> bool:
+    def usable(self, node: FreeNode, gpus: int, cpus: int, end: float, respect: bool, job_id: int = 0) -> bool:
         if node.cpus < cpus:
             return False
         if not respect:
@@ -230,7 +189,8 @@ class _Pass:
         start = self.res_start.get(node.name)
         if start is None or end <= start:
             return True
-        return self.spare_gpus[node.name] >= gpus and self.spare_cpus[node.name] >= cpus
+        own_g, own_c = self.own.get((node.name, job_id), (0, 0))   # a job may use its own reservation
+        return self.spare_gpus[node.name] + own_g >= gpus and self.spare_cpus[node.name] + own_c >= cpus
 
     def place(self, job: Job, part: str, end: float, respect: bool = True) -> tuple[NodeAlloc, ...] | None:
         """Nodes and GPUs for the job now, or None; `respect`: leave reservations whole."""
@@ -242,7 +202,7 @@ class _Pass:
             for k in range(g, len(buckets)):     # best fit: the fewest free GPUs that suffice
                 for name in buckets[k]:
                     node = free[name]
-                    if self.usable(node, g, c, end, respect):
+                    if self.usable(node, g, c, end, respect, job.job_id):
                         chosen = [node]
                         break
                 if chosen:
@@ -253,7 +213,7 @@ class _Pass:
             for k in range(g, len(buckets)):
                 for name in buckets[k]:
                     node = free[name]
-                    if not self.usable(node, g, c, end, respect):
+                    if not self.usable(node, g, c, end, respect, job.job_id):
                         continue
                     group = by_switch.setdefault(node.switch, [])
                     group.append(node)
@@ -294,22 +254,29 @@ class _Pass:
                 b[len(node.gpus)][a.node] = None
             start = self.res_start.get(a.node)
             if start is not None and end > start:
-                self.spare_gpus[a.node] -= len(a.gpus)
-                self.spare_cpus[a.node] -= a.cpus
+                own_g, own_c = self.own.pop((a.node, job.job_id), (0, 0))
+                self.spare_gpus[a.node] -= max(len(a.gpus) - own_g, 0)
+                self.spare_cpus[a.node] -= max(a.cpus - own_c, 0)
             if self._releases is not None:
                 self._releases.setdefault(a.node, []).append((end, len(a.gpus), a.cpus))
                 self._releases[a.node].sort()
+            else:
+                self._started.append((a.node, end, len(a.gpus), a.cpus))
         self.charge(job)
 
     # ---------------------------------------------------------------- reservations
 
     def releases(self) -> dict[str, list[tuple[float, int, int]]]:
+        """When each node gets resources back: running jobs at their time limits, and the jobs this
+        pass started at theirs (a start earlier in the pass ends too, and a reservation may wait for it)."""
         if self._releases is None:
             rel: dict[str, list[tuple[float, int, int]]] = {}
             for job in self.active:
-                end = job_end(job, self.now, self.completing_release_s)
+                end = self.ends[job.job_id]
                 for a in job.allocation:
                     rel.setdefault(a.node, []).append((end, len(a.gpus), a.cpus))
+            for node, end, g, c in self._started:
+                rel.setdefault(node, []).append((end, g, c))
             for v in rel.values():
                 v.sort()
             self._releases = rel
@@ -326,57 +293,70 @@ class _Pass:
         return g, c
 
     def available_from(self, name: str, gpus: int, cpus: int) -> float:
-        """The earliest time the node has `gpus` and `cpus` for another reservation: beside the
-        reservations it has (their resources counted as held from then on), or after they end."""
+        """The earliest time from which the node keeps room for `gpus` and `cpus` at every later moment,
+        beside the reservations it has: a reservation never goes into a gap before another one."""
         node = self.free[name]
-        held_g, held_c = self.res_gpus.get(name, 0), self.res_cpus.get(name, 0)
-        until = self.res_until.get(name, self.now)
         g, c = len(node.gpus), node.cpus
-        beside = after = INF
-        if g >= gpus + held_g and c >= cpus + held_c:
-            return self.now
-        if g >= gpus and c >= cpus:
-            after = until
-        for t, rg, rc in self.releases().get(name, ()):
-            g += rg
-            c += rc
-            if beside == INF and g >= gpus + held_g and c >= cpus + held_c:
-                beside = t
-                break
-            if after == INF and g >= gpus and c >= cpus:
-                after = max(t, until)
-        return min(beside, after)
+        events = list(self.releases().get(name, ()))
+        for start, end, rg, rc in self.res_list.get(name, ()):
+            events.append((start, -rg, -rc))
+            if end < INF:
+                events.append((end, rg, rc))
+        events.sort()
+        since = self.now if g >= gpus and c >= cpus else INF
+        i = 0
+        while i < len(events):
+            t = events[i][0]
+            while i < len(events) and events[i][0] == t:
+                g += events[i][1]
+                c += events[i][2]
+                i += 1
+            if g < gpus or c < cpus:
+                since = INF
+            elif since == INF:
+                since = max(t, self.now)
+        return since
 
-    def reserve(self, job: Job, part: str) -> Reservation | None:
+    def reserve(self, job: Job, part: str, only: Iterable[str] | None = None) -> Reservation | None:
+        """The earliest time at which the job's nodes are free for it, beside or after the reservations
+        made before it, and those nodes (among `only`, when given); the job holds them from then on."""
         n, g, c = job.num_nodes, job.gpus_per_node, job.cpus_per_node
-        key = (part, g, c)
-        base = self._avail_heaps.get(key)
-        if base is None:
-            base = [(self.available_from(name, g, c), name) for name in self.part_nodes[part]
-                    if self.free[name].up]
-            heapq.heapify(base)
-            self._avail_heaps[key] = base
-        heap = list(base)
-        chosen: list[tuple[float, str]] = []
-        while heap and len(chosen) < n:
+        if only is not None:
+            heap = [(self.available_from(name, g, c), name) for name in sorted(set(only))
+                    if name in self.free and self.free[name].up and part in self.node_parts.get(name, ())]
+            heapq.heapify(heap)
+        else:
+            key = (part, g, c)
+            base = self._avail_heaps.get(key)
+            if base is None:
+                base = [(self.available_from(name, g, c), name) for name in self.part_nodes[part]
+                        if self.free[name].up]
+                heapq.heapify(base)
+                self._avail_heaps[key] = base
+            heap = list(base)
+        ready: list[tuple[float, str]] = []   # nodes by the time they can hold the job, earliest first
+        while heap:
             t, name = heapq.heappop(heap)
-            if t == INF:
+            if t == INF or (len(ready) >= n and t > ready[n - 1][0]):
                 break
             exact = self.available_from(name, g, c)
             if exact == t:
-                chosen.append((t, name))
+                ready.append((t, name))
             elif exact < INF:
                 heapq.heappush(heap, (exact, name))
-        if len(chosen) < n:
+        if len(ready) < n:
             return None
-        start = max(t for t, _ in chosen)
+        start = ready[n - 1][0]
         end = start + job.time_limit_s if job.time_limit_s else INF
-        names = tuple(name for _, name in chosen)
+        # of the nodes ready by then, those that are ready last: the ones free sooner stay for backfill
+        chosen = sorted(ready, key=lambda tn: (-tn[0], tn[1]))[:n]
+        names = tuple(sorted(name for _, name in chosen))
         for name in names:
             self.res_gpus[name] = self.res_gpus.get(name, 0) + g
             self.res_cpus[name] = self.res_cpus.get(name, 0) + c
             self.res_start[name] = min(self.res_start.get(name, INF), start)
-            self.res_until[name] = max(self.res_until.get(name, self.now), end)
+            self.res_list.setdefault(name, []).append((start, end, g, c))
+            self.own[(name, job.job_id)] = (g, c)
             # what backfill may use past the first reservation: free then, less all that is reserved
             fg, fc = self.free_at(name, self.res_start[name])
             self.spare_gpus[name] = fg - self.res_gpus[name]
@@ -444,45 +424,54 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
              now: float = 0.0, active: Sequence[Job] = (), priority: Mapping[int, int] | None = None,
              blocked: Mapping[int, Reason] | None = None, limits: Limits | None = None,
              reservations: int = 100, completing_release_s: float = 30.0,
-             preempt_grace_s: float = 30.0, backfill: bool = True) -> Plan:
+             preempt_grace_s: float = 30.0, backfill: bool = True,
+             stopped_at: Mapping[int, float] | None = None,
+             holds: Mapping[int, Iterable[str]] | None = None) -> Plan:
     """Decide which pending jobs start now and why the others wait. `free` is updated in place.
 
-    `priority` maps job ids to their priority (default: the job's own field); `blocked` gives jobs
-    that wait for a reason decided outside the pass (dependencies); `active` are the running and
-    completing jobs, whose time limits place reservations and whose QOS may make them victims.
-    With `backfill` off, the first job that cannot start in a partition holds back every job
-    after it there (strict priority order; for comparison in bench/)."""
+    `priority` maps job ids (pending and running) to their priority (default: the job's own
+    field); `blocked` gives jobs that wait for a reason decided outside the pass (dependencies);
+    `active` are the running and completing jobs, whose time limits place reservations and whose
+    QOS may make them victims; `stopped_at` says when each stopping job was asked to stop; `holds`
+    maps a pending preemptor to the nodes its victims free, held for it alone until it starts.
+
+    Backfill never delays a higher-priority job: each job that cannot start gets a reservation
+    (the first `reservations` of them); once that many are made, a job that finds no room waits
+    and nothing after it starts in its partition (or one sharing its nodes), so no job without a
+    reservation is passed. With `backfill` off, the first job that cannot start in a partition
+    holds back every job after it there (strict priority order; for comparison in bench/)."""
     priority = priority or {}
     blocked = blocked or {}
     limits = limits or Limits()
+    stopped_at = stopped_at or {}
     plan = Plan()
-    state = _Pass(free, partitions, active, now, completing_release_s, limits, priority)
+    ends = {j.job_id: job_end(j, now, completing_release_s, preempt_grace_s, stopped_at.get(j.job_id))
+            for j in active}
+    state = _Pass(free, partitions, active, now, ends, limits, priority)
     victims_taken: set[int] = set()
     preemptable = None
     no_cache: dict[tuple, tuple[int, Reason]] = {}   # a shape that could not start, until resources change
     generation = 0
     waiting = plan.waiting
     pri_get = priority.get
-    stalled: set[str] = set()   # partitions held back by a waiting job, when backfill is off
-    for job in sorted(pending, key=lambda j: (-pri_get(j.job_id, j.priority), j.submit_time, j.job_id)):
+    stalled: set[str] = set()   # partitions where no later job may start
+    order = sorted(pending, key=lambda j: (-pri_get(j.job_id, j.priority), j.submit_time, j.job_id))
+    held_for = _place_holds(order, holds or {}, blocked, partitions, state, plan)
+    for job in order:
         job_id = job.job_id
         reason = _held_back(job, blocked, partitions, state)
         if reason is not None:
             waiting[job_id] = reason
+            continue
+        name = job.partition
+        if name in stalled:
+            waiting[job_id] = Reason.PRIORITY
             continue
         req = job.request
         qos = limits.qos.get(req.qos or limits.default_qos)
         preemptor = qos is not None and bool(qos.preempt)
         shape = (job.partition, job.num_nodes, job.gpus_per_node, job.cpus_per_node, job.time_limit_s,
                  req.switches, job.submit_time if req.switches else 0)
-        cached = no_cache.get(shape)
-        if cached is not None and cached[0] == generation and not preemptor:
-            waiting[job_id] = cached[1]
-            continue
-        name = job.partition
-        if name in stalled:
-            waiting[job_id] = Reason.PRIORITY
-            continue
         end = now + job.time_limit_s if job.time_limit_s else INF
         if state.up_count[name] < job.num_nodes:
             reason = Reason.NODES_DRAINED if state.up_count[name] + state.drained_count[name] >= job.num_nodes \
@@ -490,62 +479,71 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             waiting[job_id] = reason
             no_cache[shape] = (generation, reason)
             continue
+        cached = no_cache.get(shape)
         alloc = None
-        if state.count_fitting(name, job.gpus_per_node) >= job.num_nodes:
-            alloc = state.place(job, name, end)
+        if cached is None or cached[0] != generation or preemptor or job_id in held_for:
+            cached = None
+            if state.count_fitting(name, job.gpus_per_node) >= job.num_nodes:
+                alloc = state.place(job, name, end)
         if alloc is not None:
             state.take(job, alloc, end)
             plan.starts.append((job_id, alloc))
             generation += 1
             continue
-        reason = Reason.RESOURCES
+        if cached is not None:
+            reason = cached[1]
+        else:
+            reason = Reason.RESOURCES
+            if state.res_start and state.count_fitting(name, job.gpus_per_node) >= job.num_nodes \
+                    and state.place(job, name, end, respect=False) is not None:
+                reason = Reason.PRIORITY
+            no_cache[shape] = (generation, reason)
+        waiting[job_id] = reason
         if not backfill:
             stalled.add(name)
-        if state.res_start and state.count_fitting(name, job.gpus_per_node) >= job.num_nodes \
-                and state.place(job, name, end, respect=False) is not None:
-            reason = Reason.PRIORITY
-        waiting[job_id] = reason
-        res = None
-        if len(plan.reservations) < reservations or preemptor:
+        res = held_for.get(job_id)
+        if res is None and (len(plan.reservations) < reservations or preemptor):
             res = state.reserve(job, name)
             if res is not None:
                 plan.reservations.append(res)
+        elif res is None and backfill:
+            stalled.update(state.sharing[name])   # no reservation left to protect it: pass nobody
         if preemptor and (res is None or res.start > now + preempt_grace_s):
             if preemptable is None:
                 preemptable = [j for j in active if j.phase == JobPhase.RUNNING]
-            allowed = set(qos.preempt)
-            candidates = [v for v in preemptable if (v.request.qos or limits.default_qos) in allowed]
+            candidates = [v for v in preemptable if may_preempt(job, v, limits, priority)]
             chosen = state.victims(job, name, candidates, victims_taken)
             if chosen:
                 plan.preempt[job_id] = chosen
                 victims_taken.update(chosen)
-            continue
-        no_cache[shape] = (generation, reason)
     return plan
 
 
-def infeasible(num_nodes: int, gpus_per_node: int, cpus_per_node: int, time_limit_s: int,
-               part: PartitionConfig, capacity: Mapping[str, tuple[int, int]]) -> str | None:
-    """Why a request could never run in the partition, or None. `capacity` maps node -> (gpus, cpus);
-    nodes whose hardware is not known yet are left out and never count against a request."""
-    if num_nodes > len(part.nodes):
-        return f"{num_nodes} nodes requested, but partition {part.name} has only {len(part.nodes)}"
-    if part.max_time_s and time_limit_s > part.max_time_s:
-        return (f"time limit {format_limit(time_limit_s)} is over partition {part.name}'s "
-                f"maximum of {format_limit(part.max_time_s)}")
-    known = [capacity[n] for n in part.nodes if n in capacity]
-    if len(known) < len(part.nodes):
-        return None
-    big_enough = [n for n in known if n[0] >= gpus_per_node and n[1] >= cpus_per_node]
-    if len(big_enough) >= num_nodes:
-        return None
-    most_gpus = max(g for g, _ in known)
-    if gpus_per_node > most_gpus:
-        return (f"{gpus_per_node} GPUs per node requested, but no node in partition {part.name} "
-                f"has more than {most_gpus}; ask for fewer per node and more nodes (--nodes)")
-    most_cpus = max(c for _, c in known)
-    if cpus_per_node > most_cpus:
-        return (f"{cpus_per_node} CPUs per node requested, but no node in partition {part.name} "
-                f"has more than {most_cpus}")
-    return (f"{num_nodes} nodes with {gpus_per_node} GPUs and {cpus_per_node} CPUs each requested, "
-            f"but partition {part.name} has only {len(big_enough)} such nodes")
+def rank(job: Job, limits: Limits, priority: Mapping[int, int]) -> tuple[int, int]:
+    """How a job ranks for preemption: its priority, then its QOS's priority."""
+    qos = limits.qos.get(job.request.qos or limits.default_qos)
+    return priority.get(job.job_id, job.priority), qos.priority if qos is not None else 0
+
+
+def may_preempt(job: Job, victim: Job, limits: Limits, priority: Mapping[int, int]) -> bool:
+    """Whether `job` may preempt `victim`: its QOS names the victim's, and it outranks the victim."""
+    qos = limits.qos.get(job.request.qos or limits.default_qos)
+    if qos is None or (victim.request.qos or limits.default_qos) not in qos.preempt:
+        return False
+    return rank(job, limits, priority) > rank(victim, limits, priority)
+
+
+def _place_holds(order: list[Job], holds: Mapping[int, Iterable[str]], blocked: Mapping[int, Reason],
+                 partitions: Mapping[str, PartitionConfig], state: _Pass, plan: Plan) -> dict[int, Reservation]:
+    """Reservations, made before any job is looked at, for each pending preemptor on the nodes its
+    victims free: no other job, of any priority, takes them before it starts."""
+    out = {}
+    for job in order:
+        nodes = holds.get(job.job_id)
+        if nodes is None or job.hold or job.partition not in partitions or job.job_id in blocked:
+            continue
+        res = state.reserve(job, job.partition, only=nodes)
+        if res is not None:
+            out[job.job_id] = res
+            plan.reservations.append(res)
+    return out

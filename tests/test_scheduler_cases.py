@@ -1,0 +1,60 @@
+"""The scheduler's decisions in the cases a user would describe, as table tests: backfill that
+delays nobody, preemption that converges, holds made between passes."""
+from airctld import scheduler
+from airctld.config import PartitionConfig, QosConfig
+from airctld.model import Job, Node, NodeAlloc
+from protos import air_pb2 as pb
+from protos.states import JobPhase, NodeState, Reason
+
+HOUR = 3600
+
+
+def _nodes(names=("n1", "n2"), gpus=4):
+    return [Node(name=n, cpus=8, gpus=tuple(pb.Gpu(index=i) for i in range(gpus)), state=NodeState.UP) for n in names]
+
+
+def _job(job_id, nodes=1, gpus=4, limit=HOUR, qos="", **kw):
+    return Job(job_id=job_id, uid=1, gid=1, user="u", name="j", partition="p", num_nodes=nodes, gpus_per_node=gpus,
+               cpus_per_node=1, time_limit_s=limit, submit_time=float(job_id), request=pb.JobRequest(qos=qos), **kw)
+
+
+def _running(job_id, node, gpus=range(4), start=0.0, limit=HOUR, qos="", **kw):
+    return _job(job_id, gpus=len(gpus), limit=limit, qos=qos, phase=JobPhase.RUNNING, start_time=start,
+                allocation=(NodeAlloc(node, tuple(gpus), 1),), **kw)
+
+
+def _plan(nodes, pending, active=(), now=0.0, **kw):
+    free = scheduler.free_resources(nodes, active)
+    part = {"p": PartitionConfig("p", tuple(n.name for n in nodes))}
+    return scheduler.schedule(pending, free, part, now=now, active=list(active), **kw)
+
+
+def test_a_long_low_job_does_not_take_the_node_the_wide_job_waits_for():
+    # A (1 node, 1 h, highest), B (2 nodes, next), C (1 node, 10 h, lowest), released together
+    a, b, c = _job(1, limit=HOUR), _job(2, nodes=2), _job(3, limit=10 * HOUR)
+    plan = _plan(_nodes(), [a, b, c], priority={1: 30, 2: 20, 3: 10})
+    assert [s[0] for s in plan.starts] == [1]
+    assert plan.estimate()[2].start == HOUR          # B starts when A ends, not after C's 10 h
+    assert plan.waiting == {2: Reason.RESOURCES, 3: Reason.PRIORITY}
+
+
+def test_a_short_low_job_may_use_the_node_until_the_wide_job_starts():
+    a, b, c = _job(1, limit=HOUR), _job(2, nodes=2), _job(3, limit=HOUR // 2)
+    plan = _plan(_nodes(), [a, b, c], priority={1: 30, 2: 20, 3: 10})
+    assert [s[0] for s in plan.starts] == [1, 3] and plan.estimate()[2].start == HOUR
+
+
+def test_a_job_without_a_time_limit_blocks_nothing_it_cannot_see_end():
+    # a running job without a limit runs forever as far as the pass knows: B could never start, so
+    # nothing delays it, and C starts
+    forever = _running(9, "n1", limit=0)
+    plan = _plan(_nodes(), [_job(2, nodes=2), _job(3, limit=10 * HOUR)], [forever], priority={2: 20, 3: 10})
+    assert [s[0] for s in plan.starts] == [3] and plan.reservations == []
+
+
+def test_once_reservations_run_out_no_later_job_passes_the_unreserved_one():
+    busy = [_running(9, "n1", limit=HOUR)]
+    pending = [_job(1, nodes=2), _job(2, nodes=2), _job(3, gpus=4, limit=10 * HOUR)]
+    plan = _plan(_nodes(), pending, busy, priority={1: 30, 2: 20, 3: 10}, reservations=1)
+    assert [r.job_id for r in plan.reservations] == [1]
+    assert plan.starts == [] and plan.waiting[3] == Reason.PRIORITY
