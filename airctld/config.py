@@ -241,6 +241,7 @@ def parse(data: dict) -> Config:
         unknown = [p for p in q.preempt if p not in names]
         if unknown:
             raise ConfigError(f"[[qos]] {q.name} preempt names {unknown[0]!r}, which no [[qos]] defines")
+    _check_preempt_cycles(qos)
     account_names = {a.name for a in accounts}
     for p in partitions:
         unknown = [a for a in p.accounts if a not in account_names]
@@ -248,6 +249,27 @@ def parse(data: dict) -> Config:
             raise ConfigError(f"partition {p.name} accounts names {unknown[0]!r}, which no [[accounts]] defines")
     return Config(controller=controller, nodes=tuple(nodes), partitions=tuple(partitions),
                   accounts=tuple(accounts), qos=tuple(qos), scheduler=sched)
+
+
+def _check_preempt_cycles(qos: list[QosConfig]) -> None:
+    """A QOS may not preempt itself, nor QOS that (through others) preempt it: victims would
+    preempt their preemptors back."""
+    edges = {q.name: q.preempt for q in qos}
+    for q in qos:
+        path = [q.name]
+
+        def walk(name: str) -> None:
+            for nxt in edges.get(name, ()):
+                if nxt == q.name:
+                    loop = " -> ".join(path + [nxt])
+                    what = "preempts itself" if len(path) == 1 else f"is in a preemption cycle: {loop}"
+                    raise ConfigError(f"[[qos]] {q.name} {what}; a QOS may only preempt QOS that cannot "
+                                      "preempt it back")
+                if nxt not in path:
+                    path.append(nxt)
+                    walk(nxt)
+                    path.pop()
+        walk(q.name)
 
 
 def _check_tree(accounts: list[AccountConfig]) -> None:
