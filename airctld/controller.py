@@ -22,6 +22,7 @@ from airctld.jobtable import JobTable
 from airctld.errors import Conflict, Denied, InvalidRequest, NotFound
 from airctld.model import Job, Node, evolve
 from airctld.node_reports import CONTROLLER_UID, NodeReports
+from airctld.passes import SchedulingPass
 from airctld.nodes import NodeClients
 from airctld.planning import Planner
 from airctld.policy import Policy, user_name
@@ -33,10 +34,9 @@ from protos.states import ACTIVE_PHASES, REASON_NAMES, JobPhase, JobResult, Node
 
 log = logging.getLogger("airctld")
 
-FULL_PASS_EVERY_S = 10.0   # a pass even when nothing changed: waits that expire (--switches), ages
 
 
-class Controller(NodeReports):
+class Controller(NodeReports, SchedulingPass):
     def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.time,
                  clients: NodeClients | None = None):
         self.config = config
@@ -65,9 +65,10 @@ class Controller(NodeReports):
         self.accounting = Accounting(config, store, now, self.jobs)
         self.planner = Planner(config)
         self._arrays: dict[int, list[int]] = {}
-        for job in self.jobs:
-            if job.array_job_id:
-                self._arrays.setdefault(job.array_job_id, []).append(job.job_id)
+        for array_id in {job.array_job_id for job in self.jobs if job.array_job_id}:
+            # every task, also those done long ago and not loaded: dependencies judge them all
+            self._arrays[array_id] = [t.job_id for t in store.array_tasks(array_id)]
+        self._not_arrays: set[int] = set()
         self._warned: set[int] = set()
         self.telemetry: dict[str, list[pb.GpuStatus]] = {}   # node -> its GPUs' latest reading
         self.last_progress: dict[int, float] = {}   # job -> when one of its ranks last reported
@@ -75,6 +76,9 @@ class Controller(NodeReports):
         self.suspect: dict[str, float] = {}         # nodes a step lost, until their next heartbeat
         self._last_pass = 0.0
         self._due = float("inf")   # when a pending job's --begin time comes
+        self._epoch = 0            # bumped by every change to what priorities are made of
+        self._stopped_at: dict[int, float] = {}        # stopping job -> when it was asked to stop
+        self._holds: dict[int, tuple[str, ...]] = {}   # pending preemptor -> nodes its victims free
         self._pass_seconds = 0.0
 
     # ------------------------------------------------------------ the loop
@@ -202,16 +206,6 @@ class Controller(NodeReports):
             if job_id not in self.jobs and job_id not in self._arrays and self.store.get_job(job_id) is None:
                 raise InvalidRequest(f"dependency on job {job_id}, which does not exist")
 
-    def _dep_states(self, job_id: int) -> list[tuple[JobPhase, JobResult]]:
-        """The state of a job, or of every task of the array with that id, for dependencies."""
-        ids = self._arrays.get(job_id, [job_id])
-        out = []
-        for i in ids:
-            job = self.jobs.get(i) or self.store.get_job(i)
-            if job is not None:
-                out.append((job.phase, job.result))
-        return out
-
     def _estimate(self, job: Job) -> str:
         with self._lock:
             free = scheduler.free_resources(self.nodes.values(), self.jobs.active())
@@ -275,6 +269,7 @@ class Controller(NodeReports):
             now = self.clock()
             changed = self._commit([(j, events.held(j, hold)) for j in targets], now, who.uid)
             self._dirty = True
+            self._epoch += 1
         self._wake.set()
         return [j.job_id for j in changed]
 
@@ -434,6 +429,7 @@ class Controller(NodeReports):
             else:
                 raise InvalidRequest("give an operation: add, modify or remove")
             self._dirty = True
+            self._epoch += 1
         self._wake.set()
 
     # ------------------------------------------------------------ passes
@@ -447,6 +443,10 @@ class Controller(NodeReports):
             self.store.update_jobs(changes, now, who)
         for old, new in changes:
             self.jobs.put(new)
+            if new.phase == JobPhase.COMPLETING:
+                self._stopped_at.setdefault(new.job_id, now)
+            else:
+                self._stopped_at.pop(new.job_id, None)
             if new.phase != old.phase and new.phase != JobPhase.COMPLETING:
                 self._misses.pop(new.job_id, None)
                 self._dirty = True  # resources freed, a job that others waited behind gone, or one requeued
@@ -490,66 +490,6 @@ class Controller(NodeReports):
                     self._warned.discard(job.job_id)
                     self.last_progress.pop(job.job_id, None)
                     self.latest_report.pop(job.job_id, None)
-
-    def _schedule(self, now: float) -> None:
-        """Snapshot under the lock, plan without it, apply what still holds under it.
-
-        Only this loop starts jobs, so resources free in the snapshot cannot be taken meanwhile;
-        a job cancelled or a node lost during planning is checked again before it starts.
-        """
-        with self._lock:
-            if not self._dirty and now - self._last_pass < FULL_PASS_EVERY_S and now < self._due:
-                return
-            self._dirty = False
-            self._last_pass = now
-            pending = self.jobs.schedulable()  # held jobs keep the JobHeldUser reason set at submit
-            self._due = min((j.request.begin_time for j in pending if j.request.begin_time > now), default=float("inf"))
-            if not pending:
-                return
-            active = self.jobs.active()
-            nodes = [evolve(n, state=NodeState.DOWN) if n.name in self.suspect else n for n in self.nodes.values()]
-            free = scheduler.free_resources(nodes, active, self.switches)
-            capacity = (sum(len(n.gpus) for n in self.nodes.values()), sum(n.cpus for n in self.nodes.values()))
-        began = time.perf_counter()
-        inputs = self.planner.inputs(pending, self.jobs, active, self.accounting, capacity, now, self._dep_states)
-        plan = scheduler.schedule(pending, free, self.partitions, **inputs)
-        self._pass_seconds = time.perf_counter() - began
-        with self._lock:
-            preempted = []
-            for preemptor, victims in plan.preempt.items():
-                for v in victims:
-                    job = self.jobs.get(v)
-                    if job is not None and job.phase == JobPhase.RUNNING:
-                        preempted.append((job, events.preempted(job, now, preemptor)))
-            starts = []
-            for job_id, alloc in plan.starts:
-                job = self.jobs.get(job_id)
-                if job is None or job.phase != JobPhase.PENDING or \
-                        any(self.nodes[a.node].state != NodeState.UP for a in alloc):
-                    self._dirty = True
-                    continue
-                starts.append((job, events.start(job, now, alloc)))
-            reasons = [(i, r) for i, r in plan.waiting.items()
-                       if (j := self.jobs.get(i)) is not None and j.phase == JobPhase.PENDING and j.reason != r]
-            with self.store.transaction():
-                started = self._commit(starts, now, CONTROLLER_UID)
-                stopping = self._commit(preempted, now, CONTROLLER_UID)
-                self.store.set_pending_reasons(reasons)
-            for i, r in reasons:
-                self.jobs.put(events.waiting(self.jobs.get(i), r))
-            for job_id, value in inputs["priority"].items():
-                job = self.jobs.get(job_id)
-                if job is not None and job.phase == JobPhase.PENDING and job.priority != value:
-                    self.jobs.put(evolve(job, priority=value))
-            self.planner.plan = plan
-            self._launching.update(j.job_id for j in started)
-            self._warned.difference_update(j.job_id for j in started)   # a new run gets its own warning
-            launching = set(self._launching)
-        for job in started:
-            self._actions.submit(self._launch, job)
-        for job in stopping:
-            log.info("job %d preempted: %s", job.job_id, job.reason_detail)
-        self._terminate(stopping, launching)
 
     def _launch(self, job: Job) -> None:
         try:

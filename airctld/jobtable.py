@@ -54,6 +54,10 @@ class JobTable:
         held = self._held
         return [self._jobs[i] for i in self._by_phase[JobPhase.PENDING] if i not in held]
 
+    def held(self) -> list[Job]:
+        """Pending jobs held by their owner."""
+        return [self._jobs[i] for i in self._held]
+
     def active(self) -> list[Job]:
         return [self._jobs[i] for p in ACTIVE_PHASES for i in self._by_phase[p]]
 

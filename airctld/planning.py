@@ -41,7 +41,10 @@ class Planner:
         shares = accounting.shares(leaves)
         fs = {k: s.fairshare for k, s in shares.items() if k[1]}
         self.model = PriorityModel(self.config.scheduler, self.partitions, self.qos, fs, *capacity)
-        priority = self.model.priorities(pending, now)
+        # every job's priority as this pass sees it: pending, held and running alike (victims are
+        # ranked by it, and aircontrol show job and airq -o %Q show it)
+        held = all_jobs.held() if hasattr(all_jobs, "held") else [j for j in all_jobs if j.phase == JobPhase.PENDING and j.hold]
+        priority = self.model.priorities([*pending, *held, *active], now)
         blocked = self._blocked(pending, all_jobs, lookup, now)
         chains, quotas = accounting.account_chains()
         limits = scheduler.Limits(qos=self.qos, default_qos=self.config.scheduler.default_qos,
@@ -50,6 +53,13 @@ class Planner:
         return dict(now=now, active=active, priority=priority, blocked=blocked, limits=limits,
                     reservations=s.reservations, completing_release_s=self.config.controller.kill_wait_s,
                     preempt_grace_s=s.preempt_grace_s)
+
+    def still_free(self, job: Job, lookup: Callable[[int], list[tuple[JobPhase, JobResult]]]) -> bool:
+        """Whether the job's dependency (singleton aside) still holds, as its start is applied."""
+        dep = self.dependency(job)
+        if dep is None or dep.singleton:
+            return True
+        return deps.evaluate(dep, lookup, True) == deps.DepState.SATISFIED
 
     def views(self, jobs: list[Job], now: float) -> list[pb.PendingJob]:
         s = self.config.scheduler

@@ -118,8 +118,6 @@ class _Pass:
             self.up_count[p] = sum(free[n].up for n in names)
             self.drained_count[p] = sum(free[n].drained for n in names)
         self.res_start: dict[str, float] = {}
-        self.res_gpus: dict[str, int] = {}
-        self.res_cpus: dict[str, int] = {}
         self.res_list: dict[str, list[tuple[float, float, int, int]]] = {}   # node -> (start, end, gpus, cpus)
         self.spare_gpus: dict[str, int] = {}
         self.spare_cpus: dict[str, int] = {}
@@ -282,19 +280,9 @@ class _Pass:
             self._releases = rel
         return self._releases
 
-    def free_at(self, name: str, when: float) -> tuple[int, int]:
-        node = self.free[name]
-        g, c = len(node.gpus), node.cpus
-        for t, rg, rc in self.releases().get(name, ()):
-            if t > when:
-                break
-            g += rg
-            c += rc
-        return g, c
-
-    def available_from(self, name: str, gpus: int, cpus: int) -> float:
-        """The earliest time from which the node keeps room for `gpus` and `cpus` at every later moment,
-        beside the reservations it has: a reservation never goes into a gap before another one."""
+    def _steps(self, name: str):
+        """(time, free GPUs, free CPUs) on the node after each change to come: jobs ending, and
+        reservations starting and ending; the first entry is now."""
         node = self.free[name]
         g, c = len(node.gpus), node.cpus
         events = list(self.releases().get(name, ()))
@@ -303,7 +291,7 @@ class _Pass:
             if end < INF:
                 events.append((end, rg, rc))
         events.sort()
-        since = self.now if g >= gpus and c >= cpus else INF
+        out = [(self.now, g, c)]
         i = 0
         while i < len(events):
             t = events[i][0]
@@ -311,11 +299,31 @@ class _Pass:
                 g += events[i][1]
                 c += events[i][2]
                 i += 1
+            if t <= self.now:
+                out[0] = (self.now, g, c)
+            else:
+                out.append((t, g, c))
+        return out
+
+    def available_from(self, name: str, gpus: int, cpus: int) -> float:
+        """The earliest time from which the node keeps room for `gpus` and `cpus` at every later moment,
+        beside the reservations it has: a reservation never goes into a gap before another one."""
+        since = INF
+        for t, g, c in self._steps(name):
             if g < gpus or c < cpus:
                 since = INF
             elif since == INF:
-                since = max(t, self.now)
+                since = t
         return since
+
+    def _spare(self, name: str) -> tuple[int, int]:
+        """What the node has free at every moment from its first reservation on: what a job running
+        past that start may use."""
+        first = self.res_start[name]
+        steps = self._steps(name)
+        before = [s for s in steps if s[0] <= first]
+        after = before[-1:] + [s for s in steps if s[0] > first]
+        return min(g for _, g, _ in after), min(c for _, _, c in after)
 
     def reserve(self, job: Job, part: str, only: Iterable[str] | None = None) -> Reservation | None:
         """The earliest time at which the job's nodes are free for it, beside or after the reservations
@@ -352,15 +360,10 @@ class _Pass:
         chosen = sorted(ready, key=lambda tn: (-tn[0], tn[1]))[:n]
         names = tuple(sorted(name for _, name in chosen))
         for name in names:
-            self.res_gpus[name] = self.res_gpus.get(name, 0) + g
-            self.res_cpus[name] = self.res_cpus.get(name, 0) + c
             self.res_start[name] = min(self.res_start.get(name, INF), start)
             self.res_list.setdefault(name, []).append((start, end, g, c))
             self.own[(name, job.job_id)] = (g, c)
-            # what backfill may use past the first reservation: free then, less all that is reserved
-            fg, fc = self.free_at(name, self.res_start[name])
-            self.spare_gpus[name] = fg - self.res_gpus[name]
-            self.spare_cpus[name] = fc - self.res_cpus[name]
+            self.spare_gpus[name], self.spare_cpus[name] = self._spare(name)
         return Reservation(job.job_id, start, end, names, g, c)
 
     # ---------------------------------------------------------------- preemption
@@ -516,6 +519,13 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             if chosen:
                 plan.preempt[job_id] = chosen
                 victims_taken.update(chosen)
+            else:
+                above = [v for v in preemptable if (v.request.qos or limits.default_qos) in qos.preempt
+                         and v.job_id not in {c.job_id for c in candidates}]
+                if above:
+                    v = max(above, key=lambda v: rank(v, limits, priority))
+                    plan.details[job_id] = (f"may not preempt job {v.job_id}: it ranks higher (priority "
+                                            f"{rank(v, limits, priority)[0]} against {rank(job, limits, priority)[0]})")
     return plan
 
 

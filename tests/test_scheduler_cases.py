@@ -58,3 +58,55 @@ def test_once_reservations_run_out_no_later_job_passes_the_unreserved_one():
     plan = _plan(_nodes(), pending, busy, priority={1: 30, 2: 20, 3: 10}, reservations=1)
     assert [r.job_id for r in plan.reservations] == [1]
     assert plan.starts == [] and plan.waiting[3] == Reason.PRIORITY
+
+
+# ---------------------------------------------------------------- preemption
+
+QOS = scheduler.Limits(qos={"normal": QosConfig("normal"), "high": QosConfig("high", priority=10, preempt=("normal",))})
+
+
+def test_a_preemptor_that_ranks_below_its_victim_may_not_preempt_it():
+    victim = _running(9, "n1", qos="normal", limit=10 * HOUR)
+    plan = _plan(_nodes(["n1"]), [_job(1, qos="high")], [victim], now=60, limits=QOS, priority={1: 100, 9: 500})
+    assert plan.preempt == {} and "may not preempt job 9: it ranks higher" in plan.details[1]
+    plan = _plan(_nodes(["n1"]), [_job(1, qos="high")], [victim], now=60, limits=QOS, priority={1: 500, 9: 100})
+    assert plan.preempt == {1: [9]}
+
+
+def test_equal_priority_falls_to_the_qos_order():
+    victim = _running(9, "n1", qos="normal", limit=10 * HOUR)
+    plan = _plan(_nodes(["n1"]), [_job(1, qos="high")], [victim], now=60, limits=QOS, priority={1: 100, 9: 100})
+    assert plan.preempt == {1: [9]}
+
+
+def test_a_stopping_victim_counts_once_with_the_grace_it_was_given():
+    # the victim was asked to stop at t=0 with a 300 s grace; the kill wait (30 s) does not apply
+    stopping = _running(9, "n1", qos="normal", limit=10 * HOUR, reason=Reason.PREEMPTED)
+    stopping = Job(**{**stopping.__dict__, "phase": JobPhase.COMPLETING})
+    other = _running(8, "n2", qos="normal", limit=10 * HOUR)
+    for now in (10.0, 200.0, 299.0):
+        plan = _plan(_nodes(), [_job(1, qos="high")], [stopping, other], now=now, limits=QOS,
+                     priority={1: 500, 8: 1, 9: 1}, preempt_grace_s=300, completing_release_s=30,
+                     stopped_at={9: 0.0}, holds={1: ("n1",)})
+        assert plan.preempt == {}, now                 # no second victim while the first stops
+        assert plan.estimate()[1].start == 300 and plan.estimate()[1].nodes == ("n1",)
+
+
+def test_the_nodes_a_victim_freed_are_held_for_its_preemptor():
+    # the victim is gone; a higher-priority job of the same shape does not take its node
+    plan = _plan(_nodes(["n1"]), [_job(1, qos="high"), _job(2)], [], limits=QOS, priority={1: 10, 2: 900},
+                 holds={1: ("n1",)})
+    assert [s[0] for s in plan.starts] == [1] and plan.waiting == {2: Reason.PRIORITY}
+
+
+def test_a_qos_that_preempts_itself_or_a_cycle_of_qos_is_refused():
+    import pytest
+    from airctld import config
+    base = {"controller": {"auth": "none"}, "nodes": [], "partitions": []}
+    with pytest.raises(config.ConfigError, match=r"\[\[qos\]\] normal preempts itself"):
+        config.parse({**base, "qos": [{"name": "normal", "preempt": ["normal"]}]})
+    with pytest.raises(config.ConfigError, match="preemption cycle: a -> b -> a"):
+        config.parse({**base, "qos": [{"name": "normal"}, {"name": "a", "preempt": ["b"]},
+                                      {"name": "b", "preempt": ["a", "normal"]}]})
+    config.parse({**base, "qos": [{"name": "normal"}, {"name": "a", "preempt": ["b", "normal"]},
+                                  {"name": "b", "preempt": ["normal"]}]})

@@ -1,0 +1,113 @@
+"""The controller's scheduling pass: snapshot under the lock, plan with the pure scheduler without
+it, apply under it what still holds; and the job states that dependencies are judged on."""
+from __future__ import annotations
+
+import logging
+import time
+
+from airctld import events, scheduler
+from airctld.model import evolve
+from airctld.node_reports import CONTROLLER_UID
+from protos.states import JobPhase, JobResult, NodeState
+
+log = logging.getLogger("airctld")
+
+FULL_PASS_EVERY_S = 10.0   # a pass even when nothing changed: waits that expire (--switches), ages
+
+
+class SchedulingPass:
+    """Mixed into Controller; uses its jobs, nodes, store, planner and lock."""
+
+    def _dep_states(self, job_id: int) -> list[tuple[JobPhase, JobResult]]:
+        """The state of a job, or of every task of the array with that id, for dependencies."""
+        ids = self._arrays.get(job_id)
+        if ids is None:
+            if job_id in self._not_arrays or job_id in self.jobs:
+                ids = [job_id]
+            else:   # a job done and forgotten, or an array whose tasks all are: the store knows
+                ids = [t.job_id for t in self.store.array_tasks(job_id)]
+                if ids:
+                    self._arrays[job_id] = ids
+                else:
+                    self._not_arrays.add(job_id)
+                    ids = [job_id]
+        out = []
+        for i in ids:
+            job = self.jobs.get(i) or self.store.get_job(i)
+            if job is not None:
+                out.append((job.phase, job.result))
+        return out
+
+    def _schedule(self, now: float) -> None:
+        """Snapshot under the lock, plan without it, apply what still holds under it.
+
+        Only this loop starts jobs, so resources free in the snapshot cannot be taken meanwhile. A
+        plan is applied only to jobs whose record is the one it was made from (still pending, not
+        held, not changed), whose dependencies still hold, and only while nothing that priorities
+        are made of changed (the epoch); anything else waits for the next pass.
+        """
+        with self._lock:
+            if not self._dirty and now - self._last_pass < FULL_PASS_EVERY_S and now < self._due:
+                return
+            self._dirty = False
+            self._last_pass = now
+            pending = self.jobs.schedulable()  # held jobs keep the JobHeldUser reason set at submit
+            self._due = min((j.request.begin_time for j in pending if j.request.begin_time > now), default=float("inf"))
+            ids = {j.job_id for j in pending}
+            for preemptor in [p for p in self._holds if p not in ids]:   # started, or left the queue
+                del self._holds[preemptor]
+            if not pending:
+                return
+            snapshot = {j.job_id: j for j in pending}
+            epoch = self._epoch
+            active = self.jobs.active()
+            nodes = [evolve(n, state=NodeState.DOWN) if n.name in self.suspect else n for n in self.nodes.values()]
+            free = scheduler.free_resources(nodes, active, self.switches)
+            capacity = (sum(len(n.gpus) for n in self.nodes.values()), sum(n.cpus for n in self.nodes.values()))
+            stopped_at, holds = dict(self._stopped_at), dict(self._holds)
+        began = time.perf_counter()
+        inputs = self.planner.inputs(pending, self.jobs, active, self.accounting, capacity, now, self._dep_states)
+        plan = scheduler.schedule(pending, free, self.partitions, stopped_at=stopped_at, holds=holds, **inputs)
+        self._pass_seconds = time.perf_counter() - began
+        with self._lock:
+            def unchanged(job_id: int) -> bool:
+                return self.jobs.get(job_id) is snapshot.get(job_id) and self._epoch == epoch
+
+            preempted = []
+            for preemptor, victims in plan.preempt.items():
+                if not unchanged(preemptor):
+                    self._dirty = True
+                    continue
+                stopping = [j for v in victims if (j := self.jobs.get(v)) is not None and j.phase == JobPhase.RUNNING]
+                preempted += [(j, events.preempted(j, now, preemptor)) for j in stopping]
+                self._holds[preemptor] = tuple(sorted({a.node for j in stopping for a in j.allocation}))
+            starts = []
+            for job_id, alloc in plan.starts:
+                job = self.jobs.get(job_id)
+                if not unchanged(job_id) or any(self.nodes[a.node].state != NodeState.UP for a in alloc) or \
+                        not self.planner.still_free(job, self._dep_states):
+                    self._dirty = True
+                    continue
+                starts.append((job, events.start(job, now, alloc)))
+            reasons = [(i, r) for i, r in plan.waiting.items()
+                       if (j := self.jobs.get(i)) is not None and j.phase == JobPhase.PENDING and not j.hold
+                       and (j.reason != r or j.reason_detail != plan.details.get(i, ""))]
+            with self.store.transaction():
+                started = self._commit(starts, now, CONTROLLER_UID)
+                stopping = self._commit(preempted, now, CONTROLLER_UID)
+                self.store.set_pending_reasons(reasons)
+            for i, r in reasons:
+                self.jobs.put(events.waiting(self.jobs.get(i), r, plan.details.get(i, "")))
+            for job_id, value in inputs["priority"].items():   # what this pass used, pending and running
+                job = self.jobs.get(job_id)
+                if job is not None and job.phase in (JobPhase.PENDING, JobPhase.RUNNING) and job.priority != value:
+                    self.jobs.put(evolve(job, priority=value))
+            self.planner.plan = plan
+            self._launching.update(j.job_id for j in started)
+            self._warned.difference_update(j.job_id for j in started)   # a new run gets its own warning
+            launching = set(self._launching)
+        for job in started:
+            self._actions.submit(self._launch, job)
+        for job in stopping:
+            log.info("job %d preempted: %s", job.job_id, job.reason_detail)
+        self._terminate(stopping, launching)
