@@ -1,0 +1,102 @@
+"""The controller's dependency judgements and the plan it applies, with a store on disk and a clock
+in the test's hands (no node daemons): the same judgement before and after a restart, and nothing
+started that changed while the pass was planned."""
+import pytest
+
+from airctld import config as cfg, events
+from airctld.controller import Controller
+from airctld.model import NodeAlloc
+from airctld.store import Store
+from protos import air_pb2 as pb
+from protos.credential import Identity
+from protos.states import JobPhase, JobResult, Reason
+
+ROOT = Identity(0, 0)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def make(tmp_path):
+    conf = cfg.parse({"controller": {"auth": "none", "state_dir": str(tmp_path), "min_job_age_s": 60},
+                      "nodes": [{"name": "n1", "address": "127.0.0.9", "gpus": "sim:4"}],
+                      "partitions": [{"name": "p", "nodes": "n1", "default": True}]})
+    clock = Clock()
+    made = []
+
+    def build():
+        c = Controller(conf, Store(str(tmp_path / "air.db")), clock=clock)
+        made.append(c)
+        return c
+    yield build, clock
+    for c in made:
+        c.stop()
+
+
+def _run_and_end(c, clock, job_id, code):
+    job = c.jobs.get(job_id)
+    started = c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0,), 1),)))], clock.now, 0)[0]
+    c._commit([(started, events.exited(started, clock.now, code, 0))], clock.now, 0)
+
+
+def _judge(c, dependency):
+    dep = c.planner.dependency(type("J", (), {"job_id": -1, "request": pb.JobRequest(dependency=dependency)})())
+    c.planner.forget(-1)
+    from airctld import deps
+    return deps.evaluate(dep, c._dep_states, True)
+
+
+@pytest.mark.parametrize("dependency", ["afterok:{a}", "afternotok:{a}", "afterany:{a}", "after:{a}"])
+def test_a_dependency_on_an_array_whose_tasks_ended_judges_the_same_after_a_restart(make, dependency):
+    build, clock = make
+    c = build()
+    array_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", array="0-2"), ROOT)
+    for k, task in enumerate(c._arrays[array_id]):
+        _run_and_end(c, clock, task, 1 if k == 2 else 0)   # the last task fails
+    before = _judge(c, dependency.format(a=array_id))
+    clock.now += 3600   # long done: forgotten from memory, in the store only
+    c._forget_old(clock.now)
+    assert _judge(c, dependency.format(a=array_id)) == before
+    c.stop()
+    assert _judge(build(), dependency.format(a=array_id)) == before
+
+
+def test_afterok_on_a_requeued_job_waits_for_its_final_end_also_after_a_restart(make):
+    build, clock = make
+    c = build()
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp"), ROOT)
+    job = c.jobs.get(job_id)
+    job = c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0,), 1),)))], clock.now, 0)[0]
+    job = c._commit([(job, events.preempted(job, clock.now, 99))], clock.now, 0)[0]
+    assert _judge(c, f"afterok:{job_id}").name == "WAITING"
+    c._commit([(job, events.finished(job, clock.now, 0, 15))], clock.now, 0)   # requeued: pending again
+    assert c.jobs.get(job_id).phase == JobPhase.PENDING
+    assert _judge(c, f"afterok:{job_id}").name == "WAITING"
+    c.stop()
+    assert _judge(build(), f"afterok:{job_id}").name == "WAITING"
+
+
+def test_a_job_held_while_the_pass_is_planned_does_not_start(make, monkeypatch):
+    build, clock = make
+    c = build()
+    c.nodes["n1"] = c.nodes["n1"].__class__(**{**c.nodes["n1"].__dict__, "cpus": 8, "state": 1,
+                                               "gpus": tuple(pb.Gpu(index=i) for i in range(4))})
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1), ROOT)
+    launched = []
+    monkeypatch.setattr(c, "_launch", lambda job: launched.append(job.job_id))
+    real = c.planner.inputs
+
+    def hold_meanwhile(*args, **kw):   # the owner holds the job while the pass plans
+        c.hold(pb.JobFilter(job_ids=[job_id]), True, ROOT)
+        return real(*args, **kw)
+    monkeypatch.setattr(c.planner, "inputs", hold_meanwhile)
+    c._schedule(clock.now)
+    job = c.jobs.get(job_id)
+    assert job.phase == JobPhase.PENDING and job.hold and job.reason == Reason.JOB_HELD_USER
+    assert launched == [] and job.result == JobResult.NONE
