@@ -1,6 +1,7 @@
 """squeue/sinfo-style output: `%`-field format strings, columns, and the fields themselves. Pure."""
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Callable
@@ -135,11 +136,18 @@ def compact_arrays(jobs) -> list[pb.Job]:
 
 
 def progress_of(job: pb.Job) -> dict:
+    """The numbers of a job's newest progress report. A report is the job's own text: anything but a
+    JSON object of numbers (strings with terminal escapes, nested values) is left out."""
     import json
+    import math
     try:
-        return json.loads(job.progress) if job.progress else {}
+        report = json.loads(job.progress) if job.progress else {}
     except ValueError:
         return {}
+    if not isinstance(report, dict):
+        return {}
+    return {str(k)[:64]: v for k, v in report.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def _progress_field(key: str, fmt: str) -> Callable[[pb.Job], str]:
@@ -254,7 +262,7 @@ def job_keyvalues(job: pb.Job, now: float) -> list[str]:
          f"CPUs/Task={req.cpus_per_task or 1}"],
         [f"TresPerNode={_gres(job)}", f"GpuIndices={gpus or '(null)'}"],
         [f"WorkDir={req.workdir}"],
-        [f"Progress={job.progress or '(null)'}"],
+        [f"Progress={json.dumps(progress_of(job), separators=(',', ':')) if job.progress else '(null)'}"],
         [f"StdOut={out}"],
         [f"StdErr={err or out}"],
     ]

@@ -22,8 +22,8 @@ def series(reports: list[str]) -> dict[str, list]:
             r = json.loads(text)
         except ValueError:
             continue
-        if "step" in r:
-            by_step[int(r["step"])] = r
+        if isinstance(r, dict) and isinstance(r.get("step"), int) and not isinstance(r["step"], bool):
+            by_step[r["step"]] = {k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     steps = sorted(by_step)
     return {"step": steps, "loss": [by_step[s].get("loss") for s in steps],
             "tokens_per_s": [by_step[s].get("tokens_per_s") for s in steps],

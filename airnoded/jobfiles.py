@@ -169,8 +169,7 @@ class OwnerDir:
     def mtime(self, name: str) -> float:
         """The modification time of a regular file of the owner's, without opening it."""
         st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile(f"{name} is not a regular file")
+        _check(name, st, self.owner, limit=st.st_size)
         return st.st_mtime
 
     def read(self, name: str, limit: int) -> bytes:

@@ -84,13 +84,15 @@ class ProgressReader:
             return None
         with folder:
             newest, report = 0.0, ""
-            for name in folder.names(MAX_NAMES):
-                if not (name.startswith("rank") and name.endswith(".json")):
-                    continue
+            names = [n for n in folder.names(MAX_NAMES) if n.startswith("rank") and n.endswith(".json")]
+            for name in dict.fromkeys(["rank0.json", *names]):   # rank 0's always, however many files
                 try:
                     mtime = folder.mtime(name)
-                except (OSError, UnsafeFile):
-                    continue   # gone, or not a file: nothing to date a report by
+                except UnsafeFile as e:
+                    self._refuse(job_id, f"progress report ignored: {e}")
+                    continue
+                except OSError:
+                    continue   # not there, or gone meanwhile
                 newest = max(newest, mtime)
                 if name == "rank0.json" and mtime != self._sent.get(job_id):
                     report = self._read_report(job_id, folder, name)
