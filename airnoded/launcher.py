@@ -29,6 +29,7 @@ from protos.states import REASON_NAMES, Reason
 log = logging.getLogger("airnoded")
 
 DEFAULT_OUTPUT = "air-%j.out"
+MAX_STATUS_BYTES = 64 * 1024   # what the start-up shell may say before the script runs
 
 # GATE holds a job's first process until the daemon has put it in the job's cgroup (it writes a
 # line to the process's stdin then), so that nothing the job forks escapes the group.
@@ -228,7 +229,7 @@ class Launcher:
         problem = ""
         if running.status_fd >= 0:
             with os.fdopen(running.status_fd, "rb") as status_pipe:  # EOF once the script is exec'd
-                problem = status_pipe.read().decode(errors="replace").strip()
+                problem = status_pipe.read(MAX_STATUS_BYTES).decode(errors="replace").strip()
         status = running.process.wait()
         running.done.set()
         killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group
