@@ -13,7 +13,7 @@ from airctld.fairshare import Assoc
 from airctld.model import Job, Node, evolve
 from airctld.priority import PriorityModel, association
 from protos import air_pb2 as pb
-from protos.states import JobPhase, NodeState
+from protos.states import JobPhase, NodeState, Reason
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ class Result:
     pass_seconds: list[float] = field(default_factory=list)
     started: int = 0
     finished: int = 0
+    top_delays: list[float] = field(default_factory=list)   # per pass: how much later the first waiting
+    #                                                          job may start because of this pass's backfill
+    preemptions: dict[tuple[int, int], int] = field(default_factory=dict)   # (preemptor, victim) -> times
 
     @property
     def utilisation(self) -> float:
@@ -51,7 +54,13 @@ def make_nodes(count: int, gpus: int = 8, cpus: int = 64) -> list[Node]:
 
 def simulate(trace: list[TraceJob], nodes: list[Node], until: float, *, sched: SchedulerConfig = SchedulerConfig(),
              assocs: list[Assoc] = (), qos: tuple[QosConfig, ...] = (QosConfig("normal"),),
-             pass_every: float = 60.0, backfill: bool = True, switches: dict[str, str] | None = None) -> Result:
+             pass_every: float = 60.0, backfill: bool = True, switches: dict[str, str] | None = None,
+             measure_delay: bool = False, schedule=None) -> Result:
+    """Run the trace. Preempted jobs stop after the preemption grace and go back to the queue, their
+    nodes held for the preemptor. `measure_delay`: after each pass, how much later the first waiting
+    job could start because of the jobs started below it (Result.top_delays). `schedule`: another
+    scheduler with the same signature (bench/ compares an older one)."""
+    schedule = schedule or scheduler.schedule
     part = PartitionConfig("p", tuple(n.name for n in nodes), default=True)
     partitions = {"p": part}
     qos_map = {q.name: q for q in qos}
@@ -61,7 +70,11 @@ def simulate(trace: list[TraceJob], nodes: list[Node], until: float, *, sched: S
     by_id = {t.job_id: t for t in trace}
     pending: dict[int, Job] = {}
     running: dict[int, Job] = {}
-    ends: list[tuple[float, int]] = []
+    ends: list[tuple[float, int, int]] = []   # (end, job, run)
+    runs: dict[int, int] = {}
+    stopping: dict[int, tuple[Job, float]] = {}   # preempted job -> (it, when its grace runs out)
+    holds: dict[int, tuple[str, ...]] = {}
+    new_features = schedule is scheduler.schedule
     usage: dict[tuple[str, str], float] = {}
     result = Result()
     next_arrival = 0
@@ -69,8 +82,15 @@ def simulate(trace: list[TraceJob], nodes: list[Node], until: float, *, sched: S
     last_charge = 0.0
     while now <= until:
         finished = []
+        for job_id, (job, stop) in list(stopping.items()):
+            if stop <= now:   # a preempted job has stopped: back to the queue
+                del stopping[job_id]
+                _account(result, job, job.start_time, stop)
+                pending[job_id] = evolve(job, phase=JobPhase.PENDING, allocation=(), reason=Reason.NONE, start_time=0.0)
         while ends and ends[0][0] <= now:
-            end, job_id = heapq.heappop(ends)
+            end, job_id, run = heapq.heappop(ends)
+            if runs.get(job_id) != run or job_id not in running:
+                continue
             job = running.pop(job_id)
             _account(result, job, job.start_time, end)
             result.finished += 1
@@ -93,25 +113,67 @@ def simulate(trace: list[TraceJob], nodes: list[Node], until: float, *, sched: S
                                   total_gpus, total_cpus)
             chains = {k[0]: tuple(fairshare.ancestors(tree, k[0])) for k in tree if not k[1]}
             quotas = {k[0]: a.max_gpus for k, a in tree.items() if not k[1] and a.max_gpus}
-            active = list(running.values())
+            active = list(running.values()) + [j for j, _ in stopping.values()]
             free = scheduler.free_resources(nodes, active, switches)
-            plan = scheduler.schedule(list(pending.values()), free, partitions, now=now, active=active,
-                                      priority=model.priorities(pending.values(), now),
-                                      limits=scheduler.Limits(qos_map, sched.default_qos, chains, quotas),
-                                      reservations=sched.reservations, backfill=backfill)
+            priority = model.priorities([*pending.values(), *active], now)
+            limits = scheduler.Limits(qos_map, sched.default_qos, chains, quotas)
+            extra = dict(stopped_at={i: stop - sched.preempt_grace_s for i, (_, stop) in stopping.items()},
+                         holds=dict(holds)) if new_features else {}
+            plan = schedule(list(pending.values()), free, partitions, now=now, active=active, priority=priority,
+                            limits=limits, reservations=sched.reservations, backfill=backfill,
+                            preempt_grace_s=sched.preempt_grace_s, **extra)
             result.pass_seconds.append(time.perf_counter() - began)
             result.passes += 1
+            if measure_delay:
+                result.top_delays.append(_top_delay(plan, pending, active, nodes, partitions, priority, limits,
+                                                    now, switches, schedule))
             for job_id, alloc in plan.starts:
                 job = evolve(pending.pop(job_id), phase=JobPhase.RUNNING, start_time=now, allocation=alloc)
                 running[job_id] = job
+                holds.pop(job_id, None)
                 t = by_id[job_id]
-                heapq.heappush(ends, (now + min(t.runtime, t.limit or t.runtime), job_id))
+                runs[job_id] = runs.get(job_id, 0) + 1
+                heapq.heappush(ends, (now + min(t.runtime, t.limit or t.runtime), job_id, runs[job_id]))
                 result.started += 1
+            for preemptor, victims in plan.preempt.items():
+                freed = []
+                for v in victims:
+                    job = running.pop(v, None)
+                    if job is None:
+                        continue
+                    stopping[v] = (evolve(job, phase=JobPhase.COMPLETING, reason=Reason.PREEMPTED),
+                                   now + sched.preempt_grace_s)
+                    freed += [a.node for a in job.allocation]
+                    result.preemptions[(preemptor, v)] = result.preemptions.get((preemptor, v), 0) + 1
+                holds[preemptor] = tuple(sorted(set(freed)))
         now += pass_every
-    for job in running.values():
+    for job in [*running.values(), *(j for j, _ in stopping.values())]:
         _account(result, job, job.start_time, until)
     result.capacity_gpu_seconds = total_gpus * until
     return result
+
+
+def _top_delay(plan, pending, active, nodes, partitions, priority, limits, now, switches, schedule) -> float:
+    """How much later the first job this pass left waiting (with a reservation) could start once the
+    jobs started below it in the pass are counted, than the reservation it got before them."""
+    estimate = plan.estimate()
+    started = dict(plan.starts)
+    order = sorted(pending.values(), key=lambda j: (-priority.get(j.job_id, 0), j.submit_time, j.job_id))
+    top = next((j for j in order if j.job_id not in started), None)
+    if top is None or top.job_id not in estimate:
+        return 0.0
+    rank = {j.job_id: k for k, j in enumerate(order)}
+    now_running = [evolve(pending[i], phase=JobPhase.RUNNING, start_time=now, allocation=alloc)
+                   for i, alloc in plan.starts]
+    above = [j for j in now_running if rank[j.job_id] < rank[top.job_id]]
+    again = []
+    for with_below in (False, True):
+        act = list(active) + (now_running if with_below else above)
+        free = scheduler.free_resources(nodes, act, switches)
+        p = scheduler.schedule([top], free, partitions, now=now, active=act, priority=priority, limits=limits)
+        res = p.estimate().get(top.job_id)
+        again.append(res.start if res else float("inf"))
+    return max(0.0, again[1] - again[0]) if again[1] < float("inf") else float("inf") if again[0] < float("inf") else 0.0
 
 
 def _account(result: Result, job: Job, start: float, end: float) -> None:
