@@ -1,10 +1,21 @@
 """Checkpoints through torch.distributed.checkpoint: each rank writes its own part, and a checkpoint
 counts only once it is complete.
 
-Layout: CHECKPOINT_DIR/step-000120/ holds DCP's files; rank 0 writes COMPLETE there last (written
-aside, fsynced, then renamed), after every rank has finished. Restore takes the newest directory
-that has COMPLETE and whose metadata reads back; a newer one without it (interrupted mid-write)
-or with unreadable metadata is skipped with a warning. The newest `keep` complete checkpoints stay.
+Layout: CHECKPOINT_DIR/step-000000120-run3/ holds DCP's files of step 120 written by run 3 (the job's
+$AIR_RESTART_COUNT); rank 0 writes COMPLETE there last ("step 120", "run 3"; written aside, fsynced,
+then renamed), after every rank has finished. Restore takes, of the directories that have COMPLETE
+and whose metadata reads back, the one of the newest run, and of that run the highest step; one
+without COMPLETE (interrupted mid-write) or with unreadable metadata is skipped with a warning. The
+newest `keep` complete checkpoints stay. A folder named step-N without a run (written before runs
+were recorded) counts as run 0.
+
+Runs: when a node is cut off, a stale run of the job may still be writing beside the new one. Each
+run registers itself in CHECKPOINT_DIR/runs/ (a file run-N, made with O_EXCL) when its Checkpointer
+starts. A writer never writes into another run's folder (the run is part of the name); before it
+writes any data, and again just before COMPLETE, it looks for a newer run (registered, or with a
+checkpoint folder) and, if there is one, refuses with StaleRunError; purging never deletes a
+checkpoint of a run newer than the writer's. A COMPLETE that lands in the instant after a newer run
+registered is harmless: restore ranks every checkpoint of the newer run above it.
 
 Saves are asynchronous by default: save() copies the state into staging buffers that are allocated
 once and reused (pinned host memory for GPU tensors), then a background thread writes them, on a
@@ -27,6 +38,7 @@ import warnings
 import random
 import re
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -42,8 +54,10 @@ from runtime.data import ResumableSampler
 log = logging.getLogger("air.runtime")
 # DCP warns on every save without a process group; a single-rank job is meant to save that way.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-STEP_DIR = re.compile(r"^step-(\d+)$")
+STEP_DIR = re.compile(r"^step-(\d+)(?:-run(\d+))?$")
+RUN_FILE = re.compile(r"^run-(\d+)$")
 MARKER = "COMPLETE"
+RUNS = "runs"
 PER_RANK = (ResumableSampler,)
 
 
@@ -94,12 +108,18 @@ class _Staging:
         return copy.deepcopy(value)
 
 
+class StaleRunError(RuntimeError):
+    """A newer run of the job uses the checkpoint directory: this run must not write there, and
+    should stop (the cluster ends it anyway)."""
+
+
 class Checkpointer:
     def __init__(self, ctx: Context, every_steps: int = 0, every_seconds: float = 0, keep: int = 2,
                  directory: str | os.PathLike | None = None, async_save: bool = True, write_threads: int = 4):
         if keep < 2:
             raise ValueError("keep at least 2 checkpoints, so that a bad newest one has a fallback")
         self.ctx = ctx
+        self.run = ctx.restart_count
         self.dir = Path(directory or ctx.checkpoint_dir)
         self.every_steps = every_steps
         self.every_seconds = every_seconds
@@ -109,6 +129,7 @@ class Checkpointer:
         self._staging = _Staging()
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._warned = False
         # the background writer's collectives go on a group of their own, beside the training's
         self._group = dist.new_group(backend="gloo") if ctx.world_size > 1 and async_save else None
         atexit.register(self.wait)
@@ -117,6 +138,11 @@ class Checkpointer:
         self.last_time = 0.0   # wall time of the newest checkpoint written or restored
         if ctx.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
+            _register(self.dir / RUNS, self.run)
+            newer = self.newest_run()
+            if newer > self.run:
+                log.warning("checkpoint directory %s already belongs to run %d; this is run %d (stale): "
+                            "its checkpoints will be refused", self.dir, newer, self.run)
         ctx.barrier()
 
     # ------------------------------------------------------------ what goes in
@@ -175,10 +201,12 @@ class Checkpointer:
         state is staged, and the checkpoint counts once the background write has finished."""
         blocking = not self.async_save if blocking is None else blocking
         self.wait()
-        path = self.dir / f"step-{step:09d}"
-        if self.ctx.is_main and path.exists():
-            shutil.rmtree(path)   # an earlier, interrupted attempt at the same step
-        self.ctx.barrier()
+        path = self.dir / f"step-{step:09d}-run{self.run}"
+        newer = self.newest_run() if self.ctx.is_main else 0
+        if self.ctx.is_main and newer <= self.run and path.exists():
+            shutil.rmtree(path)   # an earlier, interrupted attempt of this run at the same step
+        if self._max(int(newer > self.run), None):   # every rank agrees, and none writes
+            raise self._stale(step, newer)
         staged = self._staging.stage(self._to_save(state, step))
         if any(t.is_cuda for t in self._models_tensors(state)):
             torch.cuda.synchronize()   # the non-blocking copies into pinned memory have landed
@@ -204,13 +232,53 @@ class Checkpointer:
             dist.barrier(group=group)        # every rank's part is on disk
         else:
             dcp.save(staged, storage_writer=writer)
+        newer, failure = 0, None
         if self.ctx.is_main:
-            _write_marker(path, step)
-            self._prune()
-        if self.ctx.world_size > 1:
-            dist.barrier(group=group)
+            try:
+                newer = self.newest_run()
+                if newer <= self.run:        # the last look before the checkpoint counts
+                    _write_marker(path, step, self.run)
+                    self._prune()
+            except Exception as e:           # every rank learns of it below, so that none waits
+                failure = e
+        # the outcome on every rank (in place of a barrier): 0 complete, 1 refused, 2 failed
+        outcome = self._max(2 if failure else 1 if newer > self.run else 0, group)
+        if outcome == 2:
+            raise failure or RuntimeError(f"rank 0 could not complete the checkpoint of step {step}")
+        if outcome == 1:
+            raise self._stale(step, newer)
         self.last_step = step
         self.last_time = time.time()
+
+    def _max(self, value: int, group) -> int:
+        """The largest of the ranks' `value`s, on every rank (one all-reduce when distributed)."""
+        if self.ctx.world_size == 1:
+            return value
+        cuda = dist.get_backend(group) == "nccl"
+        t = torch.tensor([value], device=self.ctx.device if cuda else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return int(t.item())
+
+    def _stale(self, step: int, newer: int) -> StaleRunError:
+        which = f"run {newer}" if newer > self.run else "a newer run"
+        message = f"run {self.run} is stale: {which} uses {self.dir}; the checkpoint of step {step} is refused"
+        if self.ctx.is_main and not self._warned:
+            log.warning("%s; this run should stop", message)
+            self._warned = True
+        if self.ctx.stop is not None:
+            self.ctx.stop.request("Superseded")
+        return StaleRunError(message)
+
+    def newest_run(self) -> int:
+        """The newest run known in the checkpoint directory: registered in runs/, or with a
+        checkpoint folder there."""
+        runs = [self.run]
+        try:
+            runs += [int(m.group(1)) for name in os.listdir(self.dir / RUNS) if (m := RUN_FILE.match(name))]
+        except FileNotFoundError:
+            pass
+        runs += [run for run, _, _ in self._checkpoints()]
+        return max(runs)
 
     def _write_in_background(self, staged: dict, path: Path, step: int) -> None:
         try:
@@ -226,27 +294,37 @@ class Checkpointer:
             self._writer = None
         if self._error is not None:
             error, self._error = self._error, None
+            if isinstance(error, StaleRunError):
+                raise error
             raise RuntimeError(f"the background checkpoint write failed: {error}") from error
 
     def _prune(self) -> None:
-        complete = [p for _, p in self._checkpoints() if (p / MARKER).exists()]
-        for old in complete[self.keep:]:
-            shutil.rmtree(old, ignore_errors=True)
-        newest = complete[0] if complete else None
-        for _, p in self._checkpoints():   # incomplete ones older than the newest complete one
-            if newest is not None and not (p / MARKER).exists() and p.name < newest.name:
+        """Delete all but the newest `keep` complete checkpoints, and incomplete ones older than the
+        newest complete one; never a checkpoint of a run newer than this one."""
+        found = self._checkpoints()
+        complete = [(run, step, p) for run, step, p in found if (p / MARKER).exists()]
+        if not complete:
+            return
+        kept = {p for _, _, p in complete[:self.keep]}
+        newest = complete[0][:2]
+        for run, step, p in found:
+            if run > self.run or p in kept:
+                continue
+            if (p / MARKER).exists() or (run, step) < newest:
                 shutil.rmtree(p, ignore_errors=True)
 
     # ------------------------------------------------------------ restore
 
-    def _checkpoints(self) -> list[tuple[int, Path]]:
+    def _checkpoints(self) -> list[tuple[int, int, Path]]:
+        """(run, step, folder), newest run first and, within a run, highest step first."""
         if not self.dir.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := STEP_DIR.match(p.name))]
-        return sorted(found, reverse=True)
+        found = [(int(m.group(2) or 0), int(m.group(1)), p) for p in self.dir.iterdir()
+                 if (m := STEP_DIR.match(p.name)) and p.is_dir()]
+        return sorted(found, key=lambda f: (f[0], f[1]), reverse=True)
 
     def _choose(self) -> str:
-        for step, path in self._checkpoints():
+        for _, _, path in self._checkpoints():
             if not (path / MARKER).exists():
                 log.warning("checkpoint %s is incomplete (no %s); skipping it", path, MARKER)
                 continue
@@ -278,15 +356,35 @@ class Checkpointer:
         return self.last_step
 
 
-def _write_marker(path: Path, step: int) -> None:
-    tmp = path / f".{MARKER}.tmp"
-    with open(tmp, "w") as f:
-        f.write(f"step {step}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path / MARKER)
+def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_marker(path: Path, step: int, run: int) -> None:
+    tmp = path / f".{MARKER}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"step {step}\nrun {run}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path / MARKER)
+    _fsync_dir(path)
+
+
+def _register(runs: Path, run: int) -> None:
+    """Record in `runs` that run `run` has started: a file run-N, made at once (O_EXCL); already
+    there when the same run made a Checkpointer before."""
+    runs.mkdir(exist_ok=True)
+    try:
+        fd = os.open(runs / f"run-{run}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    try:
+        os.write(fd, f"pid {os.getpid()} host {socket.gethostname()} time {time.time():.0f}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _fsync_dir(runs)

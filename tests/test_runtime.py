@@ -12,15 +12,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def _run(world: int, ckpt: Path, out: Path, *args: str) -> list[int]:
-    """One run of tests/runtime_train.py with `world` ranks (gloo on loopback); the exit codes."""
+def _run(world: int, ckpt: Path, out: Path, *args: str, run: int = 0) -> list[int]:
+    """One run (number `run`, as $AIR_RESTART_COUNT) of tests/runtime_train.py with `world` ranks (gloo on
+    loopback); the exit codes."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(ROOT))
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(ROOT), AIR_RESTART_COUNT=str(run))
         procs.append(subprocess.Popen([sys.executable, str(HERE / "runtime_train.py"), "--dir", str(ckpt),
                                        "--out", str(out), *args], env=env, stderr=subprocess.PIPE, text=True))
     codes = []
@@ -32,6 +33,10 @@ def _run(world: int, ckpt: Path, out: Path, *args: str) -> list[int]:
             p.wait()
         codes.append(p.returncode)
     return codes
+
+
+def _checkpoints(ckpt: Path) -> list[str]:
+    return sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-"))
 
 
 def _steps(out: Path, rank: int) -> dict[int, str]:
@@ -48,22 +53,22 @@ def test_interrupted_runs_end_bit_identical(tmp_path, world, mode):
     base = tmp_path / "base"
     flags = ["--async-save"] if mode == "async" else []
     assert _run(world, tmp_path / "ckpt-base", base, "--steps", "20", *flags) == [0] * world
-    # stopped cleanly at step 7 (as SIGTERM would), then killed abruptly at 13, then finished
+    # run 0 stopped cleanly at step 7 (as SIGTERM would), run 1 killed abruptly at 13, run 2 finished
     run = tmp_path / "run"
     ckpt = tmp_path / "ckpt-run"
     assert _run(world, ckpt, run, "--steps", "20", "--stop-at", "7", *flags) == [0] * world
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step-000000005", "step-000000007"]
-    assert 9 in _run(world, ckpt, run, "--steps", "20", "--crash-at", "13", *flags)
+    assert _checkpoints(ckpt) == ["step-000000005-run0", "step-000000007-run0"]
+    assert 9 in _run(world, ckpt, run, "--steps", "20", "--crash-at", "13", *flags, run=1)
     if mode == "sync":
-        assert (ckpt / "step-000000010" / "COMPLETE").exists()
+        assert (ckpt / "step-000000010-run1" / "COMPLETE").exists()
     # async: the step-10 write may have been cut off by the crash; then the run resumes from step 7
-    assert _run(world, ckpt, run, "--steps", "20", *flags) == [0] * world
+    assert _run(world, ckpt, run, "--steps", "20", *flags, run=2) == [0] * world
     a, b = torch.load(f"{base}.pt"), torch.load(f"{run}.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     for rank in range(world):
         assert _steps(run, rank) == _steps(base, rank)   # no batch skipped or repeated
-    kept = sorted(p.name for p in ckpt.iterdir())
-    assert kept == ["step-000000015", "step-000000020"]   # the newest two
+    assert _checkpoints(ckpt) == ["step-000000015-run2", "step-000000020-run2"]   # the newest two
+    assert sorted(os.listdir(ckpt / "runs")) == ["run-0", "run-1", "run-2"]
 
 
 def test_incomplete_or_damaged_newest_checkpoint_is_skipped(tmp_path):
@@ -71,6 +76,7 @@ def test_incomplete_or_damaged_newest_checkpoint_is_skipped(tmp_path):
     assert _run(1, tmp_path / "ckpt-base", base, "--steps", "15") == [0]
     assert _run(1, ckpt, run, "--steps", "10") == [0]
     # a write interrupted at step 15 (no COMPLETE), and a "complete" one at 12 whose metadata is damaged
+    # (named as before runs were recorded, so they count as run 0, the run of this one)
     (ckpt / "step-000000015").mkdir()
     (ckpt / "step-000000015" / "__0_0.distcp").write_bytes(b"partial")
     (ckpt / "step-000000012").mkdir()
