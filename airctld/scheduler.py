@@ -118,7 +118,9 @@ class _Pass:
             self.up_count[p] = sum(free[n].up for n in names)
             self.drained_count[p] = sum(free[n].drained for n in names)
         self.res_start: dict[str, float] = {}
-        self.res_list: dict[str, list[tuple[float, float, int, int]]] = {}   # node -> (start, end, gpus, cpus)
+        self.res_list: dict[str, list[tuple[float, float, int, int, int]]] = {}   # node -> (start, end, gpus, cpus, job)
+        self.res_of: dict[int, list[str]] = {}   # job -> the nodes of its reservation
+        self._steps_cache: dict[str, list[tuple[float, int, int]]] = {}
         self.spare_gpus: dict[str, int] = {}
         self.spare_cpus: dict[str, int] = {}
         self.own: dict[tuple[str, int], tuple[int, int]] = {}   # (node, job) -> what the job holds there
@@ -250,16 +252,28 @@ class _Pass:
                 b = self.buckets[p]
                 del b[before][a.node]
                 b[len(node.gpus)][a.node] = None
-            start = self.res_start.get(a.node)
-            if start is not None and end > start:
-                own_g, own_c = self.own.pop((a.node, job.job_id), (0, 0))
-                self.spare_gpus[a.node] -= max(len(a.gpus) - own_g, 0)
-                self.spare_cpus[a.node] -= max(a.cpus - own_c, 0)
             if self._releases is not None:
                 self._releases.setdefault(a.node, []).append((end, len(a.gpus), a.cpus))
                 self._releases[a.node].sort()
             else:
                 self._started.append((a.node, end, len(a.gpus), a.cpus))
+        # a job that starts gives up its reservation (it may start elsewhere than reserved); what the
+        # reservations leave spare on each node touched is worked out again
+        for a in alloc:
+            self._steps_cache.pop(a.node, None)
+        touched = {a.node for a in alloc if a.node in self.res_start or (a.node, job.job_id) in self.own}
+        for name in self.res_of.pop(job.job_id, ()):
+            self.own.pop((name, job.job_id), None)
+            self.res_list[name] = [r for r in self.res_list[name] if r[4] != job.job_id]
+            self._steps_cache.pop(name, None)
+            touched.add(name)
+        for name in touched:
+            if self.res_list.get(name):
+                self.res_start[name] = min(r[0] for r in self.res_list[name])
+                self.spare_gpus[name], self.spare_cpus[name] = self._spare(name)
+            else:
+                for d in (self.res_list, self.res_start, self.spare_gpus, self.spare_cpus):
+                    d.pop(name, None)
         self.charge(job)
 
     # ---------------------------------------------------------------- reservations
@@ -283,10 +297,13 @@ class _Pass:
     def _steps(self, name: str):
         """(time, free GPUs, free CPUs) on the node after each change to come: jobs ending, and
         reservations starting and ending; the first entry is now."""
+        cached = self._steps_cache.get(name)
+        if cached is not None:
+            return cached
         node = self.free[name]
         g, c = len(node.gpus), node.cpus
         events = list(self.releases().get(name, ()))
-        for start, end, rg, rc in self.res_list.get(name, ()):
+        for start, end, rg, rc, _ in self.res_list.get(name, ()):
             events.append((start, -rg, -rc))
             if end < INF:
                 events.append((end, rg, rc))
@@ -303,18 +320,29 @@ class _Pass:
                 out[0] = (self.now, g, c)
             else:
                 out.append((t, g, c))
+        self._steps_cache[name] = out
         return out
 
     def available_from(self, name: str, gpus: int, cpus: int) -> float:
         """The earliest time from which the node keeps room for `gpus` and `cpus` at every later moment,
         beside the reservations it has: a reservation never goes into a gap before another one."""
-        since = INF
-        for t, g, c in self._steps(name):
+        if name not in self.res_list:   # no reservation: free only grows, the first time it suffices
+            node = self.free[name]
+            g, c = len(node.gpus), node.cpus
+            if g >= gpus and c >= cpus:
+                return self.now
+            for t, rg, rc in self.releases().get(name, ()):
+                g += rg
+                c += rc
+                if g >= gpus and c >= cpus:
+                    return max(t, self.now)
+            return INF
+        steps = self._steps(name)
+        for k in range(len(steps) - 1, -1, -1):   # from the end: the last moment without room
+            _, g, c = steps[k]
             if g < gpus or c < cpus:
-                since = INF
-            elif since == INF:
-                since = t
-        return since
+                return steps[k + 1][0] if k + 1 < len(steps) else INF
+        return self.now
 
     def _spare(self, name: str) -> tuple[int, int]:
         """What the node has free at every moment from its first reservation on: what a job running
@@ -341,17 +369,20 @@ class _Pass:
                         if self.free[name].up]
                 heapq.heapify(base)
                 self._avail_heaps[key] = base
-            heap = list(base)
+            heap = base   # its times are lower bounds (they only grow in a pass): refreshed as popped
         ready: list[tuple[float, str]] = []   # nodes by the time they can hold the job, earliest first
         while heap:
-            t, name = heapq.heappop(heap)
+            t, name = heap[0]
             if t == INF or (len(ready) >= n and t > ready[n - 1][0]):
                 break
+            heapq.heappop(heap)
             exact = self.available_from(name, g, c)
             if exact == t:
                 ready.append((t, name))
-            elif exact < INF:
+            elif exact < INF:   # a node that can never hold the job this pass leaves the heap
                 heapq.heappush(heap, (exact, name))
+        for entry in ready:
+            heapq.heappush(heap, entry)
         if len(ready) < n:
             return None
         start = ready[n - 1][0]
@@ -361,8 +392,10 @@ class _Pass:
         names = tuple(sorted(name for _, name in chosen))
         for name in names:
             self.res_start[name] = min(self.res_start.get(name, INF), start)
-            self.res_list.setdefault(name, []).append((start, end, g, c))
+            self.res_list.setdefault(name, []).append((start, end, g, c, job.job_id))
+            self._steps_cache.pop(name, None)
             self.own[(name, job.job_id)] = (g, c)
+            self.res_of.setdefault(job.job_id, []).append(name)
             self.spare_gpus[name], self.spare_cpus[name] = self._spare(name)
         return Reservation(job.job_id, start, end, names, g, c)
 
@@ -548,7 +581,7 @@ def _place_holds(order: list[Job], holds: Mapping[int, Iterable[str]], blocked: 
     """Reservations, made before any job is looked at, for each pending preemptor on the nodes its
     victims free: no other job, of any priority, takes them before it starts."""
     out = {}
-    for job in order:
+    for job in (order if holds else ()):
         nodes = holds.get(job.job_id)
         if nodes is None or job.hold or job.partition not in partitions or job.job_id in blocked:
             continue

@@ -126,7 +126,7 @@ def simulate(trace: list[TraceJob], nodes: list[Node], until: float, *, sched: S
             result.passes += 1
             if measure_delay:
                 result.top_delays.append(_top_delay(plan, pending, active, nodes, partitions, priority, limits,
-                                                    now, switches, schedule))
+                                                    now, switches, set(holds)))
             for job_id, alloc in plan.starts:
                 job = evolve(pending.pop(job_id), phase=JobPhase.RUNNING, start_time=now, allocation=alloc)
                 running[job_id] = job
@@ -153,9 +153,10 @@ def simulate(trace: list[TraceJob], nodes: list[Node], until: float, *, sched: S
     return result
 
 
-def _top_delay(plan, pending, active, nodes, partitions, priority, limits, now, switches, schedule) -> float:
+def _top_delay(plan, pending, active, nodes, partitions, priority, limits, now, switches, held) -> float:
     """How much later the first job this pass left waiting (with a reservation) could start once the
-    jobs started below it in the pass are counted, than the reservation it got before them."""
+    jobs started below it in the pass are counted, than the reservation it got before them. A
+    preemptor starting on the nodes held for it (`held`) is not backfill: it counts as above."""
     estimate = plan.estimate()
     started = dict(plan.starts)
     order = sorted(pending.values(), key=lambda j: (-priority.get(j.job_id, 0), j.submit_time, j.job_id))
@@ -165,7 +166,7 @@ def _top_delay(plan, pending, active, nodes, partitions, priority, limits, now, 
     rank = {j.job_id: k for k, j in enumerate(order)}
     now_running = [evolve(pending[i], phase=JobPhase.RUNNING, start_time=now, allocation=alloc)
                    for i, alloc in plan.starts]
-    above = [j for j in now_running if rank[j.job_id] < rank[top.job_id]]
+    above = [j for j in now_running if rank[j.job_id] < rank[top.job_id] or j.job_id in held]
     again = []
     for with_below in (False, True):
         act = list(active) + (now_running if with_below else above)

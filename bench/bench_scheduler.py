@@ -1,6 +1,6 @@
 """The scheduler at scale, and what backfill buys, with the real scheduling code.
 
-    python bench/bench_scheduler.py [--quick] [--write bench/RESULTS.md]
+    python bench/bench_scheduler.py [--quick] [--before REV] [--write bench/RESULTS.md]
 
 1. One full pass (fairshare over the account tree, multifactor priority of every pending job,
    then the scheduler: limits, placement, reservations and backfill) on 1,000, 4,000 and
@@ -8,7 +8,10 @@
    with running jobs that have time limits, and the queue is a mix of 1- to 64-node jobs,
    so every pass makes reservations and backfills. Best of three passes on fresh copies.
 2. GPU utilisation over a simulated day of a mixed trace (1- to 64-node jobs, runtimes from
-   minutes to hours, time limits above the runtimes) on 256 nodes, with and without backfill.
+   minutes to hours, time limits above the runtimes, 5% of them in a QOS that preempts the rest)
+   on 256 nodes, with and without backfill, with this scheduler and with the one of commit REV
+   (--before, loaded from git): also how much later the first waiting job could start because of
+   each pass's backfill (must be 0), and the preemptions (most by one preemptor of one victim).
 
 Slurm does not run here at these sizes; its default backfill looks at 500 jobs per 30 s cycle
 (bf_max_job_test=500, bf_interval=30), which is the figure to compare the pass time with.
@@ -16,7 +19,10 @@ Slurm does not run here at these sizes; its default backfill looks at 500 jobs p
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import random
+import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -120,25 +126,51 @@ def _trace(n_nodes: int, day: float, seed: int = 2) -> list[TraceJob]:
         runtime = rng.choice([600, 1800, 3600, 2 * 3600, 4 * 3600]) * rng.uniform(0.5, 1.0)
         limit = int(runtime * rng.uniform(1.1, 2.0))
         account, user = rng.choice(USERS)
-        jobs.append(TraceJob(job_id, t, user, account, nodes, gpus, runtime, limit))
+        qos = "high" if rng.random() < 0.05 else "normal"
+        jobs.append(TraceJob(job_id, t, user, account, nodes, gpus, runtime, limit, qos))
         offered += nodes * gpus * runtime
         job_id += 1
         t = min(day * 0.9, t + rng.expovariate(1 / 20.0))
     return jobs
 
 
-def utilisation(n_nodes: int = 256) -> list[str]:
+QOS = (QosConfig("normal"), QosConfig("high", priority=10, preempt=("normal",)))
+BEFORE = "79fc2a6"   # the last commit before backfill counted the jobs started earlier in a pass
+
+
+def load_scheduler(rev: str):
+    """The schedule function of airctld/scheduler.py as of commit `rev`."""
+    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:airctld/scheduler.py"], check=True,
+                          capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / f"scheduler_{rev}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module.schedule
+
+
+def utilisation(n_nodes: int = 256, before: str = BEFORE) -> list[str]:
     day = 86400.0
     trace = _trace(n_nodes, day)
-    lines = ["| backfill | GPU utilisation over the day | jobs started | mean pass |", "| --- | ---: | ---: | ---: |"]
-    for backfill in (True, False):
-        r = simulate(trace, make_nodes(n_nodes), until=day, assocs=ACCOUNTS, pass_every=60.0, backfill=backfill)
-        mean = sum(r.pass_seconds) / max(len(r.pass_seconds), 1)
-        line = f"| {'on' if backfill else 'off'} | {r.utilisation * 100:.1f}% | {r.started:,} | {mean * 1000:.1f} ms |"
-        print(line, flush=True)
-        lines.append(line)
+    lines = ["| scheduler | backfill | GPU utilisation over the day | jobs started | mean pass | first waiting "
+             "job's delay from backfill, mean / worst | preemptions | most by one preemptor of one victim |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for label, impl in (("this one", None), (f"before ({before})", load_scheduler(before))):
+        for backfill in (True, False):
+            r = simulate(trace, make_nodes(n_nodes), until=day, assocs=ACCOUNTS, qos=QOS, pass_every=60.0,
+                         backfill=backfill, measure_delay=backfill, schedule=impl)
+            mean = sum(r.pass_seconds) / max(len(r.pass_seconds), 1)
+            delays = r.top_delays or [0.0]
+            delay = f"{sum(delays) / len(delays):.0f} s / {max(delays):.0f} s" if backfill else "-"
+            line = (f"| {label} | {'on' if backfill else 'off'} | {r.utilisation * 100:.1f}% | {r.started:,} | "
+                    f"{mean * 1000:.1f} ms | {delay} | {sum(r.preemptions.values())} | "
+                    f"{max(r.preemptions.values(), default=0)} |")
+            print(line, flush=True)
+            lines.append(line)
     lines.insert(0, f"Simulated day on {n_nodes} nodes of 8 GPUs, {len(trace):,} jobs of 1 to 64 nodes offered "
-                    f"(about 1.3 days of work), a pass every 60 s:\n")
+                    f"(about 1.3 days of work, 5% in a QOS that preempts the others), a pass every 60 s:\n")
     return lines
 
 
@@ -146,17 +178,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="the smallest sizes only")
     parser.add_argument("--write", help="append the figures to this markdown file")
+    parser.add_argument("--before", default=BEFORE, help="the commit whose scheduler to compare with")
     args = parser.parse_args()
     nodes = [1000] if args.quick else [1000, 4000, 10000]
     pending = [10000] if args.quick else [10000, 50000, 100000]
     lines = pass_table(nodes, pending)
-    lines += [""] + utilisation(64 if args.quick else 256)
+    lines += [""] + utilisation(64 if args.quick else 256, args.before)
     if args.write:
         with open(args.write, "a") as f:
             f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: scheduler\n\n"
                     "`python bench/bench_scheduler.py --write bench/RESULTS.md` (2 cores). One full pass: "
-                    "fairshare, priority of every pending job, limits, placement, reservations (100) and "
-                    "backfill; best of three. Slurm's default backfill examines 500 jobs per 30 s cycle.\n\n"
+                    "fairshare, priority of every pending job, limits, placement, reservations (100, then nothing "
+                    "passes an unreserved job) and backfill; best of three. Slurm's default backfill examines 500 jobs per 30 s cycle.\n\n"
                     + "\n".join(lines) + "\n")
 
 
