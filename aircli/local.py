@@ -154,4 +154,19 @@ def down(directory: Path, wait_s: float = 10.0) -> int:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
     pids_file.unlink()
+    _stop_fence_keepers(directory.resolve() / "spool")
     return len(pids)
+
+
+def _stop_fence_keepers(spool_root: Path) -> None:
+    """Each node's fence keeper outlives its daemon on purpose; a local cluster taken down stops them."""
+    if not spool_root.is_dir():
+        return
+    for pid_file in spool_root.glob("*/fence.pid"):
+        try:
+            pid = int(pid_file.read_text())
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"airnoded.fence" in f.read():
+                    os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            continue

@@ -33,8 +33,10 @@ class ControllerConfig:
     service_user: str = "root"  # the user airctld runs as; node daemons accept calls from it
     operators: tuple = ()      # users, or @groups, who may act on any job
     private_jobs: bool = False  # airq shows others' jobs only to root and operators
-    heartbeat_interval_s: float = 3.0
+    heartbeat_interval_s: float = 2.0
     node_timeout_s: float = 10.0
+    fence_timeout_s: float = 0.0   # a node daemon that has not heard from airctld this long stops its jobs
+    #                                (0: half of node_timeout_s); airctld restarts them elsewhere only later
     kill_wait_s: float = 30.0
     min_job_age_s: float = 300.0
     max_script_bytes: int = 4 * 1024 * 1024
@@ -48,6 +50,15 @@ class ControllerConfig:
     max_name_chars: int = 256            # job, account, QOS, partition names
     max_report_bytes: int = 64 * 1024    # one progress report of a rank
     max_steps_per_user: int = 16         # airrun streams one user may hold open on one node
+
+    @property
+    def fence_after_s(self) -> float:
+        return self.fence_timeout_s or self.node_timeout_s / 2
+
+    @property
+    def fence_grace_s(self) -> float:
+        """SIGTERM at the fence, SIGKILL this much later: half-way to the controller's node timeout."""
+        return (self.node_timeout_s - self.fence_after_s) / 2
 
     @property
     def host(self) -> str:
@@ -212,6 +223,11 @@ def parse(data: dict) -> Config:
             raise ConfigError(f"[controller] {key} = {getattr(controller, key)!r}: must be above 0")
     if controller.node_timeout_s <= controller.heartbeat_interval_s:
         raise ConfigError("[controller] node_timeout_s must be longer than heartbeat_interval_s")
+    if controller.fence_timeout_s < 0 or (controller.fence_timeout_s and controller.fence_timeout_s
+                                          + controller.heartbeat_interval_s >= controller.node_timeout_s):
+        raise ConfigError(f"[controller] fence_timeout_s = {controller.fence_timeout_s!r}: a node must fence itself "
+                          "at least one heartbeat_interval_s before node_timeout_s, when airctld gives its jobs "
+                          "to other nodes")
     nodes = []
     for i, raw in enumerate(data.get("nodes", [])):
         nodes.extend(_nodes(f"[[nodes]] #{i + 1}", raw))

@@ -27,7 +27,7 @@ from airctld.nodes import NodeClients
 from airctld.planning import Planner
 from airctld.policy import Policy, user_name
 from airctld.store import Store
-from airctld.validate import check_request, filtered_environment
+from airctld.validate import check_request, check_step, filtered_environment
 from protos import air_pb2 as pb
 from protos.credential import Identity
 from protos.states import ACTIVE_PHASES, REASON_NAMES, JobPhase, JobResult, NodeState, Reason, long_state
@@ -74,6 +74,9 @@ class Controller(NodeReports, SchedulingPass):
         self.last_progress: dict[int, float] = {}   # job -> when one of its ranks last reported
         self.latest_report: dict[int, str] = {}     # job -> rank 0's newest report (JSON)
         self.suspect: dict[str, float] = {}         # nodes a step lost, until their next heartbeat
+        # job -> {node: when that node has surely fenced itself}: a job airrun lost a node of starts again
+        # only once each such node has fenced itself or answers without a run of the job
+        self.fence_wait: dict[int, dict[str, float]] = {}
         self._last_pass = 0.0
         self._due = float("inf")   # when a pending job's --begin time comes
         self._epoch = 0            # bumped by every change to what priorities are made of
@@ -316,12 +319,14 @@ class Controller(NodeReports, SchedulingPass):
         why = REASON_NAMES[Reason(job.reason)] if signal == 0 else ("TimeLimit" if job.job_id in self._warned else "")
         for node in nodes:
             if self.nodes[node].state in (NodeState.UP, NodeState.DRAIN):
-                self._actions.submit(self._deliver_signal, node, job.job_id, signal, grace, batch_only, why)
+                self._actions.submit(self._deliver_signal, node, job.job_id, job.restart_count, signal, grace,
+                                     batch_only, why)
 
-    def _deliver_signal(self, node: str, job_id: int, signal: int, grace: float, batch_only: bool = False,
+    def _deliver_signal(self, node: str, job_id: int, run: int, signal: int, grace: float, batch_only: bool = False,
                         why: str = "") -> None:
+        """To one node, for one run of the job: a node never applies it to a newer run."""
         try:
-            self.clients.signal(self.nodes[node].address, job_id, signal, grace, batch_only, why)
+            self.clients.signal(self.nodes[node].address, job_id, run, signal, grace, batch_only, why)
         except Exception as e:  # the node's liveness check ends the job if the node is gone
             log.warning("could not signal job %d on %s: %s", job_id, node, e)
 
@@ -339,13 +344,11 @@ class Controller(NodeReports, SchedulingPass):
                 raise Conflict(f"job {job.job_id} is {long_state(job.phase, job.result).lower()}; "
                                "steps run only in running jobs")
             addresses = {a.node: self.nodes[a.node].address for a in job.allocation}
-            most = self.config.controller.max_tasks_per_node
-            if spec.ntasks_per_node > most:
-                raise InvalidRequest(f"{spec.ntasks_per_node} tasks per node asked for; the limit is {most} "
-                                     "(max_tasks_per_node)")
+            check_step(spec, self.config.controller, len(job.allocation))
             nodes, world = steps.layout(job, spec, addresses)
             step_id = self._step_ids[job.job_id] = self._step_ids.get(job.job_id, -1) + 1
-        step = pb.Step(job_id=job.job_id, step_id=step_id, uid=job.uid, gid=job.gid, world_size=world,
+        step = pb.Step(job_id=job.job_id, step_id=step_id, run=job.restart_count, uid=job.uid, gid=job.gid,
+                       world_size=world,
                        master_addr=nodes[0].address.rsplit(":", 1)[0], nodes=nodes, spec=spec)
         first = self.clients.prepare_step(nodes[0].address, step)
         step.master_port = first.free_port
@@ -476,7 +479,7 @@ class Controller(NodeReports, SchedulingPass):
 
     def _dump_then_stop(self, job: Job) -> None:
         for node in job.node_names:
-            self._deliver_signal(node, job.job_id, signal.SIGUSR2, 0.0)
+            self._deliver_signal(node, job.job_id, job.restart_count, signal.SIGUSR2, 0.0)
         time.sleep(1.0)
         self._send_signal(job, 0)
 

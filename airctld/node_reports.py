@@ -86,18 +86,40 @@ class NodeReports:
             changes = []
             for e in req.exits:
                 job = self.jobs.get(e.job_id)
-                if job is not None and job.phase in ACTIVE_PHASES and job.batch_node == req.name:
+                if job is not None and job.phase in ACTIVE_PHASES and job.batch_node == req.name \
+                        and e.run == job.restart_count:   # an older run's exit says nothing of this one
+                    if e.fenced:   # the node lost the controller and stopped it: a node failure
+                        changes.append((job, events.node_lost(job, now, Reason.NODE_FAIL,
+                                                              f"node {req.name} fenced itself: {e.detail}")))
+                        continue
                     changes.append((job, events.finished(job, now, e.exit_code, e.exit_signal, e.detail,
                                                          e.launch_failed, e.out_of_memory,
                                                          warned=e.job_id in self._warned)))
                     if e.exit_code == events.NODE_LOST_EXIT:
-                        # airrun lost one of these nodes; none takes new work until it is heard from
-                        self.suspect.update({n: now for n in job.node_names if n != req.name})
+                        # airrun lost one of these nodes; none takes new work until it is heard from, and
+                        # the job's next run waits until each has fenced itself (its ranks may live on)
+                        lost = [n for n in job.node_names if n != req.name]
+                        self.suspect.update({n: now for n in lost})
+                        cc = self.config.controller
+                        self.fence_wait[job.job_id] = {
+                            n: self.nodes[n].last_heartbeat + cc.fence_after_s + cc.fence_grace_s
+                            + cc.heartbeat_interval_s for n in lost}
             running = set(req.running)
+            runs = {(r.job_id, r.run) for r in req.runs}
+            for job_id, waits in list(self.fence_wait.items()):   # this node answers: without that job's runs?
+                if req.name in waits and not any(j == job_id for j, _ in runs):
+                    del waits[req.name]
+                if not waits:
+                    del self.fence_wait[job_id]
+            stale = [r for r in req.runs if (j := self.jobs.get(r.job_id)) is None
+                     or j.phase not in ACTIVE_PHASES or r.run != j.restart_count]   # ended, requeued, or older
+            current_exits = {e.job_id for e in req.exits if (j := self.jobs.get(e.job_id)) is not None
+                             and e.run == j.restart_count}
             for job in self.jobs.active():
                 if job.batch_node != req.name:
                     continue   # another node's heartbeat says nothing about this job's batch script
-                if job.job_id in running or job.job_id in reported or job.job_id in self._launching:
+                here = job.job_id in running and (job.job_id, job.restart_count) in runs
+                if here or job.job_id in current_exits or job.job_id in self._launching:
                     self._misses.pop(job.job_id, None)
                     continue
                 misses = self._misses[job.job_id] = self._misses.get(job.job_id, 0) + 1
@@ -113,7 +135,10 @@ class NodeReports:
                     or j.phase in (JobPhase.DONE, JobPhase.PENDING)]   # ended, or requeued meanwhile
         if changes:
             self._wake.set()
-        return pb.HeartbeatReply(acked=sorted(reported), kill=kill)
+        for r in stale:
+            log.warning("job %d: run %d still runs on %s, but the job is on run %d; killing it", r.job_id, r.run,
+                        req.name, self.jobs.get(r.job_id).restart_count if self.jobs.get(r.job_id) else -1)
+        return pb.HeartbeatReply(acked=sorted(reported), kill=kill, stale=stale)
 
     def _take_progress(self, node: str, reports, now: float) -> None:
         """Ranks' progress from a node: when the job last moved (hang detection), its newest report
@@ -123,8 +148,9 @@ class NodeReports:
         limit = self.config.controller.max_report_bytes
         for p in reports:
             job = self.jobs.get(p.job_id)
-            if job is None or job.phase not in ACTIVE_PHASES or node not in job.node_names:
-                continue
+            if job is None or job.phase not in ACTIVE_PHASES or node not in job.node_names \
+                    or p.run != job.restart_count:
+                continue   # not this node's, or a stale run's
             self.last_progress[p.job_id] = max(self.last_progress.get(p.job_id, 0.0), now - max(0.0, p.age_s))
             if len(p.report) > limit:
                 log.warning("job %d: a progress report of %d characters from %s ignored (max_report_bytes %d)",

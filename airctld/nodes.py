@@ -41,9 +41,9 @@ class NodeClients:
     def inject_fault(self, address: str, fault: pb.FaultRequest) -> None:
         self._stub(address).InjectFault(fault, timeout=CALL_TIMEOUT_S)
 
-    def signal(self, address: str, job_id: int, signal: int, grace_s: float, batch_only: bool = False,
+    def signal(self, address: str, job_id: int, run: int, signal: int, grace_s: float, batch_only: bool = False,
                reason: str = "") -> bool:
-        reply = self._stub(address).Signal(pb.SignalRequest(job_id=job_id, signal=signal, grace_s=grace_s,
+        reply = self._stub(address).Signal(pb.SignalRequest(job_id=job_id, run=run, signal=signal, grace_s=grace_s,
                                                             batch_only=batch_only, reason=reason),
                                            timeout=CALL_TIMEOUT_S)
         return reply.found

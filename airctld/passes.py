@@ -53,6 +53,12 @@ class SchedulingPass:
             self._last_pass = now
             pending = self.jobs.schedulable()  # held jobs keep the JobHeldUser reason set at submit
             self._due = min((j.request.begin_time for j in pending if j.request.begin_time > now), default=float("inf"))
+            fenced = {j: max(w.values()) for j, w in self.fence_wait.items() if max(w.values()) > now}
+            for job_id in set(self.fence_wait) - set(fenced):
+                del self.fence_wait[job_id]
+            if fenced:   # a job whose lost nodes may still run its ranks waits for their fence
+                pending = [j for j in pending if j.job_id not in fenced]
+                self._due = min(self._due, min(fenced.values()))
             ids = {j.job_id for j in pending}
             for preemptor in [p for p in self._holds if p not in ids]:   # started, or left the queue
                 del self._holds[preemptor]

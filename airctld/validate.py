@@ -57,6 +57,33 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
     bad = next((k for k in req.environment if not _ENV_NAME.fullmatch(k)), None)
     if bad is not None:
         raise InvalidRequest(f"environment variable name {bad[:40]!r} is not valid")
+    if any("\0" in v for v in req.environment.values()) or any("\0" in a for a in req.argv):
+        raise InvalidRequest("a script argument or an environment value contains a NUL byte")
+
+
+def check_step(spec: pb.StepSpec, cc: ControllerConfig, job_nodes: int) -> None:
+    """A step (airrun) asks for at most max_tasks_per_node ranks a node, names each node of its job
+    at most once, and carries a command and environment the kernel can take."""
+    if spec.ntasks_per_node > cc.max_tasks_per_node:
+        raise InvalidRequest(f"{spec.ntasks_per_node} tasks per node asked for; the limit is "
+                             f"{cc.max_tasks_per_node} (max_tasks_per_node)")
+    if len(spec.nodelist) > job_nodes or len(set(spec.nodelist)) != len(spec.nodelist):
+        raise InvalidRequest(f"the step's node list names {len(spec.nodelist)} nodes, some more than once or "
+                             f"more than the job's {job_nodes}; name each node of the job at most once")
+    if not spec.argv:
+        raise InvalidRequest("the step has no command")
+    if len(spec.argv) > MAX_ARGS or sum(len(a) for a in spec.argv) > MAX_ARGS_BYTES or any("\0" in a for a in spec.argv):
+        raise InvalidRequest(f"the step's command: at most {MAX_ARGS} arguments and {MAX_ARGS_BYTES} bytes, "
+                             "without NUL")
+    env_bytes = sum(len(k) + len(v) + 2 for k, v in spec.environment.items())
+    if len(spec.environment) > MAX_ENV_VARS or env_bytes > cc.max_env_bytes:
+        raise InvalidRequest(f"the step's environment is {env_bytes} bytes in {len(spec.environment)} variables; "
+                             f"the limits are {cc.max_env_bytes} bytes and {MAX_ENV_VARS} variables")
+    bad = next((k for k, v in spec.environment.items() if not _ENV_NAME.fullmatch(k) or "\0" in v), None)
+    if bad is not None:
+        raise InvalidRequest(f"environment variable {bad[:40]!r} of the step is not valid (a bad name, or NUL)")
+    if len(spec.workdir) > MAX_PATH or "\0" in spec.workdir:
+        raise InvalidRequest(f"the step's working directory: a path of at most {MAX_PATH} characters, without NUL")
 
 
 def filtered_environment(env, dropped: tuple[str, ...]) -> dict[str, str]:

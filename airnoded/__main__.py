@@ -22,6 +22,7 @@ from airctld import config as configuration
 from airctld.sdnotify import notify
 from airnoded.agent import Agent, AgentService
 from airnoded.gpus import GpuError, open_backend
+from airnoded import fence
 from airnoded.jobfiles import check_spool
 from protos import air_pb2_grpc as rpc
 
@@ -62,7 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"airnoded: error: {e}", file=sys.stderr)
         return 2
     agent = Agent(cfg, node, gpus, auth)
-    agent.launcher.kill_orphans()
+    try:
+        agent.launcher.kill_orphans()
+    except Exception as e:   # what an earlier daemon left must never keep this one from starting
+        logging.getLogger("airnoded").exception("cleaning what an earlier airnoded left failed: %s", e)
+    # the keeper acts a little after the daemon would, so that a live daemon fences (and says so) itself
+    later = min(0.5, cfg.controller.fence_grace_s / 2)
+    fence.start(node.spool, cfg.controller.fence_after_s + later, cfg.controller.fence_grace_s - later)
     agent.monitor.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=128), options=[  # a thread per streaming step (at most steps.MAX_STREAMS)
         ("grpc.max_receive_message_length", cfg.controller.max_message_bytes),
@@ -73,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     server.start()
     threading.Thread(target=agent.run, name="agent", daemon=True).start()
+    threading.Thread(target=agent.watch_lease, name="lease", daemon=True).start()
     logging.getLogger("airnoded").info("serving on %s with %d GPUs", node.endpoint, len(gpus.inventory()))
     notify(f"READY=1\nSTATUS=serving on {node.endpoint}")
     done = threading.Event()

@@ -11,11 +11,11 @@ import grpc
 import psutil
 
 from airctld.config import Config, NodeConfig
-from airnoded import jobfiles, progress
+from airnoded import fence, jobfiles, progress
 from airnoded.cgroups import JobCgroups
 from airnoded.gpus import GpuBackend, GpuError
 from airnoded.health import HealthMonitor
-from airnoded.launcher import Launcher
+from airnoded.launcher import Launcher, StaleRun
 from airnoded.procs import killpg_all
 from airnoded.steps import StepError, StepLimit, StepRunner
 from protos import air_pb2 as pb
@@ -25,6 +25,12 @@ from protos.credential import signed
 log = logging.getLogger("airnoded")
 
 CALL_TIMEOUT_S = 5.0
+FENCE_CHECK_S = 0.25   # how often the lease is looked at
+
+
+def lease_clock() -> float:
+    """Seconds that also run while the host or the daemon is suspended (CLOCK_BOOTTIME)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 MAX_HEALTH_EVENTS = 1000   # health events kept while the controller cannot be reached (the newest)
 
 
@@ -36,13 +42,15 @@ class Agent:
         self.gpus = gpus
         self.interval = config.controller.heartbeat_interval_s
         self.cgroups = JobCgroups(node.name)
-        self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups)
+        self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups, self.lease_expired)
         cc = config.controller
         self.steps = StepRunner(node.name, node.address, self.cgroups, node.spool, cc.max_tasks_per_node,
                                 cc.max_steps_per_user, on_idle=self.remove_job_dir)
         self.progress = progress.ProgressReader(node.spool, cc.max_report_bytes)
         self.beat_failures = 0   # beats that failed with an error of this daemon's own (logged, counted)
-        self._exits: dict[int, pb.JobExit] = {}   # reported exits not yet acknowledged
+        self._lease = lease_clock()   # when a call to the controller that got an answer began
+        self._fenced = False
+        self._exits: dict[tuple[int, int], pb.JobExit] = {}   # (job, run) -> exit not yet acknowledged
         self._health: list[pb.HealthEvent] = []   # health events not yet delivered
         self.monitor = HealthMonitor(node.name, gpus, node.ib_root, node.health_program, node.health_interval_s,
                                      node.health_timeout_s, self._health_event, node.max_gpu_temp_c)
@@ -69,15 +77,48 @@ class Agent:
 
     def _exited(self, exit: pb.JobExit) -> None:
         with self._lock:
-            self._exits[exit.job_id] = exit
+            self._exits[(exit.job_id, exit.run)] = exit
         self._wake.set()  # report at once rather than at the next beat
+
+    def watch_lease(self) -> None:
+        """The fence: a node that has not heard from the controller for fence_timeout_s stops every run
+        here (the controller gives them to other nodes once node_timeout_s has passed)."""
+        while not self._stopping.wait(FENCE_CHECK_S):
+            try:
+                self.check_lease()
+            except Exception:
+                log.exception("lease check failed")
+
+    def lease_expired(self) -> bool:
+        return lease_clock() - self._lease >= self.config.controller.fence_after_s
+
+    def check_lease(self) -> None:
+        cc = self.config.controller
+        silent = lease_clock() - self._lease
+        if silent < cc.fence_after_s or self._fenced:
+            return
+        runs = sorted(set(self.launcher.runs()) | set(self.steps.runs()))
+        if not runs:
+            return
+        self._fenced = True
+        log.warning("fenced: no word from the controller for %.1f s (fence after %.1f s); stopping %d runs: %s",
+                    silent, cc.fence_after_s, len(runs), ", ".join(f"{j}.{r}" for j, r in runs))
+        self.launcher.fence(cc.fence_grace_s)
+        for job_id, run in runs:
+            self.steps.signal(job_id, run, signal.SIGTERM)
+            threading.Timer(cc.fence_grace_s, self.steps.signal, (job_id, run, signal.SIGKILL)).start()
+        self._health_event(pb.HealthEvent(gpu=-1, signal="fenced", time=time.time(), message=(
+            f"no word from the controller for {silent:.1f} s: stopped runs {', '.join(f'{j}.{r}' for j, r in runs)}")))
 
     def run(self) -> None:
         while not self._stopping.is_set():
             try:
+                self.check_lease()   # first thing, also after a freeze: never beat for runs past their lease
                 if not self._registered:
+                    began = lease_clock()
                     reply = self._registry.Register(pb.RegisterRequest(node=self.describe()),
                                                     timeout=CALL_TIMEOUT_S)
+                    self._renew(began)
                     self.interval = reply.heartbeat_interval_s or self.interval
                     self._registered = True
                     log.info("registered with %s", self.config.controller.address)
@@ -98,11 +139,15 @@ class Agent:
         with self._lock:
             exits = list(self._exits.values())
             health = list(self._health)
+        runs = sorted(set(self.launcher.runs()) | set(self.steps.runs()))
+        began = lease_clock()
         reply = self._registry.Heartbeat(
             pb.HeartbeatRequest(name=self.node.name, running=self.launcher.running(), exits=exits, health=health,
                                 gpus=self.monitor.latest, ongoing=self.monitor.ongoing(),
-                                progress=self._progress()),
+                                progress=self._progress(runs),
+                                runs=[pb.RunRef(job_id=j, run=r) for j, r in runs]),
             timeout=CALL_TIMEOUT_S)
+        self._renew(began)
         if not reply.reregister:
             with self._lock:
                 del self._health[:len(health)]
@@ -110,27 +155,43 @@ class Agent:
             self._registered = False
             self._wake.set()
             return
+        acked = set(reply.acked)
         with self._lock:
-            for job_id in reply.acked:
-                self._exits.pop(job_id, None)
+            for e in exits:
+                if e.job_id in acked:
+                    self._exits.pop((e.job_id, e.run), None)
         for job_id in reply.kill:
-            log.warning("job %d is not running here as far as the controller knows; killing it", job_id)
-            self.launcher.signal(job_id, 0, self.config.controller.kill_wait_s)
-            self.steps.signal(job_id, 0)
+            for j, run in runs:
+                if j == job_id:
+                    log.warning("job %d is not running here as far as the controller knows; stopping run %d",
+                                job_id, run)
+                    self.launcher.signal(job_id, run, 0, self.config.controller.kill_wait_s)
+                    self.steps.signal(job_id, run, 0)
+        for stale in reply.stale:
+            log.warning("job %d: run %d is not the job's current run; killing it", stale.job_id, stale.run)
+            self.launcher.kill_run(stale.job_id, stale.run)
+            self.steps.signal(stale.job_id, stale.run, signal.SIGKILL)
 
-    def _progress(self) -> list[pb.JobProgress]:
+    def _renew(self, began: float) -> None:
+        """The controller answered a call that began at `began`: the lease runs from there."""
+        self._lease = max(self._lease, began)
+        fence.renew(self.node.spool, self._lease)   # for the keeper, which fences even a frozen daemon
+        if self._fenced:
+            log.info("the controller answers again; new runs may start here")
+        self._fenced = False
+
+    def _progress(self, runs: list[tuple[int, int]]) -> list[pb.JobProgress]:
         try:
-            jobs = sorted(set(self.launcher.running()) | set(self.steps.jobs()))
-            return self.progress.collect(time.time(), jobs)
+            return self.progress.collect(time.time(), runs)
         except Exception:
             log.exception("progress reports not collected this beat")
             return []
 
-    def remove_job_dir(self, job_id: int) -> None:
-        """A job's folder on a node where only its ranks ran, once none run here (the batch node's goes
+    def remove_job_dir(self, job_id: int, run: int) -> None:
+        """A run's folder on a node where only its ranks ran, once none run here (the batch node's goes
         with the script)."""
-        if job_id not in self.launcher.running() and not self.steps.has_ranks(job_id):
-            jobfiles.remove_job_dir(self.node.spool, job_id)
+        if (job_id, run) not in self.launcher.runs() and not self.steps.has_ranks(job_id, run):
+            jobfiles.remove_job_dir(self.node.spool, job_id, run)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -159,22 +220,26 @@ class AgentService:
 
     def Launch(self, request: pb.LaunchRequest, context):
         self._controller_only(context, "Launch", request)
-        self.agent.launcher.launch(request.job)
+        try:
+            self.agent.launcher.launch(request.job)
+        except StaleRun as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.LaunchReply()
 
     def Signal(self, request: pb.SignalRequest, context):
         self._controller_only(context, "Signal", request)
+        job_id, run = request.job_id, request.run
         if request.reason:
-            progress.write_stop_reason(self.agent.node.spool, request.job_id, request.reason)
-        batch = self.agent.launcher.signal(request.job_id, request.signal, request.grace_s, request.batch_only)
+            progress.write_stop_reason(self.agent.node.spool, job_id, run, request.reason)
+        batch = self.agent.launcher.signal(job_id, run, request.signal, request.grace_s, request.batch_only)
         if request.batch_only:
             return pb.SignalReply(found=batch)
         if request.signal == 0:
-            self.agent.steps.forget_job(request.job_id)
-            threading.Timer(request.grace_s + 1.0, self.agent.remove_job_dir, (request.job_id,)).start()
+            self.agent.steps.forget_job(job_id, run)
+            threading.Timer(request.grace_s + 1.0, self.agent.remove_job_dir, (job_id, run)).start()
         # steps get the signal at once; on a stop, SIGTERM now and SIGKILL with the batch script's group
-        groups = self.agent.steps.groups(request.job_id)
-        ranks = self.agent.steps.signal(request.job_id, request.signal or signal.SIGTERM)
+        groups = self.agent.steps.groups(job_id, run)
+        ranks = self.agent.steps.signal(job_id, run, request.signal or signal.SIGTERM)
         if request.signal == 0 and groups:
             # SIGKILL after the grace time to these ranks only: a requeued run of the job may have
             # started new ones here by then
@@ -206,9 +271,9 @@ class AgentService:
             context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except StepLimit as e:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        except OSError as e:
-            context.abort(grpc.StatusCode.INTERNAL, f"cannot start the step's ranks on {self.agent.node.name}: {e}")
-        except PermissionError as e:
+        except PermissionError as e:   # before OSError, of which it is one
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+        except (OSError, ValueError) as e:
+            context.abort(grpc.StatusCode.INTERNAL, f"cannot start the step's ranks on {self.agent.node.name}: {e}")
         context.add_callback(stop)  # airrun went away (Ctrl-C, a failed rank elsewhere): kill the ranks
         yield from events

@@ -83,12 +83,15 @@ class JobCgroups:
         (path / "cgroup.procs").write_text(str(pid))
 
     def enter(self, path: Path, proc) -> None:
-        """Put a process started behind the launcher's GATE into the group, then let it run."""
+        """Put a process started behind the launcher's GATE into the group, then let it run. If it cannot
+        enter, it never runs: the gate opens only on "go"."""
         try:
             self.attach(path, proc.pid)
-        finally:
-            proc.stdin.write(b"\n")
+        except BaseException:
             proc.stdin.close()
+            raise
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
 
     @staticmethod
     def pids(path: Path) -> list[int]:

@@ -1,84 +1,194 @@
-"""A job's folder on this node, handled by a root daemon without trusting anything the job wrote.
+"""A run's folder on this node, handled by a root daemon without trusting anything the job wrote.
 
-Layout under the spool (which only the daemon may write):
+Layout under the spool (which only the daemon may write, nor any folder above it):
 
-    job<ID>/            root, 0711: users may pass through it, never write or list it
+    job<ID>.<RUN>/      root, 0711: users may pass through it, never write or list it
       script            created by root (O_EXCL, no links), then fchown'ed to the job's owner, 0700
-      pgid, run         root's own records, 0600
-      stop_reason       written by root, 0644: why the job is being stopped
+      pgid              root's own record, 0600
+      stop_reason       written by root, 0640, group of the job: why the run is being stopped
       progress/         the owner's, 0700: the ranks write their reports here
+    .trash/             root, 0700: folders being removed
 
-Everything root does inside `progress/` goes through a directory descriptor opened without
-following links, and every file there is opened with O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, then
-checked with fstat (a regular file, owned by the job's owner, within a size limit) before a
-byte is read. Root never writes, chmods or chowns anything in a folder a user can write.
+Each run of a job (its restart count) has a folder of its own, so nothing one run leaves or
+removes touches another. Everything root does inside `progress/` goes through a directory
+descriptor opened without following links, on the spool's own filesystem (not a mount the user
+put there), and every file there is looked at with lstat, opened with O_NOFOLLOW | O_NONBLOCK |
+O_NOCTTY, then checked with fstat (the same inode, a regular file, owned by the job's owner,
+within a size limit) before a byte is read. Root never writes, chmods or chowns anything in a
+folder a user can write. A folder is removed by first renaming it into `.trash/`, then emptying
+it without recursion and within a budget: a tree a job made as deep or as wide as it likes
+costs the daemon a bounded amount of work at a time, never a crash.
 """
 from __future__ import annotations
 
 import errno
+import itertools
+import logging
 import os
-import shutil
 import stat
 from pathlib import Path
 
-if not shutil.rmtree.avoids_symlink_attacks:   # pragma: no cover - every Linux Python has it
-    raise ImportError("airnoded needs a shutil.rmtree that does not follow links (Linux, fd-based)")
+log = logging.getLogger("airnoded")
 
 JOB_DIR_MODE = 0o711
 OWNER_DIR_MODE = 0o700
+TRASH = ".trash"
+REMOVE_BUDGET = 100_000   # entries removed per call; what is left waits in the trash for the next one
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_names = itertools.count()
 
 
 class UnsafeFile(Exception):
     """A file a job controls that the daemon refuses to read: a link, a FIFO, a device, another
-    user's file, one over the size limit."""
+    user's file, one over the size limit, one on another filesystem."""
 
 
-def job_dir(spool: Path, job_id: int) -> Path:
-    return spool / f"job{job_id}"
+def job_dir(spool: Path, job_id: int, run: int) -> Path:
+    return spool / f"job{job_id}.{run}"
+
+
+def parse_job_dir(name: str) -> tuple[int, int] | None:
+    """(job id, run) of a run folder's name, None for anything else."""
+    if not name.startswith("job"):
+        return None
+    job, dot, run = name[3:].partition(".")
+    if not (dot and job.isdigit() and run.isdigit()):
+        return None
+    return int(job), int(run)
 
 
 def check_spool(spool: Path) -> None:
-    """The spool must be a real folder of the daemon's user that nobody else may write; raises
-    OSError naming what is wrong."""
+    """The spool and every folder above it must be safe from other users: owned by root or this
+    daemon's user, and writable by no one else (a sticky folder such as /tmp is fine above the
+    spool). Raises OSError naming what is wrong."""
+    me = os.geteuid()
     st = os.lstat(spool)
     if not stat.S_ISDIR(st.st_mode):
         raise OSError(f"spool {spool} is not a folder (a link?)")
-    if st.st_uid != os.geteuid():
-        raise OSError(f"spool {spool} belongs to uid {st.st_uid}, not to this daemon (uid {os.geteuid()})")
+    if st.st_uid != me:
+        raise OSError(f"spool {spool} belongs to uid {st.st_uid}, not to this daemon (uid {me})")
     if st.st_mode & 0o022:
         raise OSError(f"spool {spool} may be written by other users (mode {stat.S_IMODE(st.st_mode):o}); "
                       "chmod go-w it")
+    for folder in Path(os.path.realpath(spool)).parents:
+        st = os.stat(folder)
+        if st.st_uid not in (0, me):
+            raise OSError(f"{folder}, above the spool, belongs to uid {st.st_uid}: another user could move "
+                          "the spool; keep it under folders of root")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise OSError(f"{folder}, above the spool, may be written by other users (mode "
+                          f"{stat.S_IMODE(st.st_mode):o})")
 
 
-def create_job_dir(spool: Path, job_id: int) -> Path:
-    """A fresh folder for this run of the job: whatever an earlier run left is removed first."""
-    path = job_dir(spool, job_id)
-    remove_job_dir(spool, job_id)
-    os.mkdir(path, JOB_DIR_MODE)
-    os.chmod(path, JOB_DIR_MODE)   # whatever the umask took away
-    return path
+def create_job_dir(spool: Path, job_id: int, run: int) -> Path:
+    """A fresh folder for this run of the job: whatever an earlier start of the same run left is
+    removed first."""
+    remove_job_dir(spool, job_id, run)
+    return ensure_job_dir(spool, job_id, run)
 
 
-def ensure_job_dir(spool: Path, job_id: int) -> Path:
-    """The job's folder, made if missing (nodes that only run ranks); never one a user could have put
+def ensure_job_dir(spool: Path, job_id: int, run: int) -> Path:
+    """The run's folder, made if missing (nodes that only run ranks); never one a user could have put
     there: the spool is the daemon's own."""
-    path = job_dir(spool, job_id)
+    path = job_dir(spool, job_id, run)
     try:
         os.mkdir(path, JOB_DIR_MODE)
-        os.chmod(path, JOB_DIR_MODE)
     except FileExistsError:
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            raise OSError(f"{path} is not the daemon's folder") from None
+        pass
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise OSError(f"{path} is not the daemon's folder")
+        os.fchmod(fd, JOB_DIR_MODE)   # whatever the umask took away
+    finally:
+        os.close(fd)
     return path
 
 
-def remove_job_dir(spool: Path, job_id: int) -> None:
-    """shutil.rmtree works on directory descriptors on Linux (`rmtree.avoids_symlink_attacks`) and never
-    follows a link out of the tree a job may have filled."""
-    shutil.rmtree(job_dir(spool, job_id), ignore_errors=True)
+def remove_job_dir(spool: Path, job_id: int, run: int) -> None:
+    """Move the run's folder into the trash at once, then empty the trash as far as the budget goes.
+    Never raises: a folder that cannot be removed now is logged and tried again later."""
+    try:
+        trash = _trash(spool)
+        try:
+            os.rename(job_dir(spool, job_id, run), trash / f"job{job_id}.{run}.{os.getpid()}.{next(_names)}")
+        except FileNotFoundError:
+            pass
+        empty_trash(spool)
+    except Exception as e:   # a job's tree must never cost the daemon a thread or a start
+        log.warning("job %d: run %d's folder not removed yet: %s", job_id, run, e)
+
+
+def empty_trash(spool: Path, budget: int | None = None) -> bool:
+    """Remove what is in the trash, without recursion: a subfolder is moved up into the trash and
+    emptied in its turn, so at most two descriptors are open whatever the depth. True when empty."""
+    budget = budget or REMOVE_BUDGET
+    trash_fd = os.open(_trash(spool), _DIR_FLAGS)
+    stuck: set[str] = set()   # what cannot go now (a mount a user made, an immutable file): left for later
+    try:
+        while budget > 0:
+            with os.scandir(trash_fd) as it:
+                pending = [e.name for e in itertools.islice(it, 64 + len(stuck)) if e.name not in stuck]
+            if not pending:
+                return not stuck
+            for name in pending:
+                try:
+                    budget -= _empty_one(trash_fd, name, budget)
+                except OSError as e:
+                    stuck.add(name)
+                    budget -= 1
+                    log.warning("%s in the trash cannot be removed now: %s", name, e.strerror or e)
+                if budget <= 0:
+                    break
+        return False
+    finally:
+        os.close(trash_fd)
+
+
+def _empty_one(trash_fd: int, name: str, budget: int) -> int:
+    """Empty trash/name a batch at a time and remove it; returns the work done."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=trash_fd)
+    except OSError as e:
+        if e.errno in (errno.ENOTDIR, errno.ELOOP):
+            os.unlink(name, dir_fd=trash_fd)
+            return 1
+        if e.errno == errno.ENOENT:
+            return 1
+        raise
+    done = 1
+    try:
+        while done < budget:
+            with os.scandir(fd) as it:
+                entries = [e.name for e in itertools.islice(it, 1024)]
+            if not entries:
+                break
+            for entry in entries:
+                done += 1
+                try:
+                    os.unlink(entry, dir_fd=fd)
+                except IsADirectoryError:   # a folder: up into the trash, emptied in its turn
+                    os.rename(entry, f"d{os.getpid()}.{next(_names)}", src_dir_fd=fd, dst_dir_fd=trash_fd)
+                except FileNotFoundError:
+                    pass
+    finally:
+        os.close(fd)
+    if done < budget:
+        os.rmdir(name, dir_fd=trash_fd)
+    return done
+
+
+def _trash(spool: Path) -> Path:
+    trash = spool / TRASH
+    try:
+        os.mkdir(trash, 0o700)
+    except FileExistsError:
+        st = os.lstat(trash)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(f"{trash} is not the daemon's folder") from None
+    return trash
 
 
 def write_root_file(folder: Path, name: str, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> None:
@@ -143,9 +253,13 @@ class OwnerDir:
     """A folder the job's owner writes, open for reading by root: the descriptor was opened without
     following links, so the names looked up in it are the folder's own, whatever the job does."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, device: int | None = None):
         self.fd = os.open(path, _DIR_FLAGS)
-        self.owner = os.fstat(self.fd).st_uid
+        st = os.fstat(self.fd)
+        if device is not None and st.st_dev != device:   # a filesystem the user mounted there (FUSE)
+            os.close(self.fd)
+            raise UnsafeFile(f"{path.name} is on another filesystem than the spool (a mount)")
+        self.owner = st.st_uid
 
     def close(self) -> None:
         os.close(self.fd)

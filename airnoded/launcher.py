@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -20,7 +21,7 @@ from typing import Callable
 import hostlist
 import psutil
 
-from airnoded import jobfiles, progress
+from airnoded import fence, jobfiles, progress
 from airnoded.cgroups import JobCgroups, memory_limit_bytes
 from airnoded.procs import as_owner, exit_status, killpg
 from protos import air_pb2 as pb
@@ -33,15 +34,17 @@ MAX_STATUS_BYTES = 64 * 1024   # what the start-up shell may say before the scri
 
 # GATE holds a job's first process until the daemon has put it in the job's cgroup (it writes a
 # line to the process's stdin then), so that nothing the job forks escapes the group.
-GATE_LINE = 'read -r _ || true; exec 0</dev/null; '
+# It fails closed: without the daemon's "go" (the daemon died first, or could not enter the group),
+# the job never runs.
+GATE_LINE = 'read -r go || exit 125; [ "$go" = go ] || exit 125; exec 0</dev/null; '
 GATE = GATE_LINE + 'exec "$@"'
+MAX_RUNS_REMEMBERED = 100_000   # jobs whose newest run a node remembers (to refuse older launches)
 
 # Runs as the job's owner (after the same gate): enter the working directory and open the output files with the
 # owner's rights (so a job writes only where its owner could), then exec the script. Any
 # failure is written to the status pipe (its stdout and stderr at start, kept as fd 3); every
 # copy of the pipe is closed by the time the script runs, so the daemon reads EOF at exec.
-START_AS_OWNER = """read -r _ || true
-exec 3>&1 0</dev/null
+START_AS_OWNER = """exec 3>&1 0</dev/null
 { cd "$1"; } 2>&3 || exit 126
 { exec >>"$2"; } 2>&3 || exit 126
 if [ -n "$3" ]; then { exec 4>>"$3"; } 2>&3 || exit 126; exec 2>&4 4>&-; else exec 2>&1; fi
@@ -74,6 +77,10 @@ def output_paths(job: pb.Job, node: str) -> tuple[str, str | None]:
     out = os.path.join(req.workdir, expand_pattern(req.output or DEFAULT_OUTPUT, job, node))
     err = os.path.join(req.workdir, expand_pattern(req.error, job, node)) if req.error else None
     return out, err
+
+
+class StaleRun(Exception):
+    """A launch of a run older than one this node has seen."""
 
 
 def job_environment(job: pb.Job, node: str, spool: Path | None = None) -> dict[str, str]:
@@ -110,7 +117,7 @@ def job_environment(job: pb.Job, node: str, spool: Path | None = None) -> dict[s
         "AIR_LAST_STOP_REASON": REASON_NAMES[Reason(job.last_stop_reason)] if job.restart_count else "",
     }
     if spool is not None:
-        air.update(progress.environment(spool, job.job_id))
+        air.update(progress.environment(spool, job.job_id, job.restart_count))
     if job.array_job_id:
         for prefix in ("AIR", "SLURM"):
             air[f"{prefix}_ARRAY_JOB_ID"] = str(job.array_job_id)
@@ -122,11 +129,13 @@ def job_environment(job: pb.Job, node: str, spool: Path | None = None) -> dict[s
 @dataclass
 class RunningJob:
     job_id: int
+    run: int
     process: subprocess.Popen
     pgid: int
     status_fd: int = -1      # read end of the start-up status pipe
     cgroup: Path | None = None
     killed: bool = False
+    fenced: bool = False     # stopped by the node's own fence, not by the controller
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -134,45 +143,67 @@ ExitCallback = Callable[[pb.JobExit], None]
 
 
 class Launcher:
-    def __init__(self, node: str, spool: Path, on_exit: ExitCallback, cgroups: JobCgroups | None = None):
+    def __init__(self, node: str, spool: Path, on_exit: ExitCallback, cgroups: JobCgroups | None = None,
+                 lease_expired: Callable[[], bool] = lambda: False):
         self.node = node
+        self.lease_expired = lease_expired   # past the fence: whatever ends now was stopped by the fence
         self.spool = spool
         self.on_exit = on_exit
         self.cgroups = cgroups or JobCgroups(node, mode="none")
-        self.jobs: dict[int, RunningJob] = {}
+        self.jobs: dict[tuple[int, int], RunningJob] = {}   # (job id, run) -> its batch script here
+        self._newest: dict[int, int] = {}                   # job id -> the newest run launched here
         self._lock = threading.Lock()
 
     def running(self) -> list[int]:
+        """Jobs with a batch script here."""
+        with self._lock:
+            return sorted({job_id for job_id, _ in self.jobs})
+
+    def runs(self) -> list[tuple[int, int]]:
         with self._lock:
             return list(self.jobs)
 
     def launch(self, job: pb.Job) -> None:
-        """Start the batch script; a failure to start is reported as the job's exit."""
+        """Start the batch script of this run of the job; a failure to start is reported as the run's
+        exit. A run older than one seen here is refused (StaleRun); an older run still here is killed."""
+        run = job.restart_count
         with self._lock:
-            if job.job_id in self.jobs:
-                return  # a retried launch of a job already running here
+            if (job.job_id, run) in self.jobs:
+                return  # a retried launch of a run already running here
+            newest = self._newest.get(job.job_id, -1)
+            if run < newest:
+                raise StaleRun(f"run {run} of job {job.job_id} is older than run {newest}, launched here already")
+            self._newest.pop(job.job_id, None)
+            self._newest[job.job_id] = run
+            while len(self._newest) > MAX_RUNS_REMEMBERED:
+                del self._newest[next(iter(self._newest))]
+            older = [r for (j, _), r in self.jobs.items() if j == job.job_id]
+        for stale in older:
+            log.warning("job %d: run %d is still here as run %d starts; killing it", job.job_id, stale.run, run)
+            self._kill_now(stale)
         try:
             running = self._spawn(job)
-        except OSError as e:
-            detail = f"cannot start the batch script on {self.node}: {e.strerror or e}" + \
+        except Exception as e:   # OSError, or a value the kernel refuses: the run's exit, never the daemon's
+            detail = f"cannot start the batch script on {self.node}: {getattr(e, 'strerror', None) or e}" + \
                      (f": {e.filename}" if getattr(e, "filename", None) else "")
             log.warning("job %d: %s", job.job_id, detail)
-            self.on_exit(pb.JobExit(job_id=job.job_id, exit_code=1, detail=detail, launch_failed=True))
+            jobfiles.remove_job_dir(self.spool, job.job_id, run)
+            self.on_exit(pb.JobExit(job_id=job.job_id, run=run, exit_code=1, detail=detail, launch_failed=True))
             return
         with self._lock:
-            self.jobs[job.job_id] = running
-        threading.Thread(target=self._wait, args=(running,), name=f"job-{job.job_id}", daemon=True).start()
+            self.jobs[(job.job_id, run)] = running
+        threading.Thread(target=self._wait, args=(running,), name=f"job-{job.job_id}.{run}", daemon=True).start()
 
     def _spawn(self, job: pb.Job) -> RunningJob:
         req = job.request
         same_user = job.uid == os.getuid()
-        jobdir = jobfiles.create_job_dir(self.spool, job.job_id)   # root's, fresh for this run
+        jobdir = jobfiles.create_job_dir(self.spool, job.job_id, job.restart_count)   # root's, fresh for this run
         jobfiles.write_root_file(jobdir, "script", req.script.encode(), 0o700,
                                  owner=None if same_user else (job.uid, job.gid))
         script = jobdir / "script"
         out_path, err_path = output_paths(job, self.node)
         kwargs, owner_env = as_owner(job.uid, job.gid)
-        progress.prepare(self.spool, job.job_id, job.uid, job.gid)
+        progress.prepare(self.spool, job.job_id, job.restart_count, job.uid, job.gid)
         env = {**job_environment(job, self.node, self.spool), **owner_env}
         separate_err = err_path if err_path and err_path != out_path else ""
         status_r = -1
@@ -188,7 +219,7 @@ class Launcher:
             status_r, status_w = os.pipe()
             try:
                 proc = subprocess.Popen(
-                    ["/bin/sh", "-c", START_AS_OWNER, "air-job", req.workdir, out_path, separate_err,
+                    ["/bin/sh", "-c", (GATE_LINE if gated else "") + START_AS_OWNER, "air-job", req.workdir, out_path, separate_err,
                      str(script), *req.argv],
                     env=env, stdin=stdin, stdout=status_w, stderr=status_w,
                     start_new_session=True, **kwargs)
@@ -200,8 +231,11 @@ class Launcher:
         if gated:
             self.cgroups.enter(group, proc)
         jobfiles.write_root_file(jobdir, "pgid", f"{proc.pid}\n".encode(), 0o600)
+        fence.record_groups(jobdir, [proc.pid])   # for the fence keeper
+        if group is not None:
+            jobfiles.write_root_file(jobdir, fence.CGROUP, str(group).encode(), 0o600)
         log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
-        return RunningJob(job.job_id, proc, proc.pid, status_fd=status_r, cgroup=group)
+        return RunningJob(job.job_id, job.restart_count, proc, proc.pid, status_fd=status_r, cgroup=group)
 
     @staticmethod
     def _spawn_as_self(job: pb.Job, script: Path, out_path: str, err_path: str, env: dict, stdin,
@@ -226,25 +260,48 @@ class Launcher:
             out.close()
 
     def _wait(self, running: RunningJob) -> None:
-        problem = ""
-        if running.status_fd >= 0:
-            with os.fdopen(running.status_fd, "rb") as status_pipe:  # EOF once the script is exec'd
-                problem = status_pipe.read(MAX_STATUS_BYTES).decode(errors="replace").strip()
+        problem = self._start_status(running) if running.status_fd >= 0 else ""
         status = running.process.wait()
         running.done.set()
         killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group
         oom, peak = self._end_cgroup(running.cgroup)
         with self._lock:
-            self.jobs.pop(running.job_id, None)
-        jobfiles.remove_job_dir(self.spool, running.job_id)
+            self.jobs.pop((running.job_id, running.run), None)
         code, sig = exit_status(status)
+        running.fenced = running.fenced or self.lease_expired()   # the fence keeper may have stopped it
         if problem:
             log.warning("job %d could not start: %s", running.job_id, problem)
-            self.on_exit(pb.JobExit(job_id=running.job_id, exit_code=code, launch_failed=True,
+            self.on_exit(pb.JobExit(job_id=running.job_id, run=running.run, exit_code=code, launch_failed=True,
                                     detail=f"cannot start the job on {self.node}: {_last_line(problem)}"))
-            return
-        self.on_exit(pb.JobExit(job_id=running.job_id, exit_code=code, exit_signal=sig, killed=running.killed,
-                                out_of_memory=oom, peak_memory_bytes=peak))
+        else:
+            self.on_exit(pb.JobExit(job_id=running.job_id, run=running.run, exit_code=code, exit_signal=sig,
+                                    killed=running.killed, fenced=running.fenced, out_of_memory=oom,
+                                    peak_memory_bytes=peak,
+                                    detail="stopped by the node's fence: no word from the controller"
+                                    if running.fenced else ""))
+        jobfiles.remove_job_dir(self.spool, running.job_id, running.run)
+
+    @staticmethod
+    def _start_status(running: RunningJob) -> str:
+        """What the start-up shell said before the script ran (EOF once it is exec'd). Read until EOF
+        or until the process has ended: a process of the job's owner may hold the pipe open."""
+        chunks, size = [], 0
+        poller = select.poll()
+        poller.register(running.status_fd, select.POLLIN)
+        try:
+            while True:
+                if poller.poll(500):
+                    data = os.read(running.status_fd, 4096)
+                    if not data:
+                        break
+                    if size < MAX_STATUS_BYTES:
+                        chunks.append(data)
+                        size += len(data)
+                elif running.process.poll() is not None:
+                    break
+        finally:
+            os.close(running.status_fd)
+        return b"".join(chunks)[:MAX_STATUS_BYTES].decode(errors="replace").strip()
 
     def _end_cgroup(self, group: Path | None) -> tuple[bool, int]:
         """Kill what is left in the run's cgroup (processes that left its process group), read whether
@@ -266,9 +323,10 @@ class Launcher:
         """
         killed = []
         for entry in os.scandir(self.spool):
-            if not (entry.name.startswith("job") and entry.name[3:].isdigit()):
+            key = jobfiles.parse_job_dir(entry.name)
+            if key is None:
                 continue
-            job_id = int(entry.name[3:])
+            job_id, run = key
             try:
                 pgid = int(jobfiles.read_root_file(Path(entry.path), "pgid", 64))
             except (OSError, ValueError, jobfiles.UnsafeFile):
@@ -277,7 +335,7 @@ class Launcher:
                 killpg(pgid, signal.SIGKILL)
                 log.warning("job %d: killed process group %d left by an earlier airnoded", job_id, pgid)
                 killed.append(job_id)
-            jobfiles.remove_job_dir(self.spool, job_id)
+            jobfiles.remove_job_dir(self.spool, job_id, run)
         if self.cgroups.enabled:   # and whatever left its group but not its cgroup
             for group in self.cgroups.leftovers():
                 if self.cgroups.kill(group):
@@ -286,11 +344,15 @@ class Launcher:
                 self.cgroups.remove(group)
         return killed
 
-    def signal(self, job_id: int, sig: int, grace_s: float, batch_only: bool = False) -> bool:
-        """Send `sig` to the job's process group (or only its batch shell); sig 0 terminates: SIGTERM,
-        then SIGKILL after grace."""
+    def signal(self, job_id: int, run: int, sig: int, grace_s: float, batch_only: bool = False) -> bool:
+        """Send `sig` to this run's process group (or only its batch shell); sig 0 terminates: SIGTERM,
+        then SIGKILL after grace. A signal for an older run never reaches a newer one; an older run
+        found here is killed (it is stale)."""
         with self._lock:
-            running = self.jobs.get(job_id)
+            running = self.jobs.get((job_id, run))
+            older = [r for (j, n), r in self.jobs.items() if j == job_id and n < run]
+        for stale in older:
+            self._kill_now(stale)
         if running is None:
             return False
         if sig and batch_only:
@@ -306,6 +368,29 @@ class Launcher:
         killpg(running.pgid, signal.SIGTERM)
         threading.Thread(target=self._kill_after, args=(running, grace_s), daemon=True).start()
         return True
+
+    def fence(self, grace_s: float) -> None:
+        """Stop every run here: SIGTERM now, SIGKILL after grace_s."""
+        with self._lock:
+            runs = list(self.jobs.values())
+        for running in runs:
+            running.fenced = running.killed = True
+            killpg(running.pgid, signal.SIGTERM)
+            threading.Thread(target=self._kill_after, args=(running, grace_s), daemon=True).start()
+
+    def kill_run(self, job_id: int, run: int) -> bool:
+        """SIGKILL a run the controller says is not its job's current one."""
+        with self._lock:
+            running = self.jobs.get((job_id, run))
+        if running is not None:
+            self._kill_now(running)
+        return running is not None
+
+    def _kill_now(self, running: RunningJob) -> None:
+        running.killed = True
+        killpg(running.pgid, signal.SIGKILL)
+        if running.cgroup is not None:
+            self.cgroups.kill(running.cgroup)
 
     def _kill_after(self, running: RunningJob, grace_s: float) -> None:
         if not running.done.wait(grace_s):

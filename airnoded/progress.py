@@ -23,24 +23,26 @@ PROGRESS = "progress"
 STOP_REASON = "stop_reason"
 MAX_REPORT_BYTES = 64 * 1024    # one rank's report
 MAX_NAMES = 1024                # names looked at in one progress folder per beat
+MAX_BEAT_BYTES = 1024 * 1024    # reports sent in one heartbeat, all jobs together; the rest wait a beat
 
 job_dir = jobfiles.job_dir
 
 
-def prepare(spool: Path, job_id: int, uid: int, gid: int) -> Path:
-    """The job's progress folder on this node, writable by its owner only."""
-    base = jobfiles.ensure_job_dir(spool, job_id)
+def prepare(spool: Path, job_id: int, run: int, uid: int, gid: int) -> Path:
+    """The run's progress folder on this node, writable by its owner only."""
+    base = jobfiles.ensure_job_dir(spool, job_id, run)
     return jobfiles.make_owner_dir(base, PROGRESS, uid, gid)
 
 
-def environment(spool: Path, job_id: int) -> dict[str, str]:
-    base = job_dir(spool, job_id)
+def environment(spool: Path, job_id: int, run: int) -> dict[str, str]:
+    base = job_dir(spool, job_id, run)
     return {"AIR_PROGRESS_DIR": str(base / PROGRESS), "AIR_STOP_REASON_FILE": str(base / STOP_REASON)}
 
 
-def write_stop_reason(spool: Path, job_id: int, reason: str) -> None:
-    """Why the job is being stopped, for the runtime to read; in root's own folder, never through a link."""
-    base = job_dir(spool, job_id)
+def write_stop_reason(spool: Path, job_id: int, run: int, reason: str) -> None:
+    """Why the run is being stopped, for the runtime to read; in root's own folder, never through a
+    link, readable by the job's group only (the progress folder says whose it is)."""
+    base = job_dir(spool, job_id, run)
     try:
         st = os.lstat(base)
     except FileNotFoundError:
@@ -48,7 +50,12 @@ def write_stop_reason(spool: Path, job_id: int, reason: str) -> None:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         log.warning("job %d: %s is not the daemon's folder; no stop reason written", job_id, base)
         return
-    jobfiles.write_root_file(base, STOP_REASON, reason.encode()[:256] + b"\n", 0o644)
+    try:
+        owner = os.stat(base / PROGRESS, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    jobfiles.write_root_file(base, STOP_REASON, reason.encode()[:256] + b"\n", 0o640,
+                             owner=(os.geteuid(), owner.st_gid))
 
 
 class ProgressReader:
@@ -58,28 +65,32 @@ class ProgressReader:
     def __init__(self, spool: Path, max_report_bytes: int = MAX_REPORT_BYTES):
         self.spool = spool
         self.max_report_bytes = max_report_bytes
-        self._sent: dict[int, float] = {}            # job id -> mtime of the rank 0 report last sent
-        self._refused: dict[int, set[str]] = {}      # job id -> problems already logged
+        self._sent: dict[tuple[int, int], float] = {}      # run -> mtime of the rank 0 report last sent
+        self._refused: dict[tuple[int, int], set[str]] = {}   # run -> problems already logged
 
-    def collect(self, now: float, jobs: list[int]) -> list[pb.JobProgress]:
-        out = []
-        for job_id in jobs:
+    def collect(self, now: float, runs: list[tuple[int, int]]) -> list[pb.JobProgress]:
+        """Runs are (job id, run). Reports beyond MAX_BEAT_BYTES in all wait for the next beat."""
+        out, room = [], MAX_BEAT_BYTES
+        device = os.stat(self.spool).st_dev
+        for key in runs:
             try:
-                got = self._one(job_id, now)
+                got = self._one(key, now, device, room)
             except Exception as e:   # whatever a job did to its folder, the others are still read
-                self._refuse(job_id, f"progress folder unreadable: {e}")
+                self._refuse(key, f"progress folder unreadable: {e}")
                 continue
             if got is not None:
+                room -= len(got.report)
                 out.append(got)
-        for gone in set(self._sent) - set(jobs):
+        for gone in set(self._sent) - set(runs):
             del self._sent[gone]
-        for gone in set(self._refused) - set(jobs):
+        for gone in set(self._refused) - set(runs):
             del self._refused[gone]
         return out
 
-    def _one(self, job_id: int, now: float) -> pb.JobProgress | None:
+    def _one(self, key: tuple[int, int], now: float, device: int, room: int) -> pb.JobProgress | None:
+        job_id, run = key
         try:
-            folder = jobfiles.OwnerDir(job_dir(self.spool, job_id) / PROGRESS)
+            folder = jobfiles.OwnerDir(job_dir(self.spool, job_id, run) / PROGRESS, device)
         except FileNotFoundError:
             return None
         with folder:
@@ -89,19 +100,22 @@ class ProgressReader:
                 try:
                     mtime = folder.mtime(name)
                 except UnsafeFile as e:
-                    self._refuse(job_id, f"progress report ignored: {e}")
+                    self._refuse(key, f"progress report ignored: {e}")
                     continue
                 except OSError:
                     continue   # not there, or gone meanwhile
                 newest = max(newest, mtime)
-                if name == "rank0.json" and mtime != self._sent.get(job_id):
-                    report = self._read_report(job_id, folder, name)
-                    self._sent[job_id] = mtime
+                if name == "rank0.json" and mtime != self._sent.get(key):
+                    report = self._read_report(key, folder, name)
+                    if len(report) > room:
+                        report = ""   # sent at a later beat, when there is room
+                    else:
+                        self._sent[key] = mtime
         if not newest:
             return None
-        return pb.JobProgress(job_id=job_id, age_s=max(0.0, now - newest), report=report)
+        return pb.JobProgress(job_id=job_id, run=run, age_s=max(0.0, now - newest), report=report)
 
-    def _read_report(self, job_id: int, folder: jobfiles.OwnerDir, name: str) -> str:
+    def _read_report(self, key: tuple[int, int], folder: jobfiles.OwnerDir, name: str) -> str:
         try:
             text = folder.read(name, self.max_report_bytes).decode("utf-8")
             if not isinstance(json.loads(text), dict):
@@ -110,18 +124,19 @@ class ProgressReader:
         except FileNotFoundError:
             return ""
         except UnsafeFile as e:
-            self._refuse(job_id, f"progress report ignored: {e}")
+            self._refuse(key, f"progress report ignored: {e}")
         except UnicodeDecodeError:
-            self._refuse(job_id, f"progress report ignored: {name} is not UTF-8")
+            self._refuse(key, f"progress report ignored: {name} is not UTF-8")
         except ValueError as e:
-            self._refuse(job_id, f"progress report ignored: {name} is not a JSON object ({str(e)[:80]})")
+            self._refuse(key, f"progress report ignored: {name} is not a JSON object ({str(e)[:80]})")
         except OSError as e:
-            self._refuse(job_id, f"progress report ignored: {name}: {e.strerror}")
+            self._refuse(key, f"progress report ignored: {name}: {e.strerror}")
         return ""
 
-    def _refuse(self, job_id: int, problem: str) -> None:
-        """One log line per job and problem, not one a beat; at most 16 lines for a job."""
-        seen = self._refused.setdefault(job_id, set())
+    def _refuse(self, key: tuple[int, int], problem: str) -> None:
+        """One log line per run and problem, not one a beat; at most 16 lines for a run. Names a job
+        chose are written with repr(), so they cannot forge log lines."""
+        seen = self._refused.setdefault(key, set())
         if problem not in seen and len(seen) < 16:
             seen.add(problem)
-            log.warning("job %d: %s", job_id, problem)
+            log.warning("job %d: %s", key[0], problem.encode("unicode_escape").decode())

@@ -32,7 +32,7 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str
 
 
 class LocalCluster:
-    def __init__(self, base_address: str, nodes: int = 2, gpus_per_node: int = 4, node_timeout: float = 3.0,
+    def __init__(self, base_address: str, nodes: int = 2, gpus_per_node: int = 4, node_timeout: float = 6.0,
                  options: tuple[str, ...] = (), extra_config: str = ""):
         self.base_address = base_address
         self.options = options

@@ -314,7 +314,7 @@ airrun sh -c 'stat -c "%n %u %a" "$(dirname "$AIR_PROGRESS_DIR")" "$AIR_PROGRESS
     uid = pwd.getpwnam("airtest-a").pw_uid
     lines = sorted((cluster.work / f"air-{job_id}.out").read_text().split("\n"))
     for node in ("node01", "node02"):
-        base = _spool(cluster, node) / f"job{job_id}"
+        base = _spool(cluster, node) / f"job{job_id}.0"
         assert f"{base} 0 711" in lines and f"{base}/progress {uid} 700" in lines, lines
-    wait_for(lambda: not any((_spool(cluster, n) / f"job{job_id}").exists() for n in ("node01", "node02")),
+    wait_for(lambda: not any((_spool(cluster, n) / f"job{job_id}.0").exists() for n in ("node01", "node02")),
              timeout=10, what="the job's folders to go from both nodes")

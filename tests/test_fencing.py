@@ -1,0 +1,174 @@
+"""A job never runs twice: a node that loses the controller fences itself before the controller
+starts its jobs elsewhere, even when its daemon is frozen; runs are numbered and a stale run is
+killed, never mistaken for the current one. Checked from the processes, not from the store."""
+import os
+import signal
+import sqlite3
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from airnoded.launcher import Launcher, StaleRun
+from cluster import LocalCluster, wait_for
+from protos import air_pb2 as pb
+
+BASE_ADDRESS = "127.0.24.1"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(BASE_ADDRESS, nodes=2, gpus_per_node=4, node_timeout=6.0).up()
+    yield c
+    c.down()
+
+
+class Runs:
+    """Samples the processes of one job and records which runs were alive together."""
+
+    def __init__(self, job_id: int):
+        self.job_id = str(job_id)
+        self.overlaps: list[set[str]] = []
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def alive(self) -> set[str]:
+        runs = set()
+        for p in psutil.process_iter(["environ"]):
+            try:
+                env = p.info["environ"] or {}
+            except psutil.Error:
+                continue
+            if env.get("AIR_JOB_ID") == self.job_id and p.status() != psutil.STATUS_ZOMBIE:
+                runs.add(env.get("AIR_RESTART_COUNT", "?"))
+        return runs
+
+    def _watch(self):
+        while not self._stop.is_set():
+            runs = self.alive()
+            self.seen |= runs
+            if len(runs) > 1:
+                self.overlaps.append(runs)
+            time.sleep(0.05)
+
+
+def _script(cluster, name):
+    return cluster.write_script(name, "#!/bin/sh\necho \"start $AIR_RESTART_COUNT $AIR_NODENAME\"\n"
+                                      "trap 'echo \"stop $AIR_RESTART_COUNT\"; exit 143' TERM\n"
+                                      "sleep 60 & wait\n")
+
+
+def _daemon(cluster, node: str) -> psutil.Process:
+    return psutil.Process(cluster.pids[1 + int(node[-2:]) - 1])
+
+
+def test_a_frozen_node_daemon_never_leaves_two_runs_of_a_job(cluster):
+    job_id = cluster.submit(_script(cluster, "frozen.sh"), "--gpus-per-node=4")
+    first = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
+    wait_for(lambda: "start 0" in (cluster.work / f"air-{job_id}.out").read_text(), what="run 0 to start")
+    daemon = _daemon(cluster, first)
+    with Runs(job_id) as runs:
+        daemon.suspend()        # a hung daemon: its job's processes run on, the keeper does not freeze
+        try:
+            job = wait_for(lambda: (j := cluster.job(job_id))["restart_count"] >= 1 and j["state"] == "RUNNING"
+                           and j, timeout=30, what="the job to run again on the other node")
+            assert job["nodes"] != [first] and job["last_stop_reason"] == "NodeFail"
+            wait_for(lambda: "start 1" in (cluster.work / f"air-{job_id}.out").read_text(), what="run 1")
+        finally:
+            daemon.resume()
+        time.sleep(3)           # the daemon wakes, checks its lease, beats again
+    assert runs.overlaps == [], f"two runs of the job were alive at once: {runs.overlaps[:3]}"
+    assert runs.seen == {"0", "1"}
+    lines = (cluster.work / f"air-{job_id}.out").read_text().splitlines()
+    assert lines.index("stop 0") < lines.index(f"start 1 {job['nodes'][0]}")   # run 0 ended before run 1 began
+    assert cluster.job(job_id)["state"] == "RUNNING" and cluster.job(job_id)["restart_count"] == 1
+    cluster.cli("aircancel", str(job_id))
+    cluster.wait_state(job_id, "CANCELLED")
+
+
+def test_a_node_that_loses_the_controller_stops_its_jobs_and_says_so(cluster):
+    job_id = cluster.submit(_script(cluster, "cut.sh"), "--gpus-per-node=4")
+    node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
+    wait_for(lambda: "start 0" in (cluster.work / f"air-{job_id}.out").read_text(), what="run 0 to start")
+    controller = psutil.Process(cluster.pids[0])
+    with Runs(job_id) as runs:
+        controller.suspend()    # every node hears nothing from it, as if cut off
+        try:
+            began = time.monotonic()
+            wait_for(lambda: not runs.alive(), timeout=10, what="the node to stop the job's processes")
+            stopped_after = time.monotonic() - began
+        finally:
+            controller.resume()
+    assert stopped_after < 6.0                  # fenced before the controller's node timeout
+    assert "stop 0" in (cluster.work / f"air-{job_id}.out").read_text()   # SIGTERM first: a chance to checkpoint
+    log = (cluster.dir / "log" / f"{node}.log").read_text()
+    assert "fenced: no word from the controller for" in log
+    job = wait_for(lambda: (j := cluster.job(job_id))["restart_count"] >= 1 and j, timeout=20,
+                   what="the job to be requeued")
+    assert job["last_stop_reason"] == "NodeFail"
+
+    def fenced_in_history():
+        conn = sqlite3.connect(cluster.dir / "state" / "air.db")
+        try:
+            return conn.execute("SELECT count(*) FROM node_events WHERE node = ? AND signal = 'fenced'",
+                                (node,)).fetchone()[0]
+        finally:
+            conn.close()
+    wait_for(fenced_in_history, timeout=10, what="the fence in the node's health history")
+    cluster.cli("aircancel", str(job_id))
+    cluster.wait_state(job_id, "CANCELLED")
+
+
+def test_a_stale_runs_exit_never_ends_the_new_run(cluster):
+    """Run 0 is frozen (with its node's daemon) past the node timeout; run 1 starts elsewhere; when the
+    node wakes, run 0's end reaches the controller, which must not take it for run 1's."""
+    job_id = cluster.submit(cluster.write_script("stale.sh", "#!/bin/sh\necho \"start $AIR_RESTART_COUNT\"\n"
+                                                             "sleep 60\n"), "--gpus-per-node=4")
+    first = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
+    wait_for(lambda: "start 0" in (cluster.work / f"air-{job_id}.out").read_text(), what="run 0 to start")
+    daemon = _daemon(cluster, first)
+    daemon.suspend()
+    try:
+        wait_for(lambda: cluster.job(job_id)["restart_count"] >= 1 and cluster.job(job_id)["state"] == "RUNNING",
+                 timeout=30, what="run 1")
+    finally:
+        daemon.resume()
+    time.sleep(4)   # run 0's exit (fenced, SIGTERM) is reported by the woken daemon
+    job = cluster.job(job_id)
+    assert job["state"] == "RUNNING" and job["restart_count"] == 1
+    cluster.cli("aircancel", str(job_id))
+    cluster.wait_state(job_id, "CANCELLED")
+
+
+def test_a_node_refuses_a_launch_of_an_older_run_and_kills_an_older_run_it_finds(tmp_path):
+    os.chmod(tmp_path, 0o755)
+    exits = []
+    launcher = Launcher("n1", tmp_path, exits.append)
+
+    def job(run):
+        return pb.Job(job_id=5, uid=os.getuid(), gid=os.getgid(), restart_count=run,
+                      request=pb.JobRequest(script="#!/bin/sh\nsleep 30\n", workdir=str(tmp_path)),
+                      allocation=[pb.NodeAlloc(node="n1")])
+    launcher.launch(job(1))
+    assert launcher.runs() == [(5, 1)]
+    with pytest.raises(StaleRun, match="run 0 of job 5 is older than run 1"):
+        launcher.launch(job(0))
+    launcher.launch(job(2))      # run 1 is stale now: killed as run 2 starts
+    wait_for(lambda: [(e.run, e.killed) for e in exits] == [(1, True)], timeout=10, what="run 1's end")
+    assert launcher.runs() == [(5, 2)]
+    assert launcher.signal(5, 1, signal.SIGTERM, 1.0) is False    # a late signal for run 1 spares run 2
+    assert launcher.runs() == [(5, 2)]
+    launcher.kill_run(5, 2)
+    wait_for(lambda: len(exits) == 2, timeout=10, what="run 2's end")

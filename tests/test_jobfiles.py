@@ -1,0 +1,182 @@
+"""The node daemon's handling of files a job controls, against a small model of what must hold: root
+reads only regular files of the job's owner, within the limit, never through a link, and removes
+any tree a job makes without crashing or leaving the spool. Runs as root, as the daemon does."""
+import os
+import pwd
+import re
+import subprocess
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from airnoded import jobfiles, progress
+from airnoded.jobfiles import UnsafeFile
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node daemon's file handling is root's")
+
+
+@pytest.fixture
+def spool():
+    top = Path(tempfile.mkdtemp(prefix="air-spool-", dir="/tmp"))   # a job (nobody) can reach it
+    os.chmod(top, 0o755)
+    path = top / "spool"
+    path.mkdir(mode=0o755)
+    yield path
+    subprocess.run(["rm", "-rf", str(top)], check=False)   # iterative, whatever a test left
+
+
+@pytest.fixture
+def user():
+    entry = pwd.getpwnam("nobody")
+    return entry.pw_uid, entry.pw_gid
+
+
+def _as_user(uid, gid, fn):
+    """Run fn in a child process as uid:gid (what a job would do)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            fn()
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_reports_are_read_only_from_regular_files_of_the_owner(spool, user, tmp_path):
+    uid, gid = user
+    folder = progress.prepare(spool, 7, 0, uid, gid)
+    secret = tmp_path / "secret"
+    secret.write_text('{"step": 99}')
+    os.chmod(secret, 0o600)
+
+    def plant():
+        (folder / "rank0.json").write_text('{"step": 1}')
+        os.symlink(secret, folder / "rank1.json")
+        os.mkfifo(folder / "rank2.json")
+        (folder / "rank3.json").write_bytes(b"x" * 100)
+    _as_user(uid, gid, plant)
+    os.link(secret, folder / "rank4.json")    # root's file, hard-linked in (the kernel may let a job do it)
+    with jobfiles.OwnerDir(folder) as d:
+        assert d.read("rank0.json", 64) == b'{"step": 1}'
+        for name, why in (("rank1.json", "is a symbolic link"), ("rank2.json", "is a FIFO"),
+                          ("rank3.json", "is 100 bytes; the limit is 64"),
+                          ("rank4.json", f"belongs to uid 0, not to the job's owner (uid {uid})")):
+            with pytest.raises(UnsafeFile, match=re.escape(why)):
+                d.read(name, 64)
+    assert secret.read_text() == '{"step": 99}'
+
+
+def test_a_file_swapped_for_a_link_between_the_check_and_the_open_is_refused(spool, user, tmp_path, monkeypatch):
+    uid, gid = user
+    folder = progress.prepare(spool, 8, 0, uid, gid)
+    secret = tmp_path / "secret"
+    secret.write_text('{"step": 99}')
+    _as_user(uid, gid, lambda: (folder / "rank0.json").write_text('{"step": 1}'))
+    real_stat = os.stat
+
+    def stat_then_swap(name, *args, **kwargs):   # the job wins the race right after the lstat
+        result = real_stat(name, *args, **kwargs)
+        if name == "rank0.json":
+            os.unlink(folder / "rank0.json")
+            os.symlink(secret, folder / "rank0.json")
+        return result
+    monkeypatch.setattr(os, "stat", stat_then_swap)
+    with jobfiles.OwnerDir(folder) as d, pytest.raises(UnsafeFile):
+        d.read("rank0.json", 4096)
+
+
+def test_any_tree_a_job_makes_is_removed_without_recursion(spool, user):
+    uid, gid = user
+    folder = progress.prepare(spool, 9, 3, uid, gid)
+
+    def deep():
+        os.symlink("/etc", folder / "etc-link")
+        os.chdir(folder)
+        for i in range(3000):   # deeper than Python's recursion limit, and than PATH_MAX
+            os.mkdir("d")
+            os.chdir("d")
+        for i in range(50):
+            with open(f"f{i}", "w") as f:
+                f.write("x")
+    _as_user(uid, gid, deep)
+    jobfiles.remove_job_dir(spool, 9, 3)
+    assert not jobfiles.job_dir(spool, 9, 3).exists()
+    assert os.listdir(spool / jobfiles.TRASH) == []
+    assert os.path.isdir("/etc") and os.listdir("/etc")
+
+
+def test_a_tree_over_the_budget_waits_in_the_trash_and_goes_later(spool, user, monkeypatch):
+    uid, gid = user
+    folder = progress.prepare(spool, 10, 0, uid, gid)
+    _as_user(uid, gid, lambda: [os.mkdir(folder / f"d{i}") for i in range(300)])
+    monkeypatch.setattr(jobfiles, "REMOVE_BUDGET", 50)
+    jobfiles.remove_job_dir(spool, 10, 0)
+    assert not jobfiles.job_dir(spool, 10, 0).exists()     # out of the way at once
+    assert os.listdir(spool / jobfiles.TRASH)               # not all gone within the budget
+    assert jobfiles.empty_trash(spool, budget=10**6)
+    assert os.listdir(spool / jobfiles.TRASH) == []
+
+
+def test_run_folders_are_roots_and_the_progress_folder_the_owners(spool, user):
+    uid, gid = user
+    folder = progress.prepare(spool, 11, 2, uid, gid)
+    base = jobfiles.job_dir(spool, 11, 2)
+    assert base.name == "job11.2" and jobfiles.parse_job_dir(base.name) == (11, 2)
+    st = os.lstat(base)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o711)
+    st = os.lstat(folder)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (uid, gid, 0o700)
+    progress.write_stop_reason(spool, 11, 2, "Preempted")
+    st = os.lstat(base / progress.STOP_REASON)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, gid, 0o640)
+    assert (base / progress.STOP_REASON).read_text() == "Preempted\n"
+
+
+def test_a_spool_other_users_could_move_or_write_is_refused(spool):
+    tmp_path = spool.parent
+    jobfiles.check_spool(spool)
+    os.chmod(spool, 0o777)
+    with pytest.raises(OSError, match="may be written by other users"):
+        jobfiles.check_spool(spool)
+    os.chmod(spool, 0o755)
+    os.chmod(tmp_path, 0o777)   # a parent anyone may write (no sticky bit): the spool could be swapped
+    with pytest.raises(OSError, match="above the spool, may be written by other users"):
+        jobfiles.check_spool(spool)
+    os.chmod(tmp_path, 0o1777)  # sticky, like /tmp: others cannot move what is root's
+    jobfiles.check_spool(spool)
+
+
+def test_one_bad_job_never_keeps_the_others_reports_from_the_heartbeat(spool, user):
+    uid, gid = user
+    good = progress.prepare(spool, 1, 0, uid, gid)
+    bad = progress.prepare(spool, 2, 0, uid, gid)
+
+    def write():
+        (good / "rank0.json").write_text('{"step": 5}')
+        os.mkfifo(bad / "rank0.json")
+    _as_user(uid, gid, write)
+    reader = progress.ProgressReader(spool)
+    got = {p.job_id: p for p in reader.collect(1e10, [(2, 0), (1, 0), (3, 0)])}
+    assert got[1].report == '{"step": 5}' and got[1].run == 0
+    assert 2 not in got or got[2].report == ""
+
+
+def test_reports_in_one_heartbeat_are_bounded_in_all(spool, user, monkeypatch):
+    uid, gid = user
+    monkeypatch.setattr(progress, "MAX_BEAT_BYTES", 1000)
+    keys = []
+    for job in range(1, 6):
+        folder = progress.prepare(spool, job, 0, uid, gid)
+        _as_user(uid, gid, lambda f=folder: (f / "rank0.json").write_text('{"pad": "' + "x" * 400 + '"}'))
+        keys.append((job, 0))
+    reader = progress.ProgressReader(spool)
+    first = sum(len(p.report) for p in reader.collect(1e10, keys))
+    second = sum(len(p.report) for p in reader.collect(1e10, keys))
+    assert 0 < first <= 1000 and 0 < second <= 1000   # the rest went out at the next beat

@@ -1,0 +1,120 @@
+"""A node's part of a step, without a cluster: what a user can do to a node daemon through airrun
+(attach to someone else's step, go away mid-stream, ask for too much) leaves the daemon's threads,
+counts and other users' steps as they were."""
+import os
+import threading
+import time
+
+import pytest
+
+from airnoded import steps
+from airnoded.steps import StepError, StepLimit, StepRunner
+from protos import air_pb2 as pb
+
+OWNER = os.getuid()
+
+
+def _step(job_id=1, step_id=0, ranks=1, argv=("sh", "-c", "echo hi"), run=0, uid=OWNER):
+    return pb.Step(job_id=job_id, step_id=step_id, run=run, uid=uid, gid=os.getgid(), world_size=ranks,
+                   master_addr="127.0.0.1", master_port=1,
+                   nodes=[pb.StepNode(node="n1", address="127.0.0.1:1", ranks=list(range(ranks)),
+                                      gpu_sets=[""] * ranks)],
+                   spec=pb.StepSpec(job_id=job_id, argv=list(argv), workdir="/tmp"))
+
+
+@pytest.fixture
+def runner():
+    idle = []
+    r = StepRunner("n1", "127.0.0.1", max_tasks_per_node=4, max_streams_per_user=2,
+                   on_idle=lambda job, run: idle.append((job, run)))
+    r.idle = idle
+    return r
+
+
+def _drain(events, timeout=10.0):
+    out, done = [], threading.Event()
+
+    def read():
+        out.extend(events)
+        done.set()
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(timeout), "the stream did not end"
+    return out
+
+
+def test_a_step_runs_its_ranks_and_gives_back_everything(runner):
+    runner.prepare(_step(ranks=2, argv=("sh", "-c", 'echo "rank $RANK"')))
+    events, stop = runner.run(1, 0, OWNER)
+    got = _drain(events)
+    assert sorted(e.data for e in got if e.data) == [b"rank 0\n", b"rank 1\n"]
+    assert [e.exit_code for e in got if e.exited] == [0, 0]
+    assert runner.runs() == [] and runner._user_streams == {} and runner._ranks == 0
+    assert runner.idle == [(1, 0)]
+
+
+def test_airrun_going_away_ends_the_stream_and_frees_its_thread(runner):
+    runner.prepare(_step(argv=("sleep", "30")))
+    events, stop = runner.run(1, 0, OWNER)
+    reader = threading.Thread(target=lambda: list(events), daemon=True)
+    reader.start()
+    time.sleep(0.3)
+    stop()              # what gRPC calls when airrun's stream is cancelled
+    reader.join(5)
+    assert not reader.is_alive(), "the server thread serving the stream is stuck"
+    assert runner.runs() == [] and runner._user_streams == {} and runner._ranks == 0
+
+
+def test_another_user_cannot_take_or_spoil_a_prepared_step(runner):
+    runner.prepare(_step(uid=4242))
+    with pytest.raises(PermissionError):
+        runner.run(1, 0, 4343)
+    assert (1, 0) in runner._prepared          # still there for its owner
+    with pytest.raises(StepError):
+        runner.run(1, 9, 4242)
+
+
+def test_too_many_ranks_or_steps_are_refused_and_nothing_is_held(runner):
+    runner.prepare(_step(ranks=5))
+    with pytest.raises(StepLimit, match="asks for 5 ranks on n1; the limit is 4"):
+        runner.run(1, 0, OWNER)
+    assert runner._user_streams == {} and runner._ranks == 0
+    held = []
+    for step_id in (1, 2):
+        runner.prepare(_step(step_id=step_id, argv=("sleep", "30")))
+        held.append(runner.run(1, step_id, OWNER))
+    runner.prepare(_step(step_id=3))
+    with pytest.raises(StepLimit, match="has 2 steps running on n1 already"):
+        runner.run(1, 3, OWNER)
+    for _, stop in held:
+        stop()
+    assert runner._user_streams == {} and runner._ranks == 0
+
+
+def test_a_rank_that_cannot_start_is_reported_and_counts_are_returned(runner):
+    runner.prepare(_step(argv=("sh", "-c", "exit 0"), ranks=1))
+    step = runner._prepared[(1, 0)]
+    step.spec.environment["BAD"] = "a\0b"     # the kernel refuses it: Popen raises ValueError
+    events, stop = runner.run(1, 0, OWNER)
+    got = _drain(events)
+    assert [e.exit_code for e in got if e.exited] == [126]
+    assert runner._user_streams == {} and runner._ranks == 0
+
+
+def test_output_faster_than_airrun_reads_waits_and_arrives_whole(runner, monkeypatch):
+    monkeypatch.setattr(steps, "MAX_QUEUED", 8)
+    runner.prepare(_step(argv=("sh", "-c", "i=0; while [ $i -lt 200 ]; do echo $i; i=$((i+1)); done")))
+    events, stop = runner.run(1, 0, OWNER)
+    time.sleep(0.5)      # the rank has printed everything and exited while nobody read
+    got = _drain(events)
+    assert [e.data for e in got if e.data] == [f"{i}\n".encode() for i in range(200)]
+    assert got[-1].exited
+
+
+def test_signals_and_kills_name_a_run_and_never_reach_a_newer_one(runner):
+    runner.prepare(_step(run=1, argv=("sleep", "30")))
+    events, stop = runner.run(1, 0, OWNER)
+    assert runner.runs() == [(1, 1)]
+    assert runner.signal(1, 0, 9) is False       # a message about run 0 arrives late: run 1 keeps running
+    assert runner.has_ranks(1, 1)
+    assert runner.signal(1, 1, 9) is True
+    assert [e.exit_signal for e in _drain(events) if e.exited] == [9]
