@@ -243,7 +243,7 @@ def local():
 @click.option("--max-gpu-temp", default=85, show_default=True, type=click.IntRange(0, 200),
               help="a GPU hotter than this (C) drains its node; 0: no limit")
 @click.option("--heartbeat", default=0.0, type=click.FloatRange(min=0.0),
-              help="seconds between node heartbeats (default: a quarter of --node-timeout, at most 1)")
+              help="seconds between node heartbeats (default: a sixth of --node-timeout, at most 1)")
 @click.option("--health-auto-resume", is_flag=True,
               help="nodes drained by a condition that clears return by themselves once it has")
 def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_timeout, auth, munge_socket,

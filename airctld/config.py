@@ -34,7 +34,7 @@ class ControllerConfig:
     operators: tuple = ()      # users, or @groups, who may act on any job
     private_jobs: bool = False  # airq shows others' jobs only to root and operators
     heartbeat_interval_s: float = 2.0
-    node_timeout_s: float = 10.0
+    node_timeout_s: float = 15.0
     fence_timeout_s: float = 0.0   # a node daemon that has not heard from airctld this long stops its jobs
     #                                (0: half of node_timeout_s); airctld restarts them elsewhere only later
     kill_wait_s: float = 30.0
@@ -223,11 +223,15 @@ def parse(data: dict) -> Config:
             raise ConfigError(f"[controller] {key} = {getattr(controller, key)!r}: must be above 0")
     if controller.node_timeout_s <= controller.heartbeat_interval_s:
         raise ConfigError("[controller] node_timeout_s must be longer than heartbeat_interval_s")
-    if controller.fence_timeout_s < 0 or (controller.fence_timeout_s and controller.fence_timeout_s
-                                          + controller.heartbeat_interval_s >= controller.node_timeout_s):
-        raise ConfigError(f"[controller] fence_timeout_s = {controller.fence_timeout_s!r}: a node must fence itself "
+    if controller.fence_timeout_s < 0 or controller.fence_after_s + controller.heartbeat_interval_s \
+            >= controller.node_timeout_s:
+        raise ConfigError(f"[controller] fence_timeout_s = {controller.fence_after_s:g}: a node must fence itself "
                           "at least one heartbeat_interval_s before node_timeout_s, when airctld gives its jobs "
                           "to other nodes")
+    if controller.fence_after_s < 3 * controller.heartbeat_interval_s:
+        raise ConfigError(f"[controller] fence_timeout_s = {controller.fence_after_s:g} (0: half of node_timeout_s): "
+                          f"at least 3 heartbeats ({3 * controller.heartbeat_interval_s:g} s), or a single lost "
+                          "heartbeat would stop every job on a node; raise node_timeout_s or fence_timeout_s")
     nodes = []
     for i, raw in enumerate(data.get("nodes", [])):
         nodes.extend(_nodes(f"[[nodes]] #{i + 1}", raw))

@@ -74,9 +74,14 @@ class Controller(NodeReports, SchedulingPass):
         self.last_progress: dict[int, float] = {}   # job -> when one of its ranks last reported
         self.latest_report: dict[int, str] = {}     # job -> rank 0's newest report (JSON)
         self.suspect: dict[str, float] = {}         # nodes a step lost, until their next heartbeat
-        # job -> {node: when that node has surely fenced itself}: a job airrun lost a node of starts again
-        # only once each such node has fenced itself or answers without a run of the job
+        # job -> {node: when that node has surely fenced itself}: a requeued job starts again only once
+        # each node of its last run has answered without a run of it, or has surely fenced itself
         self.fence_wait: dict[int, dict[str, float]] = {}
+        cc = config.controller
+        gone_by = now + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s
+        for job in self.jobs.schedulable():   # after a restart: a requeued job's last run may be alive anywhere
+            if job.restart_count:
+                self.fence_wait[job.job_id] = {n: gone_by for n in self.nodes}
         self._last_pass = 0.0
         self._due = float("inf")   # when a pending job's --begin time comes
         self._epoch = 0            # bumped by every change to what priorities are made of
@@ -345,6 +350,10 @@ class Controller(NodeReports, SchedulingPass):
                                "steps run only in running jobs")
             addresses = {a.node: self.nodes[a.node].address for a in job.allocation}
             check_step(spec, self.config.controller, len(job.allocation))
+            caller_run = spec.environment.get("AIR_RESTART_COUNT", "")
+            if caller_run.isdigit() and int(caller_run) != job.restart_count:
+                raise Conflict(f"airrun of run {caller_run} of job {job.job_id}, which is on run "
+                               f"{job.restart_count} now: a stale run starts no step")
             nodes, world = steps.layout(job, spec, addresses)
             step_id = self._step_ids[job.job_id] = self._step_ids.get(job.job_id, -1) + 1
         step = pb.Step(job_id=job.job_id, step_id=step_id, run=job.restart_count, uid=job.uid, gid=job.gid,
@@ -444,8 +453,13 @@ class Controller(NodeReports, SchedulingPass):
             return []
         with self.store.transaction():
             self.store.update_jobs(changes, now, who)
+        cc = self.config.controller
         for old, new in changes:
             self.jobs.put(new)
+            if old.phase in ACTIVE_PHASES and new.phase == JobPhase.PENDING:   # requeued: wait for the old run
+                self.fence_wait[new.job_id] = {
+                    n: self.nodes[n].last_heartbeat + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s
+                    for n in old.node_names if n in self.nodes}
             if new.phase == JobPhase.COMPLETING:
                 self._stopped_at.setdefault(new.job_id, now)
             else:

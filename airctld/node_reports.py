@@ -96,14 +96,9 @@ class NodeReports:
                                                          e.launch_failed, e.out_of_memory,
                                                          warned=e.job_id in self._warned)))
                     if e.exit_code == events.NODE_LOST_EXIT:
-                        # airrun lost one of these nodes; none takes new work until it is heard from, and
-                        # the job's next run waits until each has fenced itself (its ranks may live on)
-                        lost = [n for n in job.node_names if n != req.name]
-                        self.suspect.update({n: now for n in lost})
-                        cc = self.config.controller
-                        self.fence_wait[job.job_id] = {
-                            n: self.nodes[n].last_heartbeat + cc.fence_after_s + cc.fence_grace_s
-                            + cc.heartbeat_interval_s for n in lost}
+                        # airrun lost one of these nodes; none takes new work until it is heard from (the
+                        # job's next run waits for their fence: every requeue does, see Controller._commit)
+                        self.suspect.update({n: now for n in job.node_names if n != req.name})
             running = set(req.running)
             runs = {(r.job_id, r.run) for r in req.runs}
             for job_id, waits in list(self.fence_wait.items()):   # this node answers: without that job's runs?

@@ -42,14 +42,15 @@ class Agent:
         self.gpus = gpus
         self.interval = config.controller.heartbeat_interval_s
         self.cgroups = JobCgroups(node.name)
-        self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups, self.lease_expired)
+        self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups)
         cc = config.controller
         self.steps = StepRunner(node.name, node.address, self.cgroups, node.spool, cc.max_tasks_per_node,
                                 cc.max_steps_per_user, on_idle=self.remove_job_dir)
         self.progress = progress.ProgressReader(node.spool, cc.max_report_bytes)
         self.beat_failures = 0   # beats that failed with an error of this daemon's own (logged, counted)
         self._lease = lease_clock()   # when a call to the controller that got an answer began
-        self._fenced = False
+        self._lease_file = fence.Lease(node.spool)   # what the fence keeper reads
+        self._fenced: set[tuple[int, int]] = set()   # runs this daemon has fenced since the lease ran out
         self._exits: dict[tuple[int, int], pb.JobExit] = {}   # (job, run) -> exit not yet acknowledged
         self._health: list[pb.HealthEvent] = []   # health events not yet delivered
         self.monitor = HealthMonitor(node.name, gpus, node.ib_root, node.health_program, node.health_interval_s,
@@ -89,24 +90,26 @@ class Agent:
             except Exception:
                 log.exception("lease check failed")
 
-    def lease_expired(self) -> bool:
-        return lease_clock() - self._lease >= self.config.controller.fence_after_s
-
     def check_lease(self) -> None:
+        """Fence every run not fenced yet once the lease is fence_after_s old: SIGTERM now, SIGKILL when
+        the lease is fence_after_s + fence_grace_s old (at once, after a freeze that passed it)."""
         cc = self.config.controller
         silent = lease_clock() - self._lease
-        if silent < cc.fence_after_s or self._fenced:
+        if silent < cc.fence_after_s:
             return
-        runs = sorted(set(self.launcher.runs()) | set(self.steps.runs()))
+        runs = sorted((set(self.launcher.runs()) | set(self.steps.runs())) - self._fenced)
         if not runs:
             return
-        self._fenced = True
+        self._fenced.update(runs)
+        kill_in = max(0.0, cc.fence_after_s + cc.fence_grace_s - silent)
         log.warning("fenced: no word from the controller for %.1f s (fence after %.1f s); stopping %d runs: %s",
                     silent, cc.fence_after_s, len(runs), ", ".join(f"{j}.{r}" for j, r in runs))
-        self.launcher.fence(cc.fence_grace_s)
         for job_id, run in runs:
-            self.steps.signal(job_id, run, signal.SIGTERM)
-            threading.Timer(cc.fence_grace_s, self.steps.signal, (job_id, run, signal.SIGKILL)).start()
+            fence.mark_fenced(jobfiles.job_dir(self.node.spool, job_id, run))
+            self.launcher.fence_run(job_id, run, kill_in)
+            self.steps.signal(job_id, run, signal.SIGTERM if kill_in else signal.SIGKILL)
+            if kill_in:
+                threading.Timer(kill_in, self.steps.signal, (job_id, run, signal.SIGKILL)).start()
         self._health_event(pb.HealthEvent(gpu=-1, signal="fenced", time=time.time(), message=(
             f"no word from the controller for {silent:.1f} s: stopped runs {', '.join(f'{j}.{r}' for j, r in runs)}")))
 
@@ -114,11 +117,9 @@ class Agent:
         while not self._stopping.is_set():
             try:
                 self.check_lease()   # first thing, also after a freeze: never beat for runs past their lease
-                if not self._registered:
-                    began = lease_clock()
+                if not self._registered:   # (no renewal here: the first heartbeat's answer renews)
                     reply = self._registry.Register(pb.RegisterRequest(node=self.describe()),
                                                     timeout=CALL_TIMEOUT_S)
-                    self._renew(began)
                     self.interval = reply.heartbeat_interval_s or self.interval
                     self._registered = True
                     log.info("registered with %s", self.config.controller.address)
@@ -146,8 +147,7 @@ class Agent:
                                 gpus=self.monitor.latest, ongoing=self.monitor.ongoing(),
                                 progress=self._progress(runs),
                                 runs=[pb.RunRef(job_id=j, run=r) for j, r in runs]),
-            timeout=CALL_TIMEOUT_S)
-        self._renew(began)
+            timeout=min(CALL_TIMEOUT_S, self.interval))
         if not reply.reregister:
             with self._lock:
                 del self._health[:len(health)]
@@ -171,14 +171,17 @@ class Agent:
             log.warning("job %d: run %d is not the job's current run; killing it", stale.job_id, stale.run)
             self.launcher.kill_run(stale.job_id, stale.run)
             self.steps.signal(stale.job_id, stale.run, signal.SIGKILL)
+        self._renew(began)   # only an answer from a controller that knows this node up, once stale runs are killed
 
     def _renew(self, began: float) -> None:
-        """The controller answered a call that began at `began`: the lease runs from there."""
+        """The controller answered a call that began at `began`: the lease runs from there, if the keeper
+        can be told (a lease the keeper cannot read is no lease)."""
+        if not self._lease_file.renew(max(self._lease, began)):
+            return
         self._lease = max(self._lease, began)
-        fence.renew(self.node.spool, self._lease)   # for the keeper, which fences even a frozen daemon
         if self._fenced:
             log.info("the controller answers again; new runs may start here")
-        self._fenced = False
+        self._fenced = set()
 
     def _progress(self, runs: list[tuple[int, int]]) -> list[pb.JobProgress]:
         try:

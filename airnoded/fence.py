@@ -28,9 +28,12 @@ log = logging.getLogger("airnoded.fence")
 
 LEASE = "lease"
 KEEPER_PID = "fence.pid"
-GROUPS = "groups"     # in a run's folder: the process groups of its batch script and ranks, one a line
+GROUPS = "groups"     # in a run's folder: "pgid starttime" of its batch script's and ranks' groups
 CGROUP = "cgroup"     # in a run's folder: the run's cgroup, when it has one
+FENCED = "fenced"     # in a run's folder: written before a fence signals the run
 CHECK_EVERY_S = 0.2
+KILLS = 25            # SIGKILLs sent to a fenced run at most (never a signal loop on recycled numbers)
+LEASE_WIDTH = 32      # the lease is rewritten in place, a fixed width: no new inode on a full disk
 
 
 def now() -> float:
@@ -38,27 +41,76 @@ def now() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-def renew(spool: Path, began: float) -> None:
-    jobfiles.write_root_file(spool, LEASE, f"{began!r}\n".encode(), 0o600)
+class Lease:
+    """The daemon's side: SPOOL/lease, created once and then overwritten in place (pwrite of a fixed
+    width), so renewing needs no free block or inode. A renewal that cannot be written is no renewal."""
+
+    def __init__(self, spool: Path):
+        """A daemon starts with no lease (0: the keeper waits for the first renewal)."""
+        path = spool / LEASE
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.pwrite(self.fd, b"0".ljust(LEASE_WIDTH - 1) + b"\n", 0)
+
+    def renew(self, began: float) -> bool:
+        try:
+            return os.pwrite(self.fd, f"{began!r}".ljust(LEASE_WIDTH - 1).encode() + b"\n", 0) == LEASE_WIDTH
+        except OSError as e:
+            log.warning("lease not renewed: %s", e.strerror)
+            return False
 
 
 def lease(spool: Path) -> float | None:
     try:
-        return float(jobfiles.read_root_file(spool, LEASE, 64))
+        value = float(jobfiles.read_root_file(spool, LEASE, 64))
     except (OSError, ValueError, jobfiles.UnsafeFile):
+        return None
+    return value or None
+
+
+def start_time(pid: int) -> int | None:
+    """A process's start time (clock ticks after boot), to tell it from a later one with its number."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
         return None
 
 
-def record_groups(folder: Path, pgids) -> None:
-    jobfiles.write_root_file(folder, GROUPS, "".join(f"{p}\n" for p in sorted(set(pgids))).encode(), 0o600)
+def record_groups(folder: Path, groups: dict[int, int | None]) -> None:
+    """groups: pgid -> start time of its leader (None: not known)."""
+    jobfiles.write_root_file(folder, GROUPS, "".join(f"{p} {t or 0}\n" for p, t in sorted(groups.items())).encode(),
+                             0o600)
 
 
 def _groups(folder: Path) -> list[int]:
+    """The run's process groups that are still its own: a group whose number a new process has
+    taken since (the leader's start time differs) is left alone."""
     try:
         text = jobfiles.read_root_file(folder, GROUPS, 1 << 20).decode()
     except (OSError, jobfiles.UnsafeFile):
         return []
-    return [int(p) for p in text.split() if p.isdigit() and int(p) > 1]
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 2 or not (parts[0].isdigit() and parts[1].isdigit()) or int(parts[0]) <= 1:
+            continue
+        pgid, began = int(parts[0]), int(parts[1])
+        now = start_time(pgid)
+        # no process with that number: the group is empty, or only members of ours hold the number
+        if now is None or not began or now == began:
+            out.append(pgid)
+    return out
+
+
+def mark_fenced(folder: Path) -> None:
+    try:
+        jobfiles.write_root_file(folder, FENCED, b"1\n", 0o600)
+    except OSError:
+        pass
+
+
+def was_fenced(folder: Path) -> bool:
+    return (folder / FENCED).exists()
 
 
 def _cgroup_pids(folder: Path) -> list[int]:
@@ -76,6 +128,7 @@ def stop_runs(spool: Path, sig: int, only: set[str] | None = None) -> list[str]:
         if jobfiles.parse_job_dir(entry.name) is None or (only is not None and entry.name not in only):
             continue
         folder = Path(entry.path)
+        mark_fenced(folder)
         targets = _groups(folder)
         for pgid in targets:
             try:
@@ -92,22 +145,27 @@ def stop_runs(spool: Path, sig: int, only: set[str] | None = None) -> list[str]:
 
 
 def keep(spool: Path, after: float, grace: float) -> None:
-    """The keeper's loop."""
-    fenced_at: dict[str, float] = {}   # run folder -> when it got SIGTERM
+    """The keeper's loop. SIGTERM once the lease is `after` old, SIGKILL once it is `after + grace`
+    old, both counted from the lease: a keeper that was itself frozen or started late kills at once."""
+    termed: set[str] = set()
+    kills: dict[str, int] = {}
     while spool.is_dir():   # a spool taken away (a local cluster removed) leaves nothing to guard
         time.sleep(CHECK_EVERY_S)
         began = lease(spool)
         if began is None or now() - began < after:
-            fenced_at.clear()
+            termed.clear()
+            kills.clear()
             continue
-        t = now()
+        silent = now() - began
         runs = {e.name for e in os.scandir(spool) if jobfiles.parse_job_dir(e.name) is not None}
-        for name in stop_runs(spool, signal.SIGTERM, only=runs - set(fenced_at)):
-            fenced_at[name] = t
-            log.warning("fence: no word from the controller for %.1f s; stopping run %s", t - began, name)
-        overdue = {name for name, at in fenced_at.items() if t - at >= grace}
-        if overdue:
-            stop_runs(spool, signal.SIGKILL, only=overdue)
+        if silent >= after + grace:
+            due = {name for name in runs if kills.get(name, 0) < KILLS}
+            for name in stop_runs(spool, signal.SIGKILL, only=due):
+                kills[name] = kills.get(name, 0) + 1
+            termed |= runs
+        for name in stop_runs(spool, signal.SIGTERM, only=runs - termed):
+            termed.add(name)
+            log.warning("fence: no word from the controller for %.1f s; stopping run %s", silent, name)
 
 
 def start(spool: Path, after: float, grace: float) -> int:
@@ -115,7 +173,12 @@ def start(spool: Path, after: float, grace: float) -> int:
     writes to the daemon's standard error (the journal, or the local cluster's log)."""
     stop_keeper(spool)
     proc = subprocess.Popen([sys.executable, "-m", "airnoded.fence", str(spool), repr(after), repr(grace)],
-                            stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/")
+    try:   # the last process the kernel picks when memory runs out
+        with open(f"/proc/{proc.pid}/oom_score_adj", "w") as f:
+            f.write("-1000")
+    except OSError:
+        pass
     jobfiles.write_root_file(spool, KEEPER_PID, f"{proc.pid}\n".encode(), 0o600)
     return proc.pid
 

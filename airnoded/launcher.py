@@ -143,10 +143,8 @@ ExitCallback = Callable[[pb.JobExit], None]
 
 
 class Launcher:
-    def __init__(self, node: str, spool: Path, on_exit: ExitCallback, cgroups: JobCgroups | None = None,
-                 lease_expired: Callable[[], bool] = lambda: False):
+    def __init__(self, node: str, spool: Path, on_exit: ExitCallback, cgroups: JobCgroups | None = None):
         self.node = node
-        self.lease_expired = lease_expired   # past the fence: whatever ends now was stopped by the fence
         self.spool = spool
         self.on_exit = on_exit
         self.cgroups = cgroups or JobCgroups(node, mode="none")
@@ -228,12 +226,17 @@ class Launcher:
                 raise
             finally:
                 os.close(status_w)
-        if gated:
-            self.cgroups.enter(group, proc)
-        jobfiles.write_root_file(jobdir, "pgid", f"{proc.pid}\n".encode(), 0o600)
-        fence.record_groups(jobdir, [proc.pid])   # for the fence keeper
-        if group is not None:
-            jobfiles.write_root_file(jobdir, fence.CGROUP, str(group).encode(), 0o600)
+        try:   # recorded for the fence keeper before the gate lets the script run
+            jobfiles.write_root_file(jobdir, "pgid", f"{proc.pid}\n".encode(), 0o600)
+            fence.record_groups(jobdir, {proc.pid: fence.start_time(proc.pid)})
+            if group is not None:
+                jobfiles.write_root_file(jobdir, fence.CGROUP, str(group).encode(), 0o600)
+            if gated:
+                self.cgroups.enter(group, proc)
+        except BaseException:
+            killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
         log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
         return RunningJob(job.job_id, job.restart_count, proc, proc.pid, status_fd=status_r, cgroup=group)
 
@@ -261,14 +264,19 @@ class Launcher:
 
     def _wait(self, running: RunningJob) -> None:
         problem = self._start_status(running) if running.status_fd >= 0 else ""
+        try:   # the group's number stays ours until its leader is reaped: kill what is left first
+            os.waitid(os.P_PID, running.process.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass
+        killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group
         status = running.process.wait()
         running.done.set()
-        killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group
         oom, peak = self._end_cgroup(running.cgroup)
         with self._lock:
             self.jobs.pop((running.job_id, running.run), None)
         code, sig = exit_status(status)
-        running.fenced = running.fenced or self.lease_expired()   # the fence keeper may have stopped it
+        # a fence (the daemon's, or the keeper's while the daemon was frozen) marks a run before it signals it
+        running.fenced = running.fenced or fence.was_fenced(jobfiles.job_dir(self.spool, running.job_id, running.run))
         if problem:
             log.warning("job %d could not start: %s", running.job_id, problem)
             self.on_exit(pb.JobExit(job_id=running.job_id, run=running.run, exit_code=code, launch_failed=True,
@@ -369,14 +377,18 @@ class Launcher:
         threading.Thread(target=self._kill_after, args=(running, grace_s), daemon=True).start()
         return True
 
-    def fence(self, grace_s: float) -> None:
-        """Stop every run here: SIGTERM now, SIGKILL after grace_s."""
+    def fence_run(self, job_id: int, run: int, kill_in: float) -> None:
+        """The fence: SIGTERM now and SIGKILL in kill_in seconds (at once when 0)."""
         with self._lock:
-            runs = list(self.jobs.values())
-        for running in runs:
-            running.fenced = running.killed = True
-            killpg(running.pgid, signal.SIGTERM)
-            threading.Thread(target=self._kill_after, args=(running, grace_s), daemon=True).start()
+            running = self.jobs.get((job_id, run))
+        if running is None:
+            return
+        running.fenced = running.killed = True
+        if not kill_in:
+            self._kill_now(running)
+            return
+        killpg(running.pgid, signal.SIGTERM)
+        threading.Thread(target=self._kill_after, args=(running, kill_in), daemon=True).start()
 
     def kill_run(self, job_id: int, run: int) -> bool:
         """SIGKILL a run the controller says is not its job's current one."""

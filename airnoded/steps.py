@@ -9,6 +9,7 @@ node, prepared steps per job, queued output lines and the length of one line.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import socket
@@ -60,7 +61,7 @@ class StepRunner:
         self.max_streams_per_user = max_streams_per_user
         self.on_idle = on_idle or (lambda job_id, run: None)
         self._prepared: dict[tuple[int, int], pb.Step] = {}   # (job, step) -> step
-        self._groups: dict[RunKey, set[int]] = {}   # run -> process groups of its running ranks
+        self._groups: dict[RunKey, dict[int, int | None]] = {}   # run -> its ranks' groups and their start times
         self._streams: dict[RunKey, int] = {}       # run -> steps of it streaming here
         self._user_streams: dict[int, int] = {}     # uid -> steps of theirs streaming here
         self._ranks = 0                             # ranks running here
@@ -143,29 +144,39 @@ class StepRunner:
 
     def _started(self, key: RunKey, pgid: int) -> None:
         with self._lock:
-            self._groups.setdefault(key, set()).add(pgid)
+            self._groups.setdefault(key, {})[pgid] = fence.start_time(pgid)
             self._record(key)
+
+    def _reaped(self, key: RunKey, pgid: int) -> None:
+        """A rank's leader is about to be reaped: its group's number may be anyone's afterwards."""
+        with self._lock:
+            groups = self._groups.get(key)
+            if groups is not None:
+                groups.pop(pgid, None)
+                self._record(key)
 
     def _record(self, key: RunKey) -> None:
         """The run's rank groups in its folder, where the fence keeper finds them (under the lock)."""
         if self.spool is None:
             return
         folder = jobfiles.job_dir(self.spool, *key)
-        batch = []
+        groups = dict(self._groups.get(key, {}))
         try:
-            batch = [int(jobfiles.read_root_file(folder, "pgid", 64))]
+            batch = int(jobfiles.read_root_file(folder, "pgid", 64))
+            groups[batch] = fence.start_time(batch)
         except (OSError, ValueError, jobfiles.UnsafeFile):
             pass
         try:
-            fence.record_groups(folder, batch + sorted(self._groups.get(key, ())))
+            fence.record_groups(folder, groups)
         except OSError as e:
             log.warning("job %d: rank groups not recorded for the fence: %s", key[0], e)
 
     def _ended(self, key: RunKey, uid: int, pgids: list[int], ranks: int) -> None:
         """A stream's end: its ranks and counts go, and the run's folder with its last step here."""
         with self._lock:
-            groups = self._groups.get(key, set())
-            groups.difference_update(pgids)
+            groups = self._groups.get(key, {})
+            for pgid in pgids:
+                groups.pop(pgid, None)
             if not groups:
                 self._groups.pop(key, None)
             self._record(key)
@@ -274,8 +285,13 @@ class _Stream:
                    for pipe, is_err in ((proc.stdout, False), (proc.stderr, True))]
         for r in readers:
             r.start()
+        try:   # kill what the rank left behind while its group's number is still ours, then reap
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass
+        killpg(proc.pid, signal.SIGKILL)
+        self.runner._reaped(self.key, proc.pid)
         status = proc.wait()
-        killpg(proc.pid, signal.SIGKILL)  # what the rank left behind
         for r in readers:   # every line before the exit, however long airrun takes to read them
             while r.is_alive() and not self.stopped.is_set():
                 r.join(timeout=0.5)

@@ -64,10 +64,19 @@ class Runs:
             time.sleep(0.05)
 
 
-def _script(cluster, name):
+def _script(cluster, name, ignore_term=False):
+    """A job that says when it starts and stops; with ignore_term, one that only SIGKILL ends."""
+    on_term = "trap '' TERM" if ignore_term else "trap 'echo \"stop $AIR_RESTART_COUNT\"; exit 143' TERM"
     return cluster.write_script(name, "#!/bin/sh\necho \"start $AIR_RESTART_COUNT $AIR_NODENAME\"\n"
-                                      "trap 'echo \"stop $AIR_RESTART_COUNT\"; exit 143' TERM\n"
-                                      "sleep 60 & wait\n")
+                                      f"{on_term}\nsleep 60 & wait\nwait\n")
+
+
+def _lease(cluster, node) -> float:
+    return float((cluster.dir / "spool" / node / "lease").read_text())
+
+
+def _boottime() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 def _daemon(cluster, node: str) -> psutil.Process:
@@ -96,6 +105,25 @@ def test_a_frozen_node_daemon_never_leaves_two_runs_of_a_job(cluster):
     assert cluster.job(job_id)["state"] == "RUNNING" and cluster.job(job_id)["restart_count"] == 1
     cluster.cli("aircancel", str(job_id))
     cluster.wait_state(job_id, "CANCELLED")
+
+
+def test_a_job_that_ignores_sigterm_is_killed_before_the_controller_may_start_it_again(cluster):
+    job_id = cluster.submit(_script(cluster, "stubborn.sh", ignore_term=True), "--gpus-per-node=4")
+    node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
+    wait_for(lambda: "start 0" in (cluster.work / f"air-{job_id}.out").read_text(), what="run 0 to start")
+    daemon = _daemon(cluster, node)
+    runs = Runs(job_id)
+    daemon.suspend()
+    try:
+        lease = _lease(cluster, node)   # the keeper's view: the last renewal before the freeze
+        wait_for(lambda: not runs.alive(), timeout=15, what="the keeper to kill the job")
+        gone = _boottime()
+    finally:
+        daemon.resume()
+    cc_after, cc_grace = 3.0, 1.5       # this cluster: node timeout 6 s, fence at half, SIGKILL half-way on
+    assert gone - lease < cc_after + cc_grace + 0.5, gone - lease    # (0.5: the keeper looks 5 times a second)
+    assert gone - lease < 6.0                                         # before the node timeout
+    cluster.cli("aircancel", str(job_id))
 
 
 def test_a_node_that_loses_the_controller_stops_its_jobs_and_says_so(cluster):

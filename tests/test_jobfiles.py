@@ -73,23 +73,35 @@ def test_reports_are_read_only_from_regular_files_of_the_owner(spool, user, tmp_
     assert secret.read_text() == '{"step": 99}'
 
 
-def test_a_file_swapped_for_a_link_between_the_check_and_the_open_is_refused(spool, user, tmp_path, monkeypatch):
+@pytest.mark.parametrize("swap", ["symlink", "hardlink"])
+def test_a_file_swapped_between_the_check_and_the_open_is_refused(spool, user, monkeypatch, swap):
+    """The job wins the race right after the lstat: rank0.json becomes a link to another file of
+    the owner's (which passes every ownership check): only O_NOFOLLOW, or the inode compare, stop it."""
     uid, gid = user
     folder = progress.prepare(spool, 8, 0, uid, gid)
-    secret = tmp_path / "secret"
-    secret.write_text('{"step": 99}')
-    _as_user(uid, gid, lambda: (folder / "rank0.json").write_text('{"step": 1}'))
+
+    def write():
+        (folder / "rank0.json").write_text('{"step": 1}')
+        (folder / "other.json").write_text('{"step": 2}')
+    _as_user(uid, gid, write)
     real_stat = os.stat
 
-    def stat_then_swap(name, *args, **kwargs):   # the job wins the race right after the lstat
+    def stat_then_swap(name, *args, **kwargs):
         result = real_stat(name, *args, **kwargs)
         if name == "rank0.json":
             os.unlink(folder / "rank0.json")
-            os.symlink(secret, folder / "rank0.json")
+            (os.symlink if swap == "symlink" else os.link)(folder / "other.json", folder / "rank0.json")
         return result
     monkeypatch.setattr(os, "stat", stat_then_swap)
     with jobfiles.OwnerDir(folder) as d, pytest.raises(UnsafeFile):
         d.read("rank0.json", 4096)
+
+
+def test_a_progress_folder_on_another_filesystem_is_refused(spool, user):
+    uid, gid = user
+    folder = progress.prepare(spool, 12, 0, uid, gid)
+    with pytest.raises(UnsafeFile, match="on another filesystem"):
+        jobfiles.OwnerDir(folder, device=os.stat(spool).st_dev + 1)
 
 
 def test_any_tree_a_job_makes_is_removed_without_recursion(spool, user):

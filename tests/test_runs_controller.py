@@ -1,0 +1,140 @@
+"""The controller and runs, with a store on disk, a clock in the test's hands and no node daemons:
+a stale run's exit, report or step never counts for the current run, the node is told to kill
+it, and a requeued job starts again only once its last run is surely gone from every node."""
+import pytest
+
+from airctld import config as cfg, events
+from airctld.controller import Controller
+from airctld.errors import Conflict
+from airctld.model import NodeAlloc
+from airctld.store import Store
+from protos import air_pb2 as pb
+from protos.credential import Identity
+from protos.states import JobPhase, Reason
+
+ROOT = Identity(0, 0)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class NoNodes:
+    """Node calls that reach nobody: the test plays the nodes through heartbeats."""
+    def __init__(self):
+        self.launched = []
+
+    def launch(self, address, job):
+        self.launched.append((job.job_id, job.restart_count))
+
+    def signal(self, *args, **kwargs):
+        return True
+
+    def prepare_step(self, address, step):
+        return pb.PrepareStepReply(free_port=1)
+
+
+@pytest.fixture
+def controller(tmp_path):
+    conf = cfg.parse({"controller": {"auth": "none", "state_dir": str(tmp_path), "node_timeout_s": 15,
+                                     "heartbeat_interval_s": 2},
+                      "nodes": [{"name": "n1", "address": "127.0.0.9", "gpus": "sim:4"},
+                                {"name": "n2", "address": "127.0.0.10", "gpus": "sim:4"}],
+                      "partitions": [{"name": "p", "nodes": "n[1-2]", "default": True}]})
+    clock = Clock()
+    c = Controller(conf, Store(str(tmp_path / "air.db")), clock=clock)
+    c.clients = NoNodes()
+    for name in ("n1", "n2"):
+        c.register(pb.Node(name=name, address=c.config.node(name).endpoint, cpus=8, memory_mb=1024,
+                           gpus=[pb.Gpu(index=i) for i in range(4)]))
+    yield c, clock
+    c.stop()
+
+
+def _running_on(c, clock, node, run_count=0):
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=4), ROOT)
+    job = c.jobs.get(job_id)
+    return c._commit([(job, events.start(job, clock.now, (NodeAlloc(node, (0, 1, 2, 3), 1),)))],
+                     clock.now, 0)[0]
+
+
+def _beat(c, node, runs=(), exits=(), progress=()):
+    return c.heartbeat(pb.HeartbeatRequest(name=node, running=sorted({j for j, _ in runs}),
+                                           runs=[pb.RunRef(job_id=j, run=r) for j, r in runs],
+                                           exits=list(exits), progress=list(progress)))
+
+
+def test_a_stale_runs_exit_and_report_never_count_for_the_current_run(controller):
+    c, clock = controller
+    job = _running_on(c, clock, "n1")
+    requeued = c._commit([(job, events.node_lost(job, clock.now, Reason.NODE_FAIL, "test"))], clock.now, 0)[0]
+    again = c._commit([(requeued, events.start(requeued, clock.now, (NodeAlloc("n1", (0, 1, 2, 3), 1),)))],
+                      clock.now, 0)[0]
+    assert again.restart_count == 1
+    reply = _beat(c, "n1", runs=[(job.job_id, 0), (job.job_id, 1)],
+                  exits=[pb.JobExit(job_id=job.job_id, run=0, exit_code=0)],
+                  progress=[pb.JobProgress(job_id=job.job_id, run=0, report='{"step": 99}')])
+    now = c.jobs.get(job.job_id)
+    assert now.phase == JobPhase.RUNNING and now.restart_count == 1          # run 0's end says nothing of run 1
+    assert job.job_id not in c.latest_report                                   # nor does its report
+    assert [(r.job_id, r.run) for r in reply.stale] == [(job.job_id, 0)]      # the node is told to kill it
+    assert job.job_id in reply.acked                                           # and may forget the exit
+    _beat(c, "n1", runs=[(job.job_id, 1)], exits=[pb.JobExit(job_id=job.job_id, run=1, exit_code=0)])
+    assert c.jobs.get(job.job_id).phase == JobPhase.DONE                       # the current run's exit counts
+
+
+def test_a_requeued_job_waits_until_its_last_run_is_gone_from_every_node(controller):
+    c, clock = controller
+    job = _running_on(c, clock, "n1")
+    _beat(c, "n1", runs=[(job.job_id, 0)])
+    c._commit([(job, events.node_lost(job, clock.now, Reason.NODE_FAIL, "GPU fault"))], clock.now, 0)
+    clock.now += 1
+    c.tick()
+    assert c.jobs.get(job.job_id).phase == JobPhase.PENDING                    # run 0 may still be alive on n1
+    _beat(c, "n1", runs=[(job.job_id, 0)])                                     # and it is: still waiting
+    clock.now += 1
+    c.tick()
+    assert c.jobs.get(job.job_id).phase == JobPhase.PENDING
+    _beat(c, "n1", runs=[])                                                    # n1 answers without it
+    clock.now += 1
+    c._dirty = True
+    c.tick()
+    assert c.jobs.get(job.job_id).phase == JobPhase.RUNNING
+
+
+def test_a_requeued_job_on_a_silent_node_waits_for_that_nodes_fence(controller):
+    c, clock = controller
+    job = _running_on(c, clock, "n1")
+    _beat(c, "n1", runs=[(job.job_id, 0)])
+    silent_since = clock.now
+    c._commit([(job, events.node_lost(job, clock.now, Reason.NODE_FAIL, "airrun lost n1"))], clock.now, 0)
+    cc = c.config.controller
+    gone_by = silent_since + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s
+    while clock.now < gone_by - 0.5:
+        clock.now += 0.5
+        _beat(c, "n2")
+        c.tick()
+        assert c.jobs.get(job.job_id).phase == JobPhase.PENDING, clock.now - silent_since
+    clock.now = gone_by + 0.1
+    _beat(c, "n2")
+    c._dirty = True
+    c.tick()
+    started = c.jobs.get(job.job_id)
+    assert started.phase == JobPhase.RUNNING and started.restart_count == 1
+
+
+def test_a_stale_runs_airrun_starts_no_step(controller):
+    c, clock = controller
+    job = _running_on(c, clock, "n1")
+    requeued = c._commit([(job, events.node_lost(job, clock.now, Reason.NODE_FAIL, "t"))], clock.now, 0)[0]
+    c._commit([(requeued, events.start(requeued, clock.now, (NodeAlloc("n2", (0, 1, 2, 3), 1),)))], clock.now, 0)
+    with pytest.raises(Conflict, match="airrun of run 0 of job .*, which is on run 1 now"):
+        c.create_step(pb.StepSpec(job_id=job.job_id, argv=["true"], environment={"AIR_RESTART_COUNT": "0"}),
+                      ROOT)
+    step = c.create_step(pb.StepSpec(job_id=job.job_id, argv=["true"], environment={"AIR_RESTART_COUNT": "1"}),
+                         ROOT)
+    assert step.run == 1
