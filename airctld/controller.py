@@ -19,7 +19,7 @@ from airctld.accounting import Accounting
 from airctld.config import Config
 from airctld.fairshare import Assoc
 from airctld.jobtable import JobTable
-from airctld.errors import Conflict, Denied, InvalidRequest, NotFound
+from airctld.errors import Conflict, Denied, InvalidRequest, NotFound, StoreFailed
 from airctld.model import Job, Node, evolve
 from airctld.node_reports import CONTROLLER_UID, NodeReports
 from airctld.passes import SchedulingPass
@@ -89,13 +89,17 @@ class Controller(NodeReports, SchedulingPass):
     def run(self, interval: float = 0.5, min_interval: float = 0.005) -> None:
         """Pass on every wake-up (a submission, an exit, a node change) or every `interval`; passes
         are at least `min_interval` apart so that a burst of submissions shares one."""
-        for job in self.jobs.in_phase(JobPhase.COMPLETING):  # a stop asked before a restart
+        with self._lock:
+            completing = self.jobs.in_phase(JobPhase.COMPLETING)
+        for job in completing:  # a stop asked before a restart
             self._send_signal(job, 0)
         while not self._stopping.is_set():
             self._wake.wait(interval)
             self._wake.clear()
             try:
                 self.tick()
+            except StoreFailed as e:   # rolled back whole; the next pass tries again
+                log.error("controller pass failed: %s", e)
             except Exception:
                 log.exception("controller pass failed")
             # a pass over a long queue takes a while: leave the CPU to requests for as long again
@@ -111,7 +115,9 @@ class Controller(NodeReports, SchedulingPass):
         now = self.clock()
         self._check_liveness(now)
         self._enforce_time_limits(now)
-        self.accounting.charge(self.jobs, now)
+        with self._lock:   # usage is charged from a snapshot: requests change the table meanwhile
+            jobs = list(self.jobs)
+        self.accounting.charge(jobs, now)
         self._forget_old(now)
         self._schedule(now)
 
@@ -131,7 +137,7 @@ class Controller(NodeReports, SchedulingPass):
                     job_id = ids[0]
                     self.store.set_array_job_id(ids, job_id)
                     made = [evolve(job, job_id=i, array_job_id=job_id, array_task_id=t) for i, t in zip(ids, tasks)]
-                    self._arrays[job_id] = ids
+                    self.store.after_commit(lambda: self._arrays.__setitem__(job_id, ids))
             for j in made:
                 self.jobs.put(j)
             self._dirty = True
@@ -151,7 +157,8 @@ class Controller(NodeReports, SchedulingPass):
         tasks = req.ntasks_per_node or 1
         cpus = tasks * (req.cpus_per_task or 1)
         limit = req.time_limit_s or part.default_time_s
-        capacity = {n.name: (len(n.gpus), n.cpus) for n in self.nodes.values() if n.cpus}
+        with self._lock:
+            capacity = {n.name: (len(n.gpus), n.cpus) for n in self.nodes.values() if n.cpus}
         why = scheduler.infeasible(nodes, req.gpus_per_node, cpus, limit, part, capacity)
         if why:
             raise InvalidRequest(why)
@@ -211,11 +218,11 @@ class Controller(NodeReports, SchedulingPass):
 
     def _estimate(self, job: Job) -> str:
         with self._lock:
-            free = scheduler.free_resources(self.nodes.values(), self.jobs.active())
+            active = self.jobs.active()
+            free = scheduler.free_resources(self.nodes.values(), active)
             pending = self.jobs.in_phase(JobPhase.PENDING)
         probe = evolve(job, job_id=-1, priority=job.priority)
-        plan = scheduler.schedule(pending + [probe], free, self.partitions, active=self.jobs.active(),
-                                  now=self.clock())
+        plan = scheduler.schedule(pending + [probe], free, self.partitions, active=active, now=self.clock())
         for job_id, alloc in plan.starts:
             if job_id == -1:
                 return f"would start now on {','.join(a.node for a in alloc)} in partition {job.partition}"
@@ -438,12 +445,17 @@ class Controller(NodeReports, SchedulingPass):
     # ------------------------------------------------------------ passes
 
     def _commit(self, changes: Iterable[tuple[Job, Job]], now: float, who: int) -> list[Job]:
-        """Write (old, new) job pairs in one transaction, then take them into memory."""
+        """Write (old, new) job pairs in one transaction, and take them into memory once it (or the one
+        it is part of) has committed: a transaction that fails leaves memory as it was."""
         changes = list(changes)
         if not changes:
             return []
         with self.store.transaction():
             self.store.update_jobs(changes, now, who)
+            self.store.after_commit(lambda: self._take(changes, now))
+        return [new for _, new in changes]
+
+    def _take(self, changes: list[tuple[Job, Job]], now: float) -> None:
         for old, new in changes:
             self.jobs.put(new)
             if new.phase == JobPhase.COMPLETING:
@@ -453,7 +465,6 @@ class Controller(NodeReports, SchedulingPass):
             if new.phase != old.phase and new.phase != JobPhase.COMPLETING:
                 self._misses.pop(new.job_id, None)
                 self._dirty = True  # resources freed, a job that others waited behind gone, or one requeued
-        return [new for _, new in changes]
 
     def _enforce_time_limits(self, now: float) -> None:
         with self._lock:
@@ -463,11 +474,12 @@ class Controller(NodeReports, SchedulingPass):
             over = [j for j in running if j.time_limit_s and now - j.start_time > j.time_limit_s]
             silent = [j for j in running if j.request.hang_timeout_s and j not in over and
                       now - max(self.last_progress.get(j.job_id, 0.0), j.start_time) > j.request.hang_timeout_s]
-            hung = self._commit([(j, events.hung(j, now, now - max(self.last_progress.get(j.job_id, 0.0),
-                                                                    j.start_time))) for j in silent],
-                                now, CONTROLLER_UID)
-            changed = self._commit([(j, events.stop(j, now, JobResult.TIMEOUT, Reason.TIME_LIMIT,
-                                                    "time limit reached")) for j in over], now, CONTROLLER_UID)
+            with self.store.transaction():   # both or neither, and then the signals
+                hung = self._commit([(j, events.hung(j, now, now - max(self.last_progress.get(j.job_id, 0.0),
+                                                                        j.start_time))) for j in silent],
+                                    now, CONTROLLER_UID)
+                changed = self._commit([(j, events.stop(j, now, JobResult.TIMEOUT, Reason.TIME_LIMIT,
+                                                        "time limit reached")) for j in over], now, CONTROLLER_UID)
         for job in warn:   # --signal: the warning before the limit, once a run
             self._warned.add(job.job_id)
             self._send_signal(job, job.request.warn_signal, batch_only=job.request.warn_batch_only)
@@ -493,6 +505,7 @@ class Controller(NodeReports, SchedulingPass):
                     self._warned.discard(job.job_id)
                     self.last_progress.pop(job.job_id, None)
                     self.latest_report.pop(job.job_id, None)
+
 
     def _launch(self, job: Job) -> None:
         try:
