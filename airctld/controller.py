@@ -19,6 +19,7 @@ from airctld.accounting import Accounting
 from airctld.config import Config
 from airctld.fairshare import Assoc
 from airctld.jobtable import JobTable
+from airctld.launching import Launching
 from airctld.errors import Conflict, Denied, InvalidRequest, NotFound, StoreFailed
 from airctld.model import Job, Node, evolve
 from airctld.node_reports import CONTROLLER_UID, NodeReports
@@ -30,13 +31,13 @@ from airctld.store import Store
 from airctld.validate import check_request, check_step, filtered_environment
 from protos import air_pb2 as pb
 from protos.credential import Identity
-from protos.states import ACTIVE_PHASES, REASON_NAMES, JobPhase, JobResult, NodeState, Reason, long_state
+from protos.states import REASON_NAMES, JobPhase, JobResult, NodeState, Reason, long_state
 
 log = logging.getLogger("airctld")
 
 
 
-class Controller(NodeReports, SchedulingPass):
+class Controller(NodeReports, SchedulingPass, Launching):
     def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.time,
                  clients: NodeClients | None = None):
         self.config = config
@@ -505,26 +506,6 @@ class Controller(NodeReports, SchedulingPass):
                     self._warned.discard(job.job_id)
                     self.last_progress.pop(job.job_id, None)
                     self.latest_report.pop(job.job_id, None)
-
-
-    def _launch(self, job: Job) -> None:
-        try:
-            self.clients.launch(self.nodes[job.batch_node].address, job.to_proto())
-        except Exception as e:
-            now = self.clock()
-            with self._lock:
-                current = self.jobs.get(job.job_id)
-                if current is not None and current.phase in ACTIVE_PHASES:
-                    self._commit([(current, events.exited(current, now, 1, 0, f"launch on {job.batch_node} "
-                                                          f"failed: {e}", launch_failed=True))], now,
-                                 CONTROLLER_UID)
-            log.warning("launch of job %d on %s failed: %s", job.job_id, job.batch_node, e)
-        finally:
-            with self._lock:
-                self._launching.discard(job.job_id)
-                current = self.jobs.get(job.job_id)
-            if current is not None and current.phase == JobPhase.COMPLETING:
-                self._send_signal(current, 0)  # cancelled or timed out while launching
 
 
 def _matches(job: Job, f: pb.JobFilter) -> bool:
