@@ -16,6 +16,7 @@ from airctld.controller import Controller
 from airctld.nodes import NodeClients
 from airctld.sdnotify import notify
 from airctld.service import handlers
+from airctld.errors import StoreFailed
 from airctld.store import Store, StoreError
 
 
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         os.makedirs(cc.state_dir, exist_ok=True)
         store = Store(os.path.join(cc.state_dir, "air.db"))
-    except (OSError, StoreError) as e:
+    except (OSError, StoreError, StoreFailed) as e:
         print(f"airctld: error: cannot open the store in {cc.state_dir}: {e}", file=sys.stderr)
         return 2
     try:

@@ -38,8 +38,10 @@ class Accounting:
                 for a in seeded:
                     store.save_assoc(a)
                     stored[a.key] = a
+        # replaced whole on each change, never changed in place: readers outside the controller's lock
+        # (a pass's priorities, airshare) iterate the dict they took
         self.assocs: dict[tuple[str, str], Assoc] = stored
-        self._chains: tuple[dict, dict] | None = None
+        self._chains: tuple[dict, dict, dict] | None = None   # (the assocs they were made from, chains, quotas)
         usage, charged = store.load_usage()
         self.usage = usage
         self.charged_until = charged or now
@@ -51,36 +53,39 @@ class Accounting:
         """Charge usage up to `now` (at most every CHARGE_INTERVAL_S unless forced) and save it."""
         if not force and now - self.charged_until < CHARGE_INTERVAL_S:
             return False
-        since = self.charged_until
+        since, before = self.charged_until, self.usage
         running = [(association(j), j.start_time, j.end_time if j.phase == JobPhase.DONE else 0.0,
                     j.num_nodes * j.gpus_per_node, j.num_nodes * j.cpus_per_node)
                    for j in jobs if j.start_time and (j.phase != JobPhase.DONE or j.end_time > since)]
         s = self.sched
-        self.usage = fairshare.accrue(self.usage, running, since, now, s.usage_half_life_s, s.billing_gpu,
-                                      s.billing_cpu)
-        self.charged_until = now
+        usage = fairshare.accrue(before, running, since, now, s.usage_half_life_s, s.billing_gpu, s.billing_cpu)
         with self.store.transaction():
-            self.store.save_usage(self.usage, now)
+            self.store.save_usage(usage, now)
+        # a new dict, never one changed in place: passes and airshare read it without a lock
+        self.usage, self.charged_until = usage, now
         return True
 
     # ------------------------------------------------------------ the tree
 
-    def tree(self, leaves: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], Assoc]:
-        return fairshare.complete_tree(self.assocs.values(), list(self.usage) + list(leaves))
+    def tree(self, leaves: Iterable[tuple[str, str]] = (), usage=None) -> dict[tuple[str, str], Assoc]:
+        usage = self.usage if usage is None else usage
+        return fairshare.complete_tree(self.assocs.values(), list(usage) + list(leaves))
 
     def shares(self, leaves: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], Share]:
-        return fairshare.compute(self.tree(leaves), self.usage)
+        usage = self.usage   # one reading: the tree and the shares from the same usage
+        return fairshare.compute(self.tree(leaves, usage), usage)
 
     def account_chains(self) -> tuple[dict[str, tuple[str, ...]], dict[str, int]]:
         """account -> (it and the accounts above it), and account -> its GPU quota. They depend on the
         configured tree alone (an account known only from usage hangs under root, with no quota), so
         they are worked out once per change of the tree, not on every submit and pass."""
-        if self._chains is None:
-            tree = fairshare.complete_tree(self.assocs.values(), ())
+        assocs, cached = self.assocs, self._chains
+        if cached is None or cached[0] is not assocs:
+            tree = fairshare.complete_tree(assocs.values(), ())
             chains = {k[0]: tuple(fairshare.ancestors(tree, k[0])) for k in tree if not k[1] and k[0] != ROOT}
             quotas = {k[0]: a.max_gpus for k, a in tree.items() if not k[1] and a.max_gpus}
-            self._chains = (chains, quotas)
-        return self._chains
+            cached = self._chains = (assocs, chains, quotas)
+        return cached[1], cached[2]
 
     def has_accounts(self) -> bool:
         return bool(self.assocs)
@@ -93,10 +98,11 @@ class Accounting:
 
     def rows(self, jobs: Iterable[Job], active: Iterable[Job], accounts=(), users=()) -> list[pb.ShareRow]:
         """airshare: the tree in order, each association with its shares, usage and factor."""
-        jobs = list(jobs)
-        shares = self.shares(association(j) for j in jobs)
+        leaves = [association(j) for j in jobs]
+        usage = self.usage
+        tree = self.tree(leaves, usage)
+        shares = fairshare.compute(tree, usage)
         in_use: dict[tuple[str, str], int] = {}
-        tree = self.tree(association(j) for j in jobs)
         for j in active:
             leaf = association(j)
             gpus = j.num_nodes * j.gpus_per_node
@@ -174,11 +180,9 @@ class Accounting:
                 raise Conflict(f"account {account} still has {what} under it; remove that first")
         with self.store.transaction():
             self.store.remove_assoc(account, user)
-        del self.assocs[(account, user)]
-        self._chains = None
+        self.assocs = {k: v for k, v in self.assocs.items() if k != (account, user)}
 
     def _save(self, a: Assoc) -> None:
         with self.store.transaction():
             self.store.save_assoc(a)
-        self.assocs[a.key] = a
-        self._chains = None
+        self.assocs = {**self.assocs, a.key: a}

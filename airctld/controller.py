@@ -19,7 +19,8 @@ from airctld.accounting import Accounting
 from airctld.config import Config
 from airctld.fairshare import Assoc
 from airctld.jobtable import JobTable
-from airctld.errors import Conflict, Denied, InvalidRequest, NotFound
+from airctld.launching import Launching
+from airctld.errors import Conflict, Denied, InvalidRequest, NotFound, StoreFailed
 from airctld.model import Job, Node, evolve
 from airctld.node_reports import CONTROLLER_UID, NodeReports
 from airctld.passes import SchedulingPass
@@ -36,7 +37,7 @@ log = logging.getLogger("airctld")
 
 
 
-class Controller(NodeReports, SchedulingPass):
+class Controller(NodeReports, SchedulingPass, Launching):
     def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.time,
                  clients: NodeClients | None = None):
         self.config = config
@@ -94,13 +95,17 @@ class Controller(NodeReports, SchedulingPass):
     def run(self, interval: float = 0.5, min_interval: float = 0.005) -> None:
         """Pass on every wake-up (a submission, an exit, a node change) or every `interval`; passes
         are at least `min_interval` apart so that a burst of submissions shares one."""
-        for job in self.jobs.in_phase(JobPhase.COMPLETING):  # a stop asked before a restart
+        with self._lock:
+            completing = self.jobs.in_phase(JobPhase.COMPLETING)
+        for job in completing:  # a stop asked before a restart
             self._send_signal(job, 0)
         while not self._stopping.is_set():
             self._wake.wait(interval)
             self._wake.clear()
             try:
                 self.tick()
+            except StoreFailed as e:   # rolled back whole; the next pass tries again
+                log.error("controller pass failed: %s", e)
             except Exception:
                 log.exception("controller pass failed")
             # a pass over a long queue takes a while: leave the CPU to requests for as long again
@@ -116,7 +121,9 @@ class Controller(NodeReports, SchedulingPass):
         now = self.clock()
         self._check_liveness(now)
         self._enforce_time_limits(now)
-        self.accounting.charge(self.jobs, now)
+        with self._lock:   # usage is charged from a snapshot: requests change the table meanwhile
+            jobs = list(self.jobs)
+        self.accounting.charge(jobs, now)
         self._forget_old(now)
         self._schedule(now)
 
@@ -136,7 +143,7 @@ class Controller(NodeReports, SchedulingPass):
                     job_id = ids[0]
                     self.store.set_array_job_id(ids, job_id)
                     made = [evolve(job, job_id=i, array_job_id=job_id, array_task_id=t) for i, t in zip(ids, tasks)]
-                    self._arrays[job_id] = ids
+                    self.store.after_commit(lambda: self._arrays.__setitem__(job_id, ids))
             for j in made:
                 self.jobs.put(j)
             self._dirty = True
@@ -156,7 +163,8 @@ class Controller(NodeReports, SchedulingPass):
         tasks = req.ntasks_per_node or 1
         cpus = tasks * (req.cpus_per_task or 1)
         limit = req.time_limit_s or part.default_time_s
-        capacity = {n.name: (len(n.gpus), n.cpus) for n in self.nodes.values() if n.cpus}
+        with self._lock:
+            capacity = {n.name: (len(n.gpus), n.cpus) for n in self.nodes.values() if n.cpus}
         why = scheduler.infeasible(nodes, req.gpus_per_node, cpus, limit, part, capacity)
         if why:
             raise InvalidRequest(why)
@@ -216,11 +224,11 @@ class Controller(NodeReports, SchedulingPass):
 
     def _estimate(self, job: Job) -> str:
         with self._lock:
-            free = scheduler.free_resources(self.nodes.values(), self.jobs.active())
+            active = self.jobs.active()
+            free = scheduler.free_resources(self.nodes.values(), active)
             pending = self.jobs.in_phase(JobPhase.PENDING)
         probe = evolve(job, job_id=-1, priority=job.priority)
-        plan = scheduler.schedule(pending + [probe], free, self.partitions, active=self.jobs.active(),
-                                  now=self.clock())
+        plan = scheduler.schedule(pending + [probe], free, self.partitions, active=active, now=self.clock())
         for job_id, alloc in plan.starts:
             if job_id == -1:
                 return f"would start now on {','.join(a.node for a in alloc)} in partition {job.partition}"
@@ -447,12 +455,17 @@ class Controller(NodeReports, SchedulingPass):
     # ------------------------------------------------------------ passes
 
     def _commit(self, changes: Iterable[tuple[Job, Job]], now: float, who: int) -> list[Job]:
-        """Write (old, new) job pairs in one transaction, then take them into memory."""
+        """Write (old, new) job pairs in one transaction, and take them into memory once it (or the one
+        it is part of) has committed: a transaction that fails leaves memory as it was."""
         changes = list(changes)
         if not changes:
             return []
         with self.store.transaction():
             self.store.update_jobs(changes, now, who)
+            self.store.after_commit(lambda: self._take(changes, now))
+        return [new for _, new in changes]
+
+    def _take(self, changes: list[tuple[Job, Job]], now: float) -> None:
         cc = self.config.controller
         for old, new in changes:
             self.jobs.put(new)
@@ -467,7 +480,6 @@ class Controller(NodeReports, SchedulingPass):
             if new.phase != old.phase and new.phase != JobPhase.COMPLETING:
                 self._misses.pop(new.job_id, None)
                 self._dirty = True  # resources freed, a job that others waited behind gone, or one requeued
-        return [new for _, new in changes]
 
     def _enforce_time_limits(self, now: float) -> None:
         with self._lock:
@@ -477,11 +489,12 @@ class Controller(NodeReports, SchedulingPass):
             over = [j for j in running if j.time_limit_s and now - j.start_time > j.time_limit_s]
             silent = [j for j in running if j.request.hang_timeout_s and j not in over and
                       now - max(self.last_progress.get(j.job_id, 0.0), j.start_time) > j.request.hang_timeout_s]
-            hung = self._commit([(j, events.hung(j, now, now - max(self.last_progress.get(j.job_id, 0.0),
-                                                                    j.start_time))) for j in silent],
-                                now, CONTROLLER_UID)
-            changed = self._commit([(j, events.stop(j, now, JobResult.TIMEOUT, Reason.TIME_LIMIT,
-                                                    "time limit reached")) for j in over], now, CONTROLLER_UID)
+            with self.store.transaction():   # both or neither, and then the signals
+                hung = self._commit([(j, events.hung(j, now, now - max(self.last_progress.get(j.job_id, 0.0),
+                                                                        j.start_time))) for j in silent],
+                                    now, CONTROLLER_UID)
+                changed = self._commit([(j, events.stop(j, now, JobResult.TIMEOUT, Reason.TIME_LIMIT,
+                                                        "time limit reached")) for j in over], now, CONTROLLER_UID)
         for job in warn:   # --signal: the warning before the limit, once a run
             self._warned.add(job.job_id)
             self._send_signal(job, job.request.warn_signal, batch_only=job.request.warn_batch_only)
@@ -507,25 +520,6 @@ class Controller(NodeReports, SchedulingPass):
                     self._warned.discard(job.job_id)
                     self.last_progress.pop(job.job_id, None)
                     self.latest_report.pop(job.job_id, None)
-
-    def _launch(self, job: Job) -> None:
-        try:
-            self.clients.launch(self.nodes[job.batch_node].address, job.to_proto())
-        except Exception as e:
-            now = self.clock()
-            with self._lock:
-                current = self.jobs.get(job.job_id)
-                if current is not None and current.phase in ACTIVE_PHASES:
-                    self._commit([(current, events.exited(current, now, 1, 0, f"launch on {job.batch_node} "
-                                                          f"failed: {e}", launch_failed=True))], now,
-                                 CONTROLLER_UID)
-            log.warning("launch of job %d on %s failed: %s", job.job_id, job.batch_node, e)
-        finally:
-            with self._lock:
-                self._launching.discard(job.job_id)
-                current = self.jobs.get(job.job_id)
-            if current is not None and current.phase == JobPhase.COMPLETING:
-                self._send_signal(current, 0)  # cancelled or timed out while launching
 
 
 def _matches(job: Job, f: pb.JobFilter) -> bool:

@@ -21,3 +21,8 @@ class Denied(RequestError):
 class Conflict(RequestError):
     """The request is valid, but not in the object's current state."""
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class StoreFailed(RequestError):
+    """The store could not write (disk full, I/O error): the change was rolled back whole."""
+    code = grpc.StatusCode.INTERNAL

@@ -72,6 +72,15 @@ def requeued(job: Job, now: float, reason: Reason, detail: str = "") -> Job:
                   last_stop_reason=reason)
 
 
+def launch_unanswered(job: Job, now: float, detail: str) -> Job:
+    """The batch node never answered the launch of this run (it may have started it anyway: the
+    heartbeat then reports that run as stale, and the node kills it). Back to the queue as a new run
+    when the job allows requeue; LaunchFailed otherwise."""
+    if job.phase == JobPhase.RUNNING and job.requeue_allowed:
+        return requeued(job, now, Reason.LAUNCH_FAILED, detail)
+    return exited(job, now, 1, 0, detail, launch_failed=True)
+
+
 def lost(job: Job, now: float, reason: Reason, detail: str) -> Job:
     """The job's node failed or no longer has it: it ends as NODE_FAIL, whatever was asked before."""
     _require(job, JobPhase.RUNNING, JobPhase.COMPLETING, doing="mark it failed")

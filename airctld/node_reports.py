@@ -123,9 +123,14 @@ class NodeReports:
                 elif misses >= MISSES_BEFORE_LOST:
                     changes.append((job, events.node_lost(job, now, Reason.JOB_LOST,
                                                      f"node {req.name} no longer has the job")))
-            if req.health:
-                changes += self._health(node, req.health, now, {old.job_id for old, _ in changes})
-            self._commit(changes, now, CONTROLLER_UID)
+            failing = []
+            with self.store.transaction():   # health events, drain and job changes: all or none
+                if req.health:
+                    failing = self._health(node, req.health, now, {old.job_id for old, _ in changes})
+                    changes += failing
+                self._commit(changes, now, CONTROLLER_UID)
+            for old, _ in failing:
+                self._send_signal(old, 0)
             kill = [i for i in running if (j := self.jobs.get(i)) is None
                     or j.phase in (JobPhase.DONE, JobPhase.PENDING)]   # ended, or requeued meanwhile
         if changes:
@@ -139,23 +144,25 @@ class NodeReports:
         """Ranks' progress from a node: when the job last moved (hang detection), its newest report
         (airq -l, aircontrol show job) and the history (airstat). Only for jobs running on that node,
         and only reports within max_report_bytes (the node daemon checks the same)."""
-        rows = []
+        rows, moved, latest = [], {}, {}
         limit = self.config.controller.max_report_bytes
         for p in reports:
             job = self.jobs.get(p.job_id)
             if job is None or job.phase not in ACTIVE_PHASES or node not in job.node_names \
                     or p.run != job.restart_count:
                 continue   # not this node's, or a stale run's
-            self.last_progress[p.job_id] = max(self.last_progress.get(p.job_id, 0.0), now - max(0.0, p.age_s))
+            moved[p.job_id] = max(moved.get(p.job_id, self.last_progress.get(p.job_id, 0.0)), now - max(0.0, p.age_s))
             if len(p.report) > limit:
                 log.warning("job %d: a progress report of %d characters from %s ignored (max_report_bytes %d)",
                             p.job_id, len(p.report), node, limit)
             elif p.report:
-                self.latest_report[p.job_id] = p.report
+                latest[p.job_id] = p.report
                 rows.append((p.job_id, now, p.report))
         if rows:
             with self.store.transaction():
                 self.store.add_reports(rows)
+        self.last_progress.update(moved)   # only once the history is written
+        self.latest_report.update(latest)
 
     def _maybe_return(self, node: Node, now: float) -> None:
         """A node drained by a condition that has cleared (an IB port ACTIVE again, a GPU cooled down,
@@ -175,7 +182,8 @@ class NodeReports:
 
     def _health(self, node: Node, health, now: float, already: set[int]) -> list[tuple[Job, Job]]:
         """Record a node's health events; a critical one drains the node and ends the jobs on the
-        failing GPU (every job on the node, for a node-wide fault) as NODE_FAIL."""
+        failing GPU (every job on the node, for a node-wide fault) as NODE_FAIL. Part of the
+        heartbeat's transaction: the drain is taken into memory, and the jobs signalled, once it commits."""
         critical = [e for e in health if e.critical]
         node = self.nodes[node.name]
         with self.store.transaction():
@@ -186,8 +194,7 @@ class NodeReports:
                 node = evolve(node, state=NodeState.DRAIN, reason=f"{where}: {first.signal} ({first.message})",
                               drain_signal=first.signal)
                 self.store.save_node(node)
-                self.nodes[node.name] = node
-                log.warning("node %s drained: %s", node.name, node.reason)
+                self.store.after_commit(lambda n=node: self._drained(n))
         changes = []
         for event in critical:
             for job in self.jobs.active():
@@ -199,9 +206,11 @@ class NodeReports:
                     changes.append((job, events.node_lost(job, now, Reason.NODE_FAIL,
                                                           f"{where}: {event.signal} ({event.message})")))
                     already.add(job.job_id)
-        for old, _ in changes:
-            self._send_signal(old, 0)
         return changes
+
+    def _drained(self, node: Node) -> None:
+        self.nodes[node.name] = node
+        log.warning("node %s drained: %s", node.name, node.reason)
 
     def update_node(self, name: str, state: NodeState, reason: str, who: Identity) -> None:
         if not self.policy.is_operator(who):
@@ -250,13 +259,13 @@ class NodeReports:
                 if down:
                     changes.append((job, events.node_lost(job, now, Reason.NODE_FAIL,
                                                           f"node {sorted(down)[0]} stopped responding")))
+            down = [evolve(n, state=NodeState.DOWN, reason=f"not responding for over {timeout:g} s") for n in silent]
             with self.store.transaction():
-                for n in silent:
-                    node = evolve(n, state=NodeState.DOWN, reason=f"not responding for over {timeout:g} s")
+                for node in down:
                     self.store.save_node(node)
-                    self.nodes[n.name] = node
-                self._dirty = True
                 self._commit(changes, now, CONTROLLER_UID)
+            self.nodes.update((n.name, n) for n in down)
+            self._dirty = True
         for n in silent:
             log.warning("node %s is DOWN: silent for over %g s", n.name, timeout)
         for old, _ in changes:  # the rest of the job may still run on nodes that are up

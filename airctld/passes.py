@@ -71,22 +71,25 @@ class SchedulingPass:
             free = scheduler.free_resources(nodes, active, self.switches)
             capacity = (sum(len(n.gpus) for n in self.nodes.values()), sum(n.cpus for n in self.nodes.values()))
             stopped_at, holds = dict(self._stopped_at), dict(self._holds)
+            held = self.jobs.held()
+        # planned from the snapshot alone: requests change the job table meanwhile (dependencies on jobs
+        # not in it are looked up as they are, in memory or in the store)
         began = time.perf_counter()
-        inputs = self.planner.inputs(pending, self.jobs, active, self.accounting, capacity, now, self._dep_states)
+        inputs = self.planner.inputs(pending, held, active, self.accounting, capacity, now, self._dep_states)
         plan = scheduler.schedule(pending, free, self.partitions, stopped_at=stopped_at, holds=holds, **inputs)
         self._pass_seconds = time.perf_counter() - began
         with self._lock:
             def unchanged(job_id: int) -> bool:
                 return self.jobs.get(job_id) is snapshot.get(job_id) and self._epoch == epoch
 
-            preempted = []
+            preempted, new_holds = [], {}
             for preemptor, victims in plan.preempt.items():
                 if not unchanged(preemptor):
                     self._dirty = True
                     continue
                 stopping = [j for v in victims if (j := self.jobs.get(v)) is not None and j.phase == JobPhase.RUNNING]
                 preempted += [(j, events.preempted(j, now, preemptor)) for j in stopping]
-                self._holds[preemptor] = tuple(sorted({a.node for j in stopping for a in j.allocation}))
+                new_holds[preemptor] = tuple(sorted({a.node for j in stopping for a in j.allocation}))
             starts = []
             for job_id, alloc in plan.starts:
                 job = self.jobs.get(job_id)
@@ -98,10 +101,15 @@ class SchedulingPass:
             reasons = [(i, r) for i, r in plan.waiting.items()
                        if (j := self.jobs.get(i)) is not None and j.phase == JobPhase.PENDING and not j.hold
                        and (j.reason != r or j.reason_detail != plan.details.get(i, ""))]
-            with self.store.transaction():
-                started = self._commit(starts, now, CONTROLLER_UID)
-                stopping = self._commit(preempted, now, CONTROLLER_UID)
-                self.store.set_pending_reasons(reasons)
+            try:   # memory takes the starts, stops and reasons only once all are written
+                with self.store.transaction():
+                    started = self._commit(starts, now, CONTROLLER_UID)
+                    stopping = self._commit(preempted, now, CONTROLLER_UID)
+                    self.store.set_pending_reasons(reasons)
+            except Exception:
+                self._dirty = True   # the next pass plans again
+                raise
+            self._holds.update(new_holds)
             for i, r in reasons:
                 self.jobs.put(events.waiting(self.jobs.get(i), r, plan.details.get(i, "")))
             for job_id, value in inputs["priority"].items():   # what this pass used, pending and running

@@ -4,7 +4,7 @@ and the QOS and account limits. Also keeps what the last pass decided about pend
 airq --priority and --start."""
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable
 
 from airctld import deps, scheduler
 from airctld.accounting import Accounting
@@ -12,7 +12,7 @@ from airctld.config import Config
 from airctld.model import Job
 from airctld.priority import PriorityModel, association
 from protos import air_pb2 as pb
-from protos.states import ACTIVE_PHASES, JobPhase, JobResult, Reason
+from protos.states import JobPhase, JobResult, Reason
 
 
 class Planner:
@@ -33,19 +33,19 @@ class Planner:
     def forget(self, job_id: int) -> None:
         self._deps.pop(job_id, None)
 
-    def inputs(self, pending: list[Job], all_jobs: Iterable[Job], active: list[Job], accounting: Accounting,
+    def inputs(self, pending: list[Job], held: list[Job], active: list[Job], accounting: Accounting,
                capacity: tuple[int, int], now: float,
                lookup: Callable[[int], list[tuple[JobPhase, JobResult]]]) -> dict:
-        """Keyword arguments for scheduler.schedule beyond the snapshot of nodes."""
+        """Keyword arguments for scheduler.schedule beyond the snapshot of nodes: from lists taken under
+        the controller's lock (pending, held and active jobs), never from the live job table."""
         leaves = {association(j) for j in pending} | {association(j) for j in active}
         shares = accounting.shares(leaves)
         fs = {k: s.fairshare for k, s in shares.items() if k[1]}
         self.model = PriorityModel(self.config.scheduler, self.partitions, self.qos, fs, *capacity)
         # every job's priority as this pass sees it: pending, held and running alike (victims are
         # ranked by it, and aircontrol show job and airq -o %Q show it)
-        held = all_jobs.held() if hasattr(all_jobs, "held") else [j for j in all_jobs if j.phase == JobPhase.PENDING and j.hold]
         priority = self.model.priorities([*pending, *held, *active], now)
-        blocked = self._blocked(pending, all_jobs, lookup, now)
+        blocked = self._blocked(pending, active, lookup, now)
         chains, quotas = accounting.account_chains()
         limits = scheduler.Limits(qos=self.qos, default_qos=self.config.scheduler.default_qos,
                                   account_chain=chains, account_max_gpus=quotas)
@@ -81,7 +81,7 @@ class Planner:
             out.append(view)
         return out
 
-    def _blocked(self, pending: list[Job], all_jobs: Iterable[Job],
+    def _blocked(self, pending: list[Job], active: list[Job],
                  lookup: Callable[[int], list[tuple[JobPhase, JobResult]]], now: float) -> dict[int, Reason]:
         out = {j.job_id: Reason.BEGIN_TIME for j in pending if j.request.begin_time > now}
         waiting = [(j, d) for j in pending if (d := self.dependency(j)) is not None and j.job_id not in out]
@@ -89,9 +89,8 @@ class Planner:
             return out
         singles: dict[tuple[str, str], int] = {}
         if any(d.singleton for _, d in waiting):
-            for j in all_jobs:
-                if j.phase in ACTIVE_PHASES:
-                    singles[(j.user, j.name)] = -1  # one of that name runs: every singleton waits
+            for j in active:
+                singles[(j.user, j.name)] = -1  # one of that name runs: every singleton waits
             for j, d in sorted(waiting, key=lambda jd: (jd[0].submit_time, jd[0].job_id)):
                 if d.singleton:
                     singles.setdefault((j.user, j.name), j.job_id)

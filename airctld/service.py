@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sqlite3
 
 import grpc
 
@@ -25,6 +26,9 @@ def _handle(fn):
             context.abort(e.code, str(e))
         except TransitionError as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except sqlite3.Error as e:   # a read that failed (writes fail as StoreFailed, a RequestError)
+            log.error("%s: the store failed: %s", fn.__name__, e)
+            context.abort(grpc.StatusCode.INTERNAL, f"the controller could not read its store: {e}")
     return wrapper
 
 

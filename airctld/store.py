@@ -11,10 +11,11 @@ import contextlib
 import json
 import sqlite3
 import threading
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import sqlite_utils
 
+from airctld.errors import StoreFailed
 from airctld.fairshare import Assoc
 from airctld.model import Job, Node, NodeAlloc
 from protos import air_pb2 as pb
@@ -94,12 +95,17 @@ class StoreError(Exception):
     pass
 
 
+def _failure(e: sqlite3.Error) -> str:
+    return f"the controller could not write its store: {e}; nothing was changed"
+
+
 class Store:
     def __init__(self, path: str):
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
         self.db = sqlite_utils.Database(conn)
         self._lock = threading.RLock()
         self._depth = 0
+        self._on_commit: list[Callable[[], None]] = []
         if path != ":memory:":
             self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
@@ -121,7 +127,9 @@ class Store:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        """BEGIN IMMEDIATE ... COMMIT; rolled back whole on any error. Nests as one."""
+        """BEGIN IMMEDIATE ... COMMIT; rolled back whole on any error, a failed COMMIT included. Nests
+        as one. A failure of SQLite itself (disk full, I/O error) is raised as StoreFailed; the work
+        given to after_commit runs only once the outermost transaction has committed."""
         with self._lock:
             if self._depth:
                 self._depth += 1
@@ -130,17 +138,47 @@ class Store:
                 finally:
                     self._depth -= 1
                 return
-            self.db.execute("BEGIN IMMEDIATE")
-            self._depth = 1
             try:
-                yield
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-            else:
-                self.db.execute("COMMIT")
+                self.db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:
+                raise StoreFailed(_failure(e)) from e
+            self._depth, self._on_commit = 1, []
+            try:
+                try:
+                    yield
+                    self.db.execute("COMMIT")
+                except BaseException as e:
+                    self._rollback()
+                    if isinstance(e, sqlite3.Error):
+                        raise StoreFailed(_failure(e)) from e
+                    raise
+                done, self._on_commit = self._on_commit, []
             finally:
-                self._depth = 0
+                self._depth, self._on_commit = 0, []
+            for fn in done:
+                fn()
+
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        """Run `fn` (taking a change into memory) once the outermost transaction commits, never if it
+        rolls back; at once outside a transaction."""
+        with self._lock:
+            if self._depth:
+                self._on_commit.append(fn)
+                return
+        fn()
+
+    def _rollback(self) -> None:
+        if self.db.conn.in_transaction:
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:   # SQLite has rolled back by itself (it does on some I/O errors)
+                pass
+
+    def _rows(self, sql: str, params=()) -> list[tuple]:
+        """A read, whole, under the store's lock: never in the middle of another thread's transaction
+        (its writes not yet committed, or a rollback that would abort the read)."""
+        with self._lock:
+            return self.db.execute(sql, params).fetchall()
 
     # ------------------------------------------------------------ jobs
 
@@ -184,29 +222,28 @@ class Store:
                         [job_id, now, old, new, Reason(reason).name, detail, who])
 
     def get_job(self, job_id: int) -> Job | None:
-        cur = self.db.execute(f"SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs WHERE id = ?", [job_id])
-        row = cur.fetchone()
-        return _job_from_row(row) if row else None
+        rows = self._rows(f"SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs WHERE id = ?", [job_id])
+        return _job_from_row(rows[0]) if rows else None
 
     def load_jobs(self, done_since: float) -> list[Job]:
         """Jobs not done, and jobs done at or after `done_since`."""
-        cur = self.db.execute(
+        cur = self._rows(
             f"SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs WHERE phase != 4 "
             f"UNION ALL SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs WHERE phase = 4 AND end_time >= ? "
             "ORDER BY id", [done_since])
         return [_job_from_row(r) for r in cur]
 
     def max_job_id(self) -> int:
-        row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
-        return row[0] if row else 0
+        rows = self._rows("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'")
+        return rows[0][0] if rows else 0
 
     def events(self, job_id: int) -> list[dict]:
-        cur = self.db.execute("SELECT time, old_state, new_state, reason, detail, who FROM events "
+        cur = self._rows("SELECT time, old_state, new_state, reason, detail, who FROM events "
                               "WHERE job_id = ? ORDER BY id", [job_id])
         return [dict(zip(("time", "old_state", "new_state", "reason", "detail", "who"), r)) for r in cur]
 
     def array_tasks(self, array_job_id: int) -> list[Job]:
-        cur = self.db.execute(f"SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs WHERE array_job_id = ? ORDER BY id",
+        cur = self._rows(f"SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs WHERE array_job_id = ? ORDER BY id",
                               [array_job_id])
         return [_job_from_row(r) for r in cur]
 
@@ -218,12 +255,12 @@ class Store:
         self.db.conn.executemany("INSERT INTO reports (job_id, time, report) VALUES (?, ?, ?)", rows)
 
     def reports(self, job_id: int) -> list[str]:
-        return [r for (r,) in self.db.execute("SELECT report FROM reports WHERE job_id = ? ORDER BY time", [job_id])]
+        return [r for (r,) in self._rows("SELECT report FROM reports WHERE job_id = ? ORDER BY time", [job_id])]
 
     # ------------------------------------------------------------ accounts and usage
 
     def load_assocs(self) -> list[Assoc]:
-        cur = self.db.execute("SELECT account, user, parent, shares, max_gpus FROM assocs ORDER BY account, user")
+        cur = self._rows("SELECT account, user, parent, shares, max_gpus FROM assocs ORDER BY account, user")
         return [Assoc(a, u, p, s, m) for a, u, p, s, m in cur]
 
     def save_assoc(self, a: Assoc) -> None:
@@ -236,9 +273,9 @@ class Store:
 
     def load_usage(self) -> tuple[dict[tuple[str, str], float], float]:
         """Raw usage by (account, user), and the time it was decayed and charged up to (0: never)."""
-        usage = {(a, u): raw for a, u, raw in self.db.execute("SELECT account, user, raw FROM usage")}
-        row = self.db.execute("SELECT value FROM meta WHERE key = 'usage_time'").fetchone()
-        return usage, (row[0] if row else 0.0)
+        usage = {(a, u): raw for a, u, raw in self._rows("SELECT account, user, raw FROM usage")}
+        rows = self._rows("SELECT value FROM meta WHERE key = 'usage_time'")
+        return usage, (rows[0][0] if rows else 0.0)
 
     def save_usage(self, usage: dict[tuple[str, str], float], when: float) -> None:
         self.db.conn.executemany("INSERT INTO usage (account, user, raw) VALUES (?, ?, ?) "
@@ -265,12 +302,12 @@ class Store:
             [(node, e.time, e.gpu, e.signal, e.message, int(e.critical)) for e in events])
 
     def node_events(self, node: str) -> list[dict]:
-        cur = self.db.execute("SELECT time, gpu, signal, message, critical FROM node_events WHERE node = ? "
+        cur = self._rows("SELECT time, gpu, signal, message, critical FROM node_events WHERE node = ? "
                               "ORDER BY id", [node])
         return [dict(zip(("time", "gpu", "signal", "message", "critical"), r)) for r in cur]
 
     def load_nodes(self) -> list[Node]:
-        cur = self.db.execute("SELECT name, address, cpus, memory_mb, gpus, state, reason, last_heartbeat, "
+        cur = self._rows("SELECT name, address, cpus, memory_mb, gpus, state, reason, last_heartbeat, "
                               "drain_signal FROM nodes ORDER BY name")
         out = []
         for name, address, cpus, memory_mb, gpus, state, reason, hb, drain_signal in cur:

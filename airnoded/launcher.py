@@ -150,6 +150,7 @@ class Launcher:
         self.cgroups = cgroups or JobCgroups(node, mode="none")
         self.jobs: dict[tuple[int, int], RunningJob] = {}   # (job id, run) -> its batch script here
         self._newest: dict[int, int] = {}                   # job id -> the newest run launched here
+        self._starting: set[tuple[int, int]] = set()        # (job id, run) being spawned now
         self._lock = threading.Lock()
 
     def running(self) -> list[int]:
@@ -166,8 +167,8 @@ class Launcher:
         exit. A run older than one seen here is refused (StaleRun); an older run still here is killed."""
         run = job.restart_count
         with self._lock:
-            if (job.job_id, run) in self.jobs:
-                return  # a retried launch of a run already running here
+            if (job.job_id, run) in self.jobs or (job.job_id, run) in self._starting:
+                return  # a retried launch of a run already running here, or being started
             newest = self._newest.get(job.job_id, -1)
             if run < newest:
                 raise StaleRun(f"run {run} of job {job.job_id} is older than run {newest}, launched here already")
@@ -176,6 +177,14 @@ class Launcher:
             while len(self._newest) > MAX_RUNS_REMEMBERED:
                 del self._newest[next(iter(self._newest))]
             older = [r for (j, _), r in self.jobs.items() if j == job.job_id]
+            self._starting.add((job.job_id, run))
+        try:
+            self._start(job, run, older)
+        finally:
+            with self._lock:
+                self._starting.discard((job.job_id, run))
+
+    def _start(self, job: pb.Job, run: int, older: list) -> None:
         for stale in older:
             log.warning("job %d: run %d is still here as run %d starts; killing it", job.job_id, stale.run, run)
             self._kill_now(stale)

@@ -19,7 +19,7 @@ from cluster import LocalCluster, wait_for
 from munged import Munged
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
-from protos.credential import MungeCredentials, signed
+from protos.credential import MungeCredentials
 
 BASE_ADDRESS = "127.0.20.1"
 CONTROLLER = f"{BASE_ADDRESS}:6817"

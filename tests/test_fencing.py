@@ -4,10 +4,8 @@ killed, never mistaken for the current one. Checked from the processes, not from
 import os
 import signal
 import sqlite3
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest

@@ -1,0 +1,343 @@
+"""The controller's own faults, in-process with a store on disk and a clock in the test's hands (no node
+daemons): requests racing the passes, a store that cannot write, a node that does not answer a launch."""
+import sqlite3
+import sys
+import threading
+import time
+import traceback
+
+import grpc
+import pytest
+
+from airctld import config as cfg
+from airctld.controller import Controller
+from airctld.errors import StoreFailed
+from airctld.service import ControllerService
+from airctld.store import Store
+from protos import air_pb2 as pb
+from protos.credential import Identity
+from protos.states import JobPhase, JobResult, NodeState, Reason
+
+ROOT = Identity(0, 0)
+DISK_FULL = "database or disk is full"
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class FailingStore(Store):
+    """A store on disk whose next statement that starts with `fail_on` fails as a full disk would."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.fail_on = None
+        real = self.db.execute
+
+        def execute(sql, *args, **kw):
+            if self.fail_on and sql.startswith(self.fail_on):
+                self.fail_on = None
+                raise sqlite3.OperationalError(DISK_FULL)
+            return real(sql, *args, **kw)
+        self.db.execute = execute
+
+    def set_pending_reasons(self, changes):
+        if self.fail_on == "reasons":
+            self.fail_on = None
+            raise sqlite3.OperationalError(DISK_FULL)
+        super().set_pending_reasons(changes)
+
+
+class Unanswered(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self):
+        return "Deadline Exceeded"
+
+
+class Clients:
+    """Node daemons that do not answer the first `silent` launches."""
+
+    def __init__(self, silent=0):
+        self.silent = silent
+        self.launches = []
+        self.signals = []
+
+    def launch(self, address, job):
+        self.launches.append((job.job_id, job.restart_count))
+        if len(self.launches) <= self.silent:
+            raise Unanswered()
+
+    def signal(self, address, job_id, run, signal, grace, batch_only=False, why=""):
+        self.signals.append((job_id, run, signal))
+        return True
+
+
+@pytest.fixture
+def make(tmp_path):
+    conf = cfg.parse({"controller": {"auth": "none", "state_dir": str(tmp_path), "min_job_age_s": 60},
+                      "nodes": [{"name": "n1", "address": "127.0.0.9", "gpus": "sim:4"}],
+                      "partitions": [{"name": "p", "nodes": "n1", "default": True}]})
+    made = []
+
+    def build(clients=None, store=None):
+        c = Controller(conf, store or FailingStore(str(tmp_path / "air.db")), clock=Clock(), clients=clients)
+        n = c.nodes["n1"]
+        c.nodes["n1"] = n.__class__(**{**n.__dict__, "cpus": 64, "state": NodeState.UP,
+                                       "gpus": tuple(pb.Gpu(index=i) for i in range(4))})
+        made.append(c)
+        return c
+    yield build, tmp_path / "air.db"
+    for c in made:
+        c.stop()
+
+
+def _request(**kw):
+    return pb.JobRequest(script="#!/bin/sh\ntrue\n", workdir="/tmp", **kw)
+
+
+def _on_disk(path):
+    """What another connection sees committed: (jobs, event rows)."""
+    db = sqlite3.connect(path)
+    try:
+        return [r for r in db.execute("SELECT id, phase, reason FROM jobs ORDER BY id")], \
+            db.execute("SELECT count(*) FROM events").fetchone()[0]
+    finally:
+        db.close()
+
+
+def _in_memory(c):
+    return sorted((j.job_id, j.phase, j.restart_count, j.reason) for j in c.jobs)
+
+
+# ------------------------------------------------------------ requests racing the passes
+
+def test_a_burst_of_submissions_concurrent_with_passes_and_readers_never_raises(make, monkeypatch):
+    build, path = make
+    c = build(Clients())
+    monkeypatch.setattr(c, "_launch", lambda job: None)
+    c.store.db.execute("PRAGMA synchronous=OFF")   # submissions as fast as the controller takes them
+    errors, submitted = [], []
+    stop = threading.Event()
+
+    def guarded(fn):
+        def body():
+            try:
+                while not stop.is_set():
+                    fn()
+            except Exception as e:   # anything at all is a failure of the test
+                errors.append(traceback.format_exc())
+                stop.set()
+        return threading.Thread(target=body, daemon=True)
+
+    def submit():
+        k = len(submitted)
+        req = _request(gpus_per_node=1, name=f"j{k % 7}", hold=k % 5 == 0, array="0-49" if k % 2 else "",
+                       dependency="singleton" if k % 3 == 0 else "")
+        job_id = c.submit(req, ROOT)[0]
+        submitted.extend(c._arrays.get(job_id, [job_id]))
+        if k % 11 == 0:
+            c.submit(_request(gpus_per_node=1), ROOT, test_only=True)
+
+    def passes():
+        c.clock.now += 6.0   # usage is charged on each tick
+        c._dirty = True
+        c.tick()
+
+    def read():
+        c.share_rows(pb.SharesRequest())
+        c.pending_views(pb.JobFilter(), ROOT)
+        c.list_jobs(pb.JobFilter(), ROOT)
+
+    def end_some():   # starts free resources for the next pass
+        with c._lock:
+            running = [j.job_id for j in c.jobs.in_phase(JobPhase.RUNNING)][:2]
+        if running:
+            c.cancel(pb.JobFilter(job_ids=running), 0, ROOT)
+            for job_id in running:
+                job = c.jobs.get(job_id)
+                c.heartbeat(pb.HeartbeatRequest(name="n1", exits=[pb.JobExit(job_id=job_id, run=job.restart_count,
+                                                                             exit_signal=15)]))
+
+    threads = [guarded(submit), guarded(submit), guarded(passes), guarded(read), guarded(end_some)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # threads switch all the time: an unlocked iteration is soon caught
+    try:
+        for t in threads:
+            t.start()
+        stop.wait(6.0)
+        stop.set()
+        for t in threads:
+            t.join(10)
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == [], errors[0]
+    assert len(submitted) > 50
+    on_disk = {row[0]: row[1] for row in _on_disk(path)[0]}
+    for job_id in submitted:   # every job accepted is on disk, and in memory until done a while
+        assert job_id in on_disk and (job_id in c.jobs or on_disk[job_id] == int(JobPhase.DONE))
+
+
+# ------------------------------------------------------------ a store that cannot write
+
+def test_a_submit_whose_commit_fails_is_rolled_back_with_one_clear_error_and_the_next_works(make):
+    build, path = make
+    c = build()
+    first, _ = c.submit(_request(), ROOT)
+    memory, disk = _in_memory(c), _on_disk(path)
+    c.store.fail_on = "COMMIT"
+    with pytest.raises(StoreFailed) as failed:
+        c.submit(_request(array="0-3"), ROOT)
+    assert str(failed.value) == f"the controller could not write its store: {DISK_FULL}; nothing was changed"
+    assert failed.value.code == grpc.StatusCode.INTERNAL
+    assert _in_memory(c) == memory and _on_disk(path) == disk and not c.store.db.conn.in_transaction
+    assert list(c._arrays) == []
+    second, _ = c.submit(_request(), ROOT)   # the next request works, and is on disk
+    assert second == first + 1 and c.jobs.get(second).phase == JobPhase.PENDING
+    assert [row[0] for row in _on_disk(path)[0]] == [first, second]
+
+
+def test_a_real_full_database_fails_the_request_clearly_and_changes_nothing(make):
+    build, path = make
+    c = build()
+    first, _ = c.submit(_request(), ROOT)
+    memory, disk = _in_memory(c), _on_disk(path)
+    pages = c.store.db.execute("PRAGMA page_count").fetchone()[0]
+    c.store.db.execute(f"PRAGMA max_page_count = {pages}")   # no page more: SQLite's own SQLITE_FULL
+    big = "#!/bin/sh\n" + "# padding\n" * 3000
+    with pytest.raises(StoreFailed, match=f"could not write its store: {DISK_FULL}; nothing was changed"):
+        c.submit(pb.JobRequest(script=big, workdir="/tmp"), ROOT)
+    assert _in_memory(c) == memory and _on_disk(path) == disk
+    c.store.db.execute("PRAGMA max_page_count = 1073741823")   # space again
+    assert c.submit(pb.JobRequest(script=big, workdir="/tmp"), ROOT)[0] == first + 1
+
+
+def test_the_service_answers_a_failed_commit_with_one_status(make):
+    build, _ = make
+    c = build()
+
+    class Auth:
+        def identify(self, *args):
+            return ROOT
+
+    class Context:
+        def abort(self, code, details):
+            self.status = (code, details)
+            raise RuntimeError("aborted")
+
+    service, context = ControllerService(c, Auth()), Context()
+    c.store.fail_on = "COMMIT"
+    with pytest.raises(RuntimeError, match="aborted"):
+        service.Submit(pb.SubmitRequest(job=_request()), context)
+    assert context.status == (grpc.StatusCode.INTERNAL,
+                              f"the controller could not write its store: {DISK_FULL}; nothing was changed")
+    assert service.Submit(pb.SubmitRequest(job=_request()), Context()).job_id == 1
+
+
+@pytest.mark.parametrize("fail_on", ["reasons", "COMMIT"])
+def test_a_pass_whose_commit_fails_leaves_memory_as_it_was_and_the_next_pass_starts_the_job(make, monkeypatch,
+                                                                                           fail_on):
+    build, path = make
+    c = build(Clients())
+    launched = []
+    monkeypatch.setattr(c, "_launch", lambda job: launched.append(job.job_id))
+    starts, _ = c.submit(_request(gpus_per_node=4), ROOT)
+    waits, _ = c.submit(_request(gpus_per_node=4), ROOT)   # gets a pending reason in the same transaction
+    memory, disk = _in_memory(c), _on_disk(path)
+    c.store.fail_on = fail_on
+    with pytest.raises(StoreFailed):
+        c._schedule(c.clock())
+    assert _in_memory(c) == memory and _on_disk(path) == disk and launched == []
+    assert c.jobs.get(starts).phase == JobPhase.PENDING and not c._launching
+    c.clock.now += 1
+    c._schedule(c.clock())
+    assert c.jobs.get(starts).phase == JobPhase.RUNNING and launched == [starts]
+    assert c.jobs.get(waits).reason == Reason.RESOURCES
+    assert [row[1] for row in _on_disk(path)[0]] == [int(JobPhase.RUNNING), int(JobPhase.PENDING)]
+
+
+def test_a_heartbeat_whose_commit_fails_drains_nothing_and_is_answered_again(make):
+    build, path = make
+    c = build(Clients())
+    critical = pb.HealthEvent(gpu=0, signal="XID 79", message="fell off the bus", critical=True, time=1.0)
+    c.store.fail_on = "COMMIT"
+    with pytest.raises(StoreFailed):
+        c.heartbeat(pb.HeartbeatRequest(name="n1", health=[critical]))
+    assert c.nodes["n1"].state == NodeState.UP
+    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[critical]))   # the node sends its events again
+    assert c.nodes["n1"].state == NodeState.DRAIN and "XID 79" in c.nodes["n1"].reason
+
+
+# ------------------------------------------------------------ a node that does not answer a launch
+
+def _start(c, **kw):
+    job_id, _ = c.submit(_request(gpus_per_node=1, **kw), ROOT)
+    c._schedule(c.clock())
+    return job_id
+
+
+def _wait(predicate, what, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_a_launch_that_times_out_is_retried_then_requeued_and_a_late_start_is_killed_as_stale(make):
+    build, _ = make
+    clients = Clients(silent=10)
+    c = build(clients)
+    c.launch_backoff_s = (0.01, 0.01)
+    job_id = _start(c)
+    _wait(lambda: c.jobs.get(job_id).phase == JobPhase.PENDING and not c._launching, "the requeue")
+    job = c.jobs.get(job_id)
+    assert clients.launches == [(job_id, 0)] * 3   # the same run each time: a node runs it once at most
+    assert job.restart_count == 1 and job.last_stop_reason == Reason.LAUNCH_FAILED
+    assert job.reason_detail.startswith("launch of run 0 on n1 timed out 3 times")
+    # the node had started run 0 after all: its heartbeat says so, and is told to kill it
+    reply = c.heartbeat(pb.HeartbeatRequest(name="n1", running=[job_id], runs=[pb.RunRef(job_id=job_id, run=0)]))
+    assert [(r.job_id, r.run) for r in reply.stale] == [(job_id, 0)] and list(reply.kill) == [job_id]
+    assert c.jobs.get(job_id).phase == JobPhase.PENDING   # still queued, for its run 1
+    assert [e["detail"] for e in c.store.events(job_id)][-1].startswith("launch of run 0 on n1 timed out")
+
+
+def test_a_launch_answered_on_a_retry_runs_and_a_job_that_may_not_requeue_ends_launch_failed(make):
+    build, _ = make
+    clients = Clients(silent=1)
+    c = build(clients)
+    c.launch_backoff_s = (0.01, 0.01)
+    job_id = _start(c)
+    _wait(lambda: not c._launching, "the launch")
+    assert clients.launches == [(job_id, 0), (job_id, 0)] and c.jobs.get(job_id).phase == JobPhase.RUNNING
+    clients.silent = 10
+    other = _start(c, no_requeue=True)
+    _wait(lambda: c.jobs.get(other).phase == JobPhase.DONE, "the launch to fail")
+    job = c.jobs.get(other)
+    assert job.result == JobResult.FAILED and job.reason == Reason.LAUNCH_FAILED and job.restart_count == 0
+    assert "launch of run 0 on n1 timed out 3 times" in job.reason_detail
+
+
+def test_a_node_starts_a_run_once_when_its_launch_is_retried_while_the_first_is_still_starting(tmp_path):
+    from airnoded.launcher import Launcher
+    launcher = Launcher("n1", tmp_path, lambda exit: None)
+    release, spawned = threading.Event(), []
+
+    def slow_spawn(job):   # the first launch is slow: the controller's call times out and it retries
+        spawned.append(job.restart_count)
+        release.wait(10)
+        raise OSError(28, "No space left on device")
+    launcher._spawn = slow_spawn
+    job = pb.Job(job_id=5, restart_count=0, request=pb.JobRequest(script="#!/bin/sh\n", workdir=str(tmp_path)))
+    first = threading.Thread(target=launcher.launch, args=(job,))
+    first.start()
+    _wait(lambda: spawned, "the first launch to start spawning")
+    launcher.launch(job)   # the retry: a no-op while the same run is being started
+    release.set()
+    first.join(10)
+    assert spawned == [0]
