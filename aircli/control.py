@@ -231,7 +231,7 @@ def local():
 @click.option("--dir", "directory", default="air-local", show_default=True, type=click.Path(file_okay=False))
 @click.option("--base-address", default="127.0.0.1", show_default=True,
               help="the controller's address; nodes take the next ones")
-@click.option("--node-timeout", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
+@click.option("--node-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0.5),
               help="seconds of silence before a node is DOWN")
 @click.option("--auth", type=click.Choice(["none", "munge"]), default="none", show_default=True)
 @click.option("--munge-socket", default="", help="munged's socket (default: libmunge's)")
