@@ -89,7 +89,7 @@ class SchedulingPass:
                     continue
                 stopping = [j for v in victims if (j := self.jobs.get(v)) is not None and j.phase == JobPhase.RUNNING]
                 preempted += [(j, events.preempted(j, now, preemptor)) for j in stopping]
-                new_holds[preemptor] = tuple(sorted({a.node for j in stopping for a in j.allocation}))
+                new_holds[preemptor] = plan.holds.get(preemptor, ())
             starts = []
             for job_id, alloc in plan.starts:
                 job = self.jobs.get(job_id)
@@ -109,7 +109,8 @@ class SchedulingPass:
             except Exception:
                 self._dirty = True   # the next pass plans again
                 raise
-            self._holds.update(new_holds)
+            for preemptor, nodes in new_holds.items():   # a second round of victims adds to the first
+                self._holds[preemptor] = tuple(sorted(set(self._holds.get(preemptor, ())) | set(nodes)))
             for i, r in reasons:
                 self.jobs.put(events.waiting(self.jobs.get(i), r, plan.details.get(i, "")))
             for job_id, value in inputs["priority"].items():   # what this pass used, pending and running

@@ -58,6 +58,7 @@ class Plan:
     details: dict[int, str] = field(default_factory=dict)
     reservations: list[Reservation] = field(default_factory=list)
     preempt: dict[int, list[int]] = field(default_factory=dict)   # preemptor -> victims
+    holds: dict[int, tuple[str, ...]] = field(default_factory=dict)   # preemptor -> the nodes to hold for it
 
     def estimate(self) -> dict[int, Reservation]:
         return {r.job_id: r for r in self.reservations}
@@ -127,6 +128,7 @@ class _Pass:
         self._releases: dict[str, list[tuple[float, int, int]]] | None = None
         self._started: list[tuple[str, float, int, int]] = []   # this pass's starts, until releases() is built
         self._avail_heaps: dict[tuple, list[tuple[float, str]]] = {}
+        self.res_pri: dict[int, int] = {}   # job -> its priority, for each job with a reservation
         # limits' running totals
         self.used_qos_user: dict[tuple[str, str], int] = {}
         self.used_qos_account: dict[tuple[str, str], int] = {}
@@ -262,9 +264,16 @@ class _Pass:
         for a in alloc:
             self._steps_cache.pop(a.node, None)
         touched = {a.node for a in alloc if a.node in self.res_start or (a.node, job.job_id) in self.own}
-        for name in self.res_of.pop(job.job_id, ()):
-            self.own.pop((name, job.job_id), None)
-            self.res_list[name] = [r for r in self.res_list[name] if r[4] != job.job_id]
+        self.drop(job.job_id, touched)
+        self.charge(job)
+
+    def drop(self, job_id: int, touched: set[str] | None = None) -> None:
+        """Remove the job's reservation, and work out again what the reservations leave spare on its
+        nodes (and on `touched`)."""
+        touched = set(touched or ())
+        for name in self.res_of.pop(job_id, ()):
+            self.own.pop((name, job_id), None)
+            self.res_list[name] = [r for r in self.res_list[name] if r[4] != job_id]
             self._steps_cache.pop(name, None)
             touched.add(name)
         for name in touched:
@@ -274,7 +283,6 @@ class _Pass:
             else:
                 for d in (self.res_list, self.res_start, self.spare_gpus, self.spare_cpus):
                     d.pop(name, None)
-        self.charge(job)
 
     # ---------------------------------------------------------------- reservations
 
@@ -386,10 +394,15 @@ class _Pass:
         if len(ready) < n:
             return None
         start = ready[n - 1][0]
-        end = start + job.time_limit_s if job.time_limit_s else INF
         # of the nodes ready by then, those that are ready last: the ones free sooner stay for backfill
         chosen = sorted(ready, key=lambda tn: (-tn[0], tn[1]))[:n]
-        names = tuple(sorted(name for _, name in chosen))
+        return self.hold(job, tuple(sorted(name for _, name in chosen)), start)
+
+    def hold(self, job: Job, names: tuple[str, ...], start: float) -> Reservation:
+        """Reserve `names` for the job from `start` on."""
+        g, c = job.gpus_per_node, job.cpus_per_node
+        end = start + job.time_limit_s if job.time_limit_s else INF
+        self.res_pri[job.job_id] = self.priority.get(job.job_id, job.priority)
         for name in names:
             self.res_start[name] = min(self.res_start.get(name, INF), start)
             self.res_list.setdefault(name, []).append((start, end, g, c, job.job_id))
@@ -401,17 +414,19 @@ class _Pass:
 
     # ---------------------------------------------------------------- preemption
 
-    def victims(self, job: Job, part: str, candidates: list[Job], taken: set[int]) -> list[int]:
+    def victims(self, job: Job, part: str, candidates: list[Job], taken: set[int]
+                ) -> tuple[list[int], tuple[str, ...]]:
         """The fewest, lowest-priority, most recently started running jobs whose resources let `job`
-        start now; [] when none do."""
+        start now, and the nodes it would start on (the victims' and free ones): all of them are to
+        be held for it. ([], ()) when no set of victims lets it start."""
         n, g, c = job.num_nodes, job.gpus_per_node, job.cpus_per_node
         names = set(self.part_nodes[part])
         hyp = {name: [len(self.free[name].gpus), self.free[name].cpus] for name in names if self.free[name].up}
         mine = [v for v in candidates if v.job_id not in taken and any(a.node in hyp for a in v.allocation)]
         mine.sort(key=lambda v: (self.priority.get(v.job_id, v.priority), -v.start_time, -v.job_id))
 
-        def fits() -> bool:
-            return sum(1 for fg, fc in hyp.values() if fg >= g and fc >= c) >= n
+        def fitting() -> list[str]:
+            return [name for name, (fg, fc) in hyp.items() if fg >= g and fc >= c]
 
         def add(v: Job, sign: int) -> None:
             for a in v.allocation:
@@ -423,17 +438,20 @@ class _Pass:
         for v in mine:
             add(v, 1)
             chosen.append(v)
-            if fits():
+            if len(fitting()) >= n:
                 break
         else:
-            return []
+            return [], ()
         for v in reversed(chosen[:-1]):   # drop any the others make unnecessary, keeping the cheapest set
             add(v, -1)
-            if fits():
+            if len(fitting()) >= n:
                 chosen.remove(v)
             else:
                 add(v, 1)
-        return [v.job_id for v in chosen]
+        # the victims' nodes first, then the free ones that make up the count
+        freed = {a.node for v in chosen for a in v.allocation}
+        nodes = sorted(fitting(), key=lambda name: (name not in freed, name))[:n]
+        return [v.job_id for v in chosen], tuple(sorted(nodes))
 
 
 def _fits_in(groups, n: int, switches: int) -> bool:
@@ -548,10 +566,16 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             if preemptable is None:
                 preemptable = [j for j in active if j.phase == JobPhase.RUNNING]
             candidates = [v for v in preemptable if may_preempt(job, v, limits, priority)]
-            chosen = state.victims(job, name, candidates, victims_taken)
+            chosen, nodes = state.victims(job, name, candidates, victims_taken)
             if chosen:
                 plan.preempt[job_id] = chosen
+                plan.holds[job_id] = nodes
                 victims_taken.update(chosen)
+                # the nodes are the preemptor's from when its victims are gone, in this pass already
+                if res is not None:
+                    plan.reservations.remove(res)
+                    state.drop(job_id)
+                plan.reservations.append(state.hold(job, nodes, now + preempt_grace_s))
             else:
                 above = [v for v in preemptable if (v.request.qos or limits.default_qos) in qos.preempt
                          and v.job_id not in {c.job_id for c in candidates}]
@@ -578,14 +602,18 @@ def may_preempt(job: Job, victim: Job, limits: Limits, priority: Mapping[int, in
 
 def _place_holds(order: list[Job], holds: Mapping[int, Iterable[str]], blocked: Mapping[int, Reason],
                  partitions: Mapping[str, PartitionConfig], state: _Pass, plan: Plan) -> dict[int, Reservation]:
-    """Reservations, made before any job is looked at, for each pending preemptor on the nodes its
-    victims free: no other job, of any priority, takes them before it starts."""
+    """Reservations, made before any job is looked at, for each pending preemptor on the nodes held
+    for it (its victims' and the free ones it counted): no other job, of any priority, takes them
+    before it starts. When too few of them are left, it is reserved the earliest nodes elsewhere,
+    still ahead of every other job."""
     out = {}
     for job in (order if holds else ()):
         nodes = holds.get(job.job_id)
         if nodes is None or job.hold or job.partition not in partitions or job.job_id in blocked:
             continue
         res = state.reserve(job, job.partition, only=nodes)
+        if res is None:   # too few of its nodes are left: the earliest anywhere, still ahead of the queue
+            res = state.reserve(job, job.partition)
         if res is not None:
             out[job.job_id] = res
             plan.reservations.append(res)
