@@ -414,14 +414,24 @@ class _Pass:
 
     # ---------------------------------------------------------------- preemption
 
-    def victims(self, job: Job, part: str, candidates: list[Job], taken: set[int]
+    def victims(self, job: Job, part: str, candidates: list[Job], taken: set[int], start: float
                 ) -> tuple[list[int], tuple[str, ...]]:
         """The fewest, lowest-priority, most recently started running jobs whose resources let `job`
-        start now, and the nodes it would start on (the victims' and free ones): all of them are to
-        be held for it. ([], ()) when no set of victims lets it start."""
+        start (at `start`, once they are gone), and the nodes it would start on (the victims' and free
+        ones): all of them are to be held for it. ([], ()) when no set of victims lets it start.
+
+        A node counts only if the job would delay no reservation on it: it ends before every
+        reservation there of a job it does not outrank (by priority), made earlier in the pass."""
         n, g, c = job.num_nodes, job.gpus_per_node, job.cpus_per_node
+        end = start + job.time_limit_s if job.time_limit_s else INF
+        mine_pri = self.priority.get(job.job_id, job.priority)
+
+        def clear(name: str) -> bool:
+            return all(r[4] == job.job_id or r[0] >= end or self.res_pri.get(r[4], 0) < mine_pri
+                       for r in self.res_list.get(name, ()))
         names = set(self.part_nodes[part])
-        hyp = {name: [len(self.free[name].gpus), self.free[name].cpus] for name in names if self.free[name].up}
+        hyp = {name: [len(self.free[name].gpus), self.free[name].cpus] for name in names
+               if self.free[name].up and clear(name)}
         mine = [v for v in candidates if v.job_id not in taken and any(a.node in hyp for a in v.allocation)]
         mine.sort(key=lambda v: (self.priority.get(v.job_id, v.priority), -v.start_time, -v.job_id))
 
@@ -566,7 +576,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             if preemptable is None:
                 preemptable = [j for j in active if j.phase == JobPhase.RUNNING]
             candidates = [v for v in preemptable if may_preempt(job, v, limits, priority)]
-            chosen, nodes = state.victims(job, name, candidates, victims_taken)
+            chosen, nodes = state.victims(job, name, candidates, victims_taken, now + preempt_grace_s)
             if chosen:
                 plan.preempt[job_id] = chosen
                 plan.holds[job_id] = nodes

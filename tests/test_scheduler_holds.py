@@ -42,3 +42,19 @@ def test_a_hold_too_small_for_the_preemptor_still_reserves_ahead_of_the_queue():
     plan = _plan(_nodes(["n1", "n2"]), [_job(1, nodes=2, qos="high"), _job(2, limit=10 * HOUR)], [v2],
                  limits=QOS, priority={1: 10, 2: 900, 12: 100}, holds={1: ("n1",)})
     assert plan.starts == [] and plan.estimate()[1].start == HOUR
+
+
+def test_a_lower_priority_preemptor_does_not_preempt_into_a_higher_jobs_reservation():
+    v = _running(9, "n1", qos="normal", limit=2 * HOUR)          # ends at 2 h
+    h = _job(1, qos="normal", limit=HOUR)                        # highest priority: reserved at 2 h
+    p = _job(2, qos="high", limit=10 * HOUR)                     # lower priority, may preempt v
+    plan = _plan(_nodes(["n1"]), [h, p], [v], now=60, limits=QOS, priority={1: 900, 2: 500, 9: 1})
+    assert plan.preempt == {} and plan.estimate()[1].start == 2 * HOUR
+
+
+def test_a_preemptor_that_ends_before_the_reservation_may_preempt():
+    v = _running(9, "n1", qos="normal", limit=10 * HOUR)         # ends at 10 h: h is reserved then
+    h = _job(1, qos="normal", limit=HOUR)
+    p = _job(2, qos="high", limit=HOUR)                          # done long before 10 h
+    plan = _plan(_nodes(["n1"]), [h, p], [v], now=60, limits=QOS, priority={1: 900, 2: 500, 9: 1})
+    assert plan.preempt == {2: [9]} and plan.estimate()[1].start == 10 * HOUR
