@@ -43,8 +43,10 @@ class SchedulingPass:
 
         Only this loop starts jobs, so resources free in the snapshot cannot be taken meanwhile. A
         plan is applied only to jobs whose record is the one it was made from (still pending, not
-        held, not changed), whose dependencies still hold, and only while nothing that priorities
-        are made of changed (the epoch); anything else waits for the next pass.
+        held, not changed), whose dependencies still hold, while nothing that priorities are made of
+        changed (the epoch: accounts), and that rank above every job released meanwhile (which the
+        plan did not see); anything else waits for the next pass. A hold or release that changes
+        nothing, or a hold, stops no other job's start.
         """
         with self._lock:
             if not self._dirty and now - self._last_pass < FULL_PASS_EVERY_S and now < self._due:
@@ -66,6 +68,7 @@ class SchedulingPass:
                 return
             snapshot = {j.job_id: j for j in pending}
             epoch = self._epoch
+            self._released = []
             active = self.jobs.active()
             nodes = [evolve(n, state=NodeState.DOWN) if n.name in self.suspect else n for n in self.nodes.values()]
             free = scheduler.free_resources(nodes, active, self.switches)
@@ -79,8 +82,13 @@ class SchedulingPass:
         plan = scheduler.schedule(pending, free, self.partitions, stopped_at=stopped_at, holds=holds, **inputs)
         self._pass_seconds = time.perf_counter() - began
         with self._lock:
+            # a job released meanwhile was not in the plan: only jobs that rank above it may start
+            floor = max(self._released, default=None)
+            planned = inputs["priority"]
+
             def unchanged(job_id: int) -> bool:
-                return self.jobs.get(job_id) is snapshot.get(job_id) and self._epoch == epoch
+                return self.jobs.get(job_id) is snapshot.get(job_id) and self._epoch == epoch and \
+                    (floor is None or planned.get(job_id, 0) > floor)
 
             preempted, new_holds = [], {}
             for preemptor, victims in plan.preempt.items():
