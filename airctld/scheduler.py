@@ -271,6 +271,8 @@ class _Pass:
         """Remove the job's reservation, and work out again what the reservations leave spare on its
         nodes (and on `touched`)."""
         touched = set(touched or ())
+        if job_id in self.res_of:   # nodes get free sooner: the search's lower bounds no longer hold
+            self._avail_heaps.clear()
         for name in self.res_of.pop(job_id, ()):
             self.own.pop((name, job_id), None)
             self.res_list[name] = [r for r in self.res_list[name] if r[4] != job_id]
@@ -377,7 +379,7 @@ class _Pass:
                         if self.free[name].up]
                 heapq.heapify(base)
                 self._avail_heaps[key] = base
-            heap = base   # its times are lower bounds (they only grow in a pass): refreshed as popped
+            heap = base   # its times are lower bounds (they only grow, but for drop()): refreshed as popped
         ready: list[tuple[float, str]] = []   # nodes by the time they can hold the job, earliest first
         while heap:
             t, name = heap[0]

@@ -58,3 +58,23 @@ def test_a_preemptor_that_ends_before_the_reservation_may_preempt():
     p = _job(2, qos="high", limit=HOUR)                          # done long before 10 h
     plan = _plan(_nodes(["n1"]), [h, p], [v], now=60, limits=QOS, priority={1: 900, 2: 500, 9: 1})
     assert plan.preempt == {2: [9]} and plan.estimate()[1].start == 10 * HOUR
+
+
+def test_a_reservation_dropped_mid_pass_frees_its_nodes_for_later_jobs():
+    # P holds n1 (its victim stops at 90) but starts at once on n5; J2 then finds n1 from 90
+    from airctld.model import Node
+    from protos import air_pb2 as pb
+    from protos.states import NodeState
+
+    def node(n, g):
+        return Node(name=n, cpus=8, gpus=tuple(pb.Gpu(index=i) for i in range(g)), state=NodeState.UP)
+    nodes = [node("n1", 4), node("n4", 4), node("n5", 8), node("n6", 4)]
+    act = [_stopping(_running(9, "n1", qos="normal", limit=10 * HOUR)), _running(8, "n4", limit=200),
+           _running(7, "n6", limit=5000)]
+    pend = [_job(1, nodes=2, gpus=4, limit=HOUR), _job(2, gpus=4, limit=10 * HOUR, qos="high"), _job(3, gpus=4, limit=HOUR)]
+    free = scheduler.free_resources(nodes, act)
+    plan = scheduler.schedule(pend, free, {"p": PartitionConfig("p", ("n1", "n4", "n5", "n6"))}, now=70, active=act,
+                              priority={1: 900, 2: 500, 3: 400}, limits=QOS, preempt_grace_s=30,
+                              stopped_at={9: 60.0}, holds={2: ("n1",)})
+    assert [(i, alloc[0].node) for i, alloc in plan.starts] == [(2, "n5")]
+    assert plan.estimate()[3].start == 90 and plan.estimate()[3].nodes == ("n1",)
