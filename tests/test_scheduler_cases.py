@@ -110,3 +110,19 @@ def test_a_qos_that_preempts_itself_or_a_cycle_of_qos_is_refused():
                                       {"name": "b", "preempt": ["a", "normal"]}]})
     config.parse({**base, "qos": [{"name": "normal"}, {"name": "a", "preempt": ["b", "normal"]},
                                   {"name": "b", "preempt": ["normal"]}]})
+
+
+def test_a_long_ladder_of_qos_is_checked_for_cycles_in_linear_time():
+    import time
+
+    import pytest
+    from airctld import config
+    base = {"controller": {"auth": "none"}, "nodes": [], "partitions": []}
+    # q0 preempts every QOS below it: a DFS without memory walks every path, 2^40 of them
+    ladder = [{"name": f"q{i}", "preempt": [f"q{k}" for k in range(i + 1, 40)]} for i in range(40)]
+    began = time.perf_counter()
+    config.parse({**base, "qos": [{"name": "normal"}] + ladder})
+    assert time.perf_counter() - began < 0.5
+    ladder[39]["preempt"] = ["q0"]   # the bottom preempts the top: a cycle
+    with pytest.raises(config.ConfigError, match="preemption cycle: q0 -> q1 -> .* -> q39 -> q0"):
+        config.parse({**base, "qos": [{"name": "normal"}] + ladder})
