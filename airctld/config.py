@@ -151,7 +151,8 @@ class SchedulerConfig:
     usage_half_life_s: int = 7 * 86400
     billing_gpu: float = 1.0          # usage charged per GPU-second
     billing_cpu: float = 0.0          # and per CPU-second
-    reservations: int = 100           # how many blocked jobs get a backfill reservation
+    reservations: int = 1000          # how many blocked jobs get a backfill reservation, per node group
+    max_pass_s: float = 0.5           # a pass stops looking at further jobs after this long (bf_max_time)
     preempt_grace_s: float = 30.0     # a preempted job's time to checkpoint before SIGKILL
     default_qos: str = "normal"
 

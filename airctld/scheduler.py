@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from airctld.config import PartitionConfig, QosConfig
 from airctld.model import Job, NodeAlloc
@@ -58,6 +58,7 @@ class Plan:
     details: dict[int, str] = field(default_factory=dict)
     reservations: list[Reservation] = field(default_factory=list)
     preempt: dict[int, list[int]] = field(default_factory=dict)   # preemptor -> victims
+    stopped_at: int = 0      # the first job the pass did not look at, when its time ran out
     holds: dict[int, tuple[str, ...]] = field(default_factory=dict)   # preemptor -> the nodes to hold for it
 
     def estimate(self) -> dict[int, Reservation]:
@@ -106,6 +107,20 @@ class _Pass:
         self.node_parts: dict[str, list[str]] = {}
         self.sharing = {p: {q for q, other in self.part_nodes.items() if set(other) & set(names) or q == p}
                         for p, names in self.part_nodes.items()}   # partitions that share a node with p
+        # group[p]: partitions joined through shared nodes, however indirectly; budgets count per group
+        self.group: dict[str, str] = {p: p for p in self.part_nodes}
+        def root(p: str) -> str:
+            while self.group[p] != p:
+                p = self.group[p]
+            return p
+        first_part: dict[str, str] = {}
+        for p, names in self.part_nodes.items():
+            for n in names:
+                q = first_part.setdefault(n, p)
+                a, b = root(p), root(q)
+                if a != b:
+                    self.group[max(a, b)] = min(a, b)
+        self.group = {p: root(p) for p in self.part_nodes}
         self.up_count: dict[str, int] = {}
         self.drained_count: dict[str, int] = {}
         for p, names in self.part_nodes.items():
@@ -489,10 +504,11 @@ def _held_back(job: Job, blocked: Mapping[int, Reason], partitions: Mapping[str,
 def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapping[str, PartitionConfig], *,
              now: float = 0.0, active: Sequence[Job] = (), priority: Mapping[int, int] | None = None,
              blocked: Mapping[int, Reason] | None = None, limits: Limits | None = None,
-             reservations: int = 100, completing_release_s: float = 30.0,
+             reservations: int = 1000, completing_release_s: float = 30.0,
              preempt_grace_s: float = 30.0, backfill: bool = True,
              stopped_at: Mapping[int, float] | None = None,
-             holds: Mapping[int, Iterable[str]] | None = None) -> Plan:
+             holds: Mapping[int, Iterable[str]] | None = None,
+             max_pass_s: float = 0.0, timer: Callable[[], float] | None = None) -> Plan:
     """Decide which pending jobs start now and why the others wait. `free` is updated in place.
 
     `priority` maps job ids (pending and running) to their priority (default: the job's own
@@ -504,7 +520,11 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     Backfill never delays a higher-priority job: each job that cannot start gets a reservation
     (the first `reservations` of them); once that many are made, a job that finds no room waits
     and nothing after it starts in its partition (or one sharing its nodes), so no job without a
-    reservation is passed. With `backfill` off, the first job that cannot start in a partition
+    reservation is passed. The count is per group of partitions that share nodes: a busy
+    partition does not switch backfill off in an unrelated one. With `max_pass_s` and a `timer`
+    (the caller's clock), the pass stops looking at further jobs once that long has passed (as
+    Slurm's bf_max_time): the jobs not reached wait, keeping the reason an earlier pass gave them,
+    and nothing after them starts. With `backfill` off, the first job that cannot start in a partition
     holds back every job after it there (strict priority order; for comparison in bench/)."""
     priority = priority or {}
     blocked = blocked or {}
@@ -523,7 +543,12 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     stalled: set[str] = set()   # partitions where no later job may start
     order = sorted(pending, key=lambda j: (-pri_get(j.job_id, j.priority), j.submit_time, j.job_id))
     held_for = _place_holds(order, holds or {}, blocked, partitions, state, plan)
-    for job in order:
+    reserved: dict[str, int] = {}   # reservations made, by group of partitions sharing nodes
+    deadline = timer() + max_pass_s if timer is not None and max_pass_s > 0 else None
+    for k, job in enumerate(order):
+        if deadline is not None and k and not k & 255 and timer() > deadline:
+            plan.stopped_at = job.job_id
+            break
         job_id = job.job_id
         reason = _held_back(job, blocked, partitions, state)
         if reason is not None:
@@ -568,10 +593,12 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
         if not backfill:
             stalled.add(name)
         res = held_for.get(job_id)
-        if res is None and (len(plan.reservations) < reservations or preemptor):
+        group = state.group[name]
+        if res is None and (reserved.get(group, 0) < reservations or preemptor):
             res = state.reserve(job, name)
             if res is not None:
                 plan.reservations.append(res)
+                reserved[group] = reserved.get(group, 0) + 1
         elif res is None and backfill:
             stalled.update(state.sharing[name])   # no reservation left to protect it: pass nobody
         if preemptor and (res is None or res.start > now + preempt_grace_s):
