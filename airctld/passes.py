@@ -61,9 +61,8 @@ class SchedulingPass:
             if fenced:   # a job whose lost nodes may still run its ranks waits for their fence
                 pending = [j for j in pending if j.job_id not in fenced]
                 self._due = min(self._due, min(fenced.values()))
-            ids = {j.job_id for j in pending}
-            for preemptor in [p for p in self._holds if p not in ids]:   # started, or left the queue
-                del self._holds[preemptor]
+            for preemptor in [p for p in self._holds if (j := self.jobs.get(p)) is None or j.phase != JobPhase.PENDING]:
+                del self._holds[preemptor]   # started, or left the queue; held or fenced, it keeps its hold
             if not pending:
                 return
             snapshot = {j.job_id: j for j in pending}

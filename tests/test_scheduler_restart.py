@@ -144,3 +144,24 @@ def test_a_job_released_during_a_pass_stops_only_the_starts_it_ranks_at_or_above
     pri = {j: c.jobs.get(j).priority for j in (low, high)}
     assert pri[low] <= 8000 < pri[high], pri
     assert launched == [high] and c.jobs.get(low).phase == JobPhase.PENDING
+
+
+def test_a_preemptor_keeps_its_hold_while_user_held_or_fenced_and_loses_it_when_it_leaves(make, monkeypatch):
+    build, clock = make
+    c = build()
+    _four_gpus(c)
+    monkeypatch.setattr(c, "_launch", lambda job: None)
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1, hold=True), ROOT)
+    other, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1, hold=True), ROOT)
+    c._holds[job_id] = ("n1",)
+    c._dirty = True
+    c._schedule(clock.now)                               # held by its owner: still in the queue
+    assert c._holds == {job_id: ("n1",)}
+    c.hold(pb.JobFilter(job_ids=[job_id]), False, ROOT)
+    c.fence_wait[job_id] = {"n1": clock.now + 100}       # its last run's node may still run it
+    c._schedule(clock.now)
+    assert c._holds == {job_id: ("n1",)} and c.jobs.get(job_id).phase == JobPhase.PENDING
+    c.cancel(pb.JobFilter(job_ids=[job_id]), 0, ROOT)
+    c._dirty = True
+    c._schedule(clock.now)
+    assert c._holds == {}
