@@ -103,6 +103,13 @@ def test_equal_priority_falls_to_the_qos_order():
     victim = _running(9, "n1", qos="normal", limit=10 * HOUR)
     plan = _plan(_nodes(["n1"]), [_job(1, qos="high")], [victim], now=60, limits=QOS, priority={1: 100, 9: 100})
     assert plan.preempt == {1: [9]}
+    # the reverse: a preempting QOS ranked below its victim's QOS may not preempt at equal priority
+    low = scheduler.Limits(qos={"normal": QosConfig("normal", priority=10),
+                                "scavenge": QosConfig("scavenge", priority=1, preempt=("normal",))})
+    plan = _plan(_nodes(["n1"]), [_job(1, qos="scavenge")], [victim], now=60, limits=low, priority={1: 100, 9: 100})
+    assert plan.preempt == {} and "may not preempt job 9" in plan.details[1]
+    plan = _plan(_nodes(["n1"]), [_job(1, qos="scavenge")], [victim], now=60, limits=low, priority={1: 101, 9: 100})
+    assert plan.preempt == {1: [9]}
 
 
 def test_a_stopping_victim_counts_once_with_the_grace_it_was_given():
