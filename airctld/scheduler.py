@@ -18,7 +18,7 @@ each, start now or wait with a reason:
   reservation holds, or ending before the reservation starts, or using only what the
   reservations leave spare. Once the reservations run out, nothing after the job that found none
   starts in its partition: no job passes a higher-priority job that has no reservation.
-- Preemption: a job whose QOS may preempt others, and that would not otherwise start within the
+- Preemption (airctld/preemption.py): a job whose QOS may preempt others, and that would not otherwise start within the
   preemption grace time, picks victims among running jobs of those QOS that it outranks
   (priority, then QOS priority): the fewest, lowest priority, most recently started jobs whose
   resources let it start. A stopping victim counts as ending when the grace it was given runs
@@ -35,6 +35,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from airctld.config import PartitionConfig, QosConfig
 from airctld.model import Job, NodeAlloc
+from airctld.preemption import may_preempt, place_holds, rank, victims  # noqa: F401 (rank: API)
 from airctld.resources import FreeNode, free_resources, infeasible, pick_gpus  # noqa: F401 (the scheduler's API)
 from protos.states import JobPhase, Reason
 
@@ -429,56 +430,6 @@ class _Pass:
             self.spare_gpus[name], self.spare_cpus[name] = self._spare(name)
         return Reservation(job.job_id, start, end, names, g, c)
 
-    # ---------------------------------------------------------------- preemption
-
-    def victims(self, job: Job, part: str, candidates: list[Job], taken: set[int], start: float
-                ) -> tuple[list[int], tuple[str, ...]]:
-        """The fewest, lowest-priority, most recently started running jobs whose resources let `job`
-        start (at `start`, once they are gone), and the nodes it would start on (the victims' and free
-        ones): all of them are to be held for it. ([], ()) when no set of victims lets it start.
-
-        A node counts only if the job would delay no reservation on it: it ends before every
-        reservation there of a job it does not outrank (by priority), made earlier in the pass."""
-        n, g, c = job.num_nodes, job.gpus_per_node, job.cpus_per_node
-        end = start + job.time_limit_s if job.time_limit_s else INF
-        mine_pri = self.priority.get(job.job_id, job.priority)
-
-        def clear(name: str) -> bool:
-            return all(r[4] == job.job_id or r[0] >= end or self.res_pri.get(r[4], 0) < mine_pri
-                       for r in self.res_list.get(name, ()))
-        names = set(self.part_nodes[part])
-        hyp = {name: [len(self.free[name].gpus), self.free[name].cpus] for name in names
-               if self.free[name].up and clear(name)}
-        mine = [v for v in candidates if v.job_id not in taken and any(a.node in hyp for a in v.allocation)]
-        mine.sort(key=lambda v: (self.priority.get(v.job_id, v.priority), -v.start_time, -v.job_id))
-
-        def fitting() -> list[str]:
-            return [name for name, (fg, fc) in hyp.items() if fg >= g and fc >= c]
-
-        def add(v: Job, sign: int) -> None:
-            for a in v.allocation:
-                if a.node in hyp:
-                    hyp[a.node][0] += sign * len(a.gpus)
-                    hyp[a.node][1] += sign * a.cpus
-
-        chosen = []
-        for v in mine:
-            add(v, 1)
-            chosen.append(v)
-            if len(fitting()) >= n:
-                break
-        else:
-            return [], ()
-        for v in reversed(chosen[:-1]):   # drop any the others make unnecessary, keeping the cheapest set
-            add(v, -1)
-            if len(fitting()) >= n:
-                chosen.remove(v)
-            else:
-                add(v, 1)
-        # the victims' nodes first, then the free ones that make up the count
-        freed = {a.node for v in chosen for a in v.allocation}
-        nodes = sorted(fitting(), key=lambda name: (name not in freed, name))[:n]
-        return [v.job_id for v in chosen], tuple(sorted(nodes))
 
 
 def _fits_in(groups, n: int, switches: int) -> bool:
@@ -542,7 +493,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     pri_get = priority.get
     stalled: set[str] = set()   # partitions where no later job may start
     order = sorted(pending, key=lambda j: (-pri_get(j.job_id, j.priority), j.submit_time, j.job_id))
-    held_for = _place_holds(order, holds or {}, blocked, partitions, state, plan)
+    held_for = place_holds(order, holds or {}, blocked, partitions, state, plan)
     reserved: dict[str, int] = {}   # reservations made, by group of partitions sharing nodes
     deadline = timer() + max_pass_s if timer is not None and max_pass_s > 0 else None
     for k, job in enumerate(order):
@@ -605,7 +556,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             if preemptable is None:
                 preemptable = [j for j in active if j.phase == JobPhase.RUNNING]
             candidates = [v for v in preemptable if may_preempt(job, v, limits, priority)]
-            chosen, nodes = state.victims(job, name, candidates, victims_taken, now + preempt_grace_s)
+            chosen, nodes = victims(state, job, name, candidates, victims_taken, now + preempt_grace_s)
             if chosen:
                 plan.preempt[job_id] = chosen
                 plan.holds[job_id] = nodes
@@ -623,37 +574,3 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
                     plan.details[job_id] = (f"may not preempt job {v.job_id}: it ranks higher (priority "
                                             f"{rank(v, limits, priority)[0]} against {rank(job, limits, priority)[0]})")
     return plan
-
-
-def rank(job: Job, limits: Limits, priority: Mapping[int, int]) -> tuple[int, int]:
-    """How a job ranks for preemption: its priority, then its QOS's priority."""
-    qos = limits.qos.get(job.request.qos or limits.default_qos)
-    return priority.get(job.job_id, job.priority), qos.priority if qos is not None else 0
-
-
-def may_preempt(job: Job, victim: Job, limits: Limits, priority: Mapping[int, int]) -> bool:
-    """Whether `job` may preempt `victim`: its QOS names the victim's, and it outranks the victim."""
-    qos = limits.qos.get(job.request.qos or limits.default_qos)
-    if qos is None or (victim.request.qos or limits.default_qos) not in qos.preempt:
-        return False
-    return rank(job, limits, priority) > rank(victim, limits, priority)
-
-
-def _place_holds(order: list[Job], holds: Mapping[int, Iterable[str]], blocked: Mapping[int, Reason],
-                 partitions: Mapping[str, PartitionConfig], state: _Pass, plan: Plan) -> dict[int, Reservation]:
-    """Reservations, made before any job is looked at, for each pending preemptor on the nodes held
-    for it (its victims' and the free ones it counted): no other job, of any priority, takes them
-    before it starts. When too few of them are left, it is reserved the earliest nodes elsewhere,
-    still ahead of every other job."""
-    out = {}
-    for job in (order if holds else ()):
-        nodes = holds.get(job.job_id)
-        if nodes is None or job.hold or job.partition not in partitions or job.job_id in blocked:
-            continue
-        res = state.reserve(job, job.partition, only=nodes)
-        if res is None:   # too few of its nodes are left: the earliest anywhere, still ahead of the queue
-            res = state.reserve(job, job.partition)
-        if res is not None:
-            out[job.job_id] = res
-            plan.reservations.append(res)
-    return out
