@@ -151,7 +151,8 @@ class SchedulerConfig:
     usage_half_life_s: int = 7 * 86400
     billing_gpu: float = 1.0          # usage charged per GPU-second
     billing_cpu: float = 0.0          # and per CPU-second
-    reservations: int = 100           # how many blocked jobs get a backfill reservation
+    reservations: int = 1000          # how many blocked jobs get a backfill reservation, per node group
+    max_pass_s: float = 0.5           # a pass stops looking at further jobs after this long (bf_max_time)
     preempt_grace_s: float = 30.0     # a preempted job's time to checkpoint before SIGKILL
     default_qos: str = "normal"
 
@@ -273,23 +274,32 @@ def parse(data: dict) -> Config:
 
 def _check_preempt_cycles(qos: list[QosConfig]) -> None:
     """A QOS may not preempt itself, nor QOS that (through others) preempt it: victims would
-    preempt their preemptors back."""
+    preempt their preemptors back. A depth-first search that visits each QOS once (three colours:
+    unseen, on the path, done), so a long ladder checks in linear time."""
     edges = {q.name: q.preempt for q in qos}
+    done: set[str] = set()
     for q in qos:
-        path = [q.name]
-
-        def walk(name: str) -> None:
-            for nxt in edges.get(name, ()):
-                if nxt == q.name:
-                    loop = " -> ".join(path + [nxt])
-                    what = "preempts itself" if len(path) == 1 else f"is in a preemption cycle: {loop}"
-                    raise ConfigError(f"[[qos]] {q.name} {what}; a QOS may only preempt QOS that cannot "
-                                      "preempt it back")
-                if nxt not in path:
-                    path.append(nxt)
-                    walk(nxt)
-                    path.pop()
-        walk(q.name)
+        if q.name in done:
+            continue
+        path, on_path = [q.name], {q.name: 0}
+        stack = [iter(edges.get(q.name, ()))]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                stack.pop()
+                name = path.pop()
+                del on_path[name]
+                done.add(name)
+                continue
+            if nxt in on_path:
+                loop = path[on_path[nxt]:] + [nxt]
+                what = "preempts itself" if len(loop) == 2 else f"is in a preemption cycle: {' -> '.join(loop)}"
+                raise ConfigError(f"[[qos]] {nxt} {what}; a QOS may only preempt QOS that cannot "
+                                  "preempt it back")
+            if nxt not in done and nxt in edges:
+                on_path[nxt] = len(path)
+                path.append(nxt)
+                stack.append(iter(edges[nxt]))
 
 
 def _check_tree(accounts: list[AccountConfig]) -> None:

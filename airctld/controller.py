@@ -85,7 +85,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 self.fence_wait[job.job_id] = {n: gone_by for n in self.nodes}
         self._last_pass = 0.0
         self._due = float("inf")   # when a pending job's --begin time comes
-        self._epoch = 0            # bumped by every change to what priorities are made of
+        self._epoch = 0            # bumped by every change to what priorities are made of (accounts)
+        self._released: list[int] = []   # the last priorities of jobs released since the pass's snapshot
         self._stopped_at: dict[int, float] = {}        # stopping job -> when it was asked to stop
         self._holds: dict[int, tuple[str, ...]] = {}   # pending preemptor -> nodes its victims free
         self._pass_seconds = 0.0
@@ -284,8 +285,11 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 events.held(selected[0], hold)  # raises TransitionError: not pending
             now = self.clock()
             changed = self._commit([(j, events.held(j, hold)) for j in targets], now, who.uid)
+            if not changed:   # nothing to do: the pass in flight stands
+                return []
             self._dirty = True
-            self._epoch += 1
+            if not hold:   # a released job may rank above jobs the pass in flight starts
+                self._released += [j.priority for j in changed]
         self._wake.set()
         return [j.job_id for j in changed]
 

@@ -43,8 +43,10 @@ class SchedulingPass:
 
         Only this loop starts jobs, so resources free in the snapshot cannot be taken meanwhile. A
         plan is applied only to jobs whose record is the one it was made from (still pending, not
-        held, not changed), whose dependencies still hold, and only while nothing that priorities
-        are made of changed (the epoch); anything else waits for the next pass.
+        held, not changed), whose dependencies still hold, while nothing that priorities are made of
+        changed (the epoch: accounts), and that rank above every job released meanwhile (which the
+        plan did not see); anything else waits for the next pass. A hold or release that changes
+        nothing, or a hold, stops no other job's start.
         """
         with self._lock:
             if not self._dirty and now - self._last_pass < FULL_PASS_EVERY_S and now < self._due:
@@ -59,13 +61,13 @@ class SchedulingPass:
             if fenced:   # a job whose lost nodes may still run its ranks waits for their fence
                 pending = [j for j in pending if j.job_id not in fenced]
                 self._due = min(self._due, min(fenced.values()))
-            ids = {j.job_id for j in pending}
-            for preemptor in [p for p in self._holds if p not in ids]:   # started, or left the queue
-                del self._holds[preemptor]
+            for preemptor in [p for p in self._holds if (j := self.jobs.get(p)) is None or j.phase != JobPhase.PENDING]:
+                del self._holds[preemptor]   # started, or left the queue; held or fenced, it keeps its hold
             if not pending:
                 return
             snapshot = {j.job_id: j for j in pending}
             epoch = self._epoch
+            self._released = []
             active = self.jobs.active()
             nodes = [evolve(n, state=NodeState.DOWN) if n.name in self.suspect else n for n in self.nodes.values()]
             free = scheduler.free_resources(nodes, active, self.switches)
@@ -79,8 +81,13 @@ class SchedulingPass:
         plan = scheduler.schedule(pending, free, self.partitions, stopped_at=stopped_at, holds=holds, **inputs)
         self._pass_seconds = time.perf_counter() - began
         with self._lock:
+            # a job released meanwhile was not in the plan: only jobs that rank above it may start
+            floor = max(self._released, default=None)
+            planned = inputs["priority"]
+
             def unchanged(job_id: int) -> bool:
-                return self.jobs.get(job_id) is snapshot.get(job_id) and self._epoch == epoch
+                return self.jobs.get(job_id) is snapshot.get(job_id) and self._epoch == epoch and \
+                    (floor is None or planned.get(job_id, 0) > floor)
 
             preempted, new_holds = [], {}
             for preemptor, victims in plan.preempt.items():
@@ -89,7 +96,7 @@ class SchedulingPass:
                     continue
                 stopping = [j for v in victims if (j := self.jobs.get(v)) is not None and j.phase == JobPhase.RUNNING]
                 preempted += [(j, events.preempted(j, now, preemptor)) for j in stopping]
-                new_holds[preemptor] = tuple(sorted({a.node for j in stopping for a in j.allocation}))
+                new_holds[preemptor] = plan.holds.get(preemptor, ())
             starts = []
             for job_id, alloc in plan.starts:
                 job = self.jobs.get(job_id)
@@ -109,7 +116,8 @@ class SchedulingPass:
             except Exception:
                 self._dirty = True   # the next pass plans again
                 raise
-            self._holds.update(new_holds)
+            for preemptor, nodes in new_holds.items():   # a second round of victims adds to the first
+                self._holds[preemptor] = tuple(sorted(set(self._holds.get(preemptor, ())) | set(nodes)))
             for i, r in reasons:
                 self.jobs.put(events.waiting(self.jobs.get(i), r, plan.details.get(i, "")))
             for job_id, value in inputs["priority"].items():   # what this pass used, pending and running

@@ -4,6 +4,8 @@ and the QOS and account limits. Also keeps what the last pass decided about pend
 airq --priority and --start."""
 from __future__ import annotations
 
+import time
+
 from typing import Callable
 
 from airctld import deps, scheduler
@@ -52,7 +54,7 @@ class Planner:
         s = self.config.scheduler
         return dict(now=now, active=active, priority=priority, blocked=blocked, limits=limits,
                     reservations=s.reservations, completing_release_s=self.config.controller.kill_wait_s,
-                    preempt_grace_s=s.preempt_grace_s)
+                    preempt_grace_s=s.preempt_grace_s, max_pass_s=s.max_pass_s, timer=time.perf_counter)
 
     def still_free(self, job: Job, lookup: Callable[[int], list[tuple[JobPhase, JobResult]]]) -> bool:
         """Whether the job's dependency (singleton aside) still holds, as its start is applied."""

@@ -18,7 +18,7 @@ each, start now or wait with a reason:
   reservation holds, or ending before the reservation starts, or using only what the
   reservations leave spare. Once the reservations run out, nothing after the job that found none
   starts in its partition: no job passes a higher-priority job that has no reservation.
-- Preemption: a job whose QOS may preempt others, and that would not otherwise start within the
+- Preemption (airctld/preemption.py): a job whose QOS may preempt others, and that would not otherwise start within the
   preemption grace time, picks victims among running jobs of those QOS that it outranks
   (priority, then QOS priority): the fewest, lowest priority, most recently started jobs whose
   resources let it start. A stopping victim counts as ending when the grace it was given runs
@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from airctld.config import PartitionConfig, QosConfig
 from airctld.model import Job, NodeAlloc
+from airctld.preemption import may_preempt, place_holds, rank, victims  # noqa: F401 (rank: API)
 from airctld.resources import FreeNode, free_resources, infeasible, pick_gpus  # noqa: F401 (the scheduler's API)
 from protos.states import JobPhase, Reason
 
@@ -58,6 +59,8 @@ class Plan:
     details: dict[int, str] = field(default_factory=dict)
     reservations: list[Reservation] = field(default_factory=list)
     preempt: dict[int, list[int]] = field(default_factory=dict)   # preemptor -> victims
+    stopped_at: int = 0      # the first job the pass did not look at, when its time ran out
+    holds: dict[int, tuple[str, ...]] = field(default_factory=dict)   # preemptor -> the nodes to hold for it
 
     def estimate(self) -> dict[int, Reservation]:
         return {r.job_id: r for r in self.reservations}
@@ -105,6 +108,20 @@ class _Pass:
         self.node_parts: dict[str, list[str]] = {}
         self.sharing = {p: {q for q, other in self.part_nodes.items() if set(other) & set(names) or q == p}
                         for p, names in self.part_nodes.items()}   # partitions that share a node with p
+        # group[p]: partitions joined through shared nodes, however indirectly; budgets count per group
+        self.group: dict[str, str] = {p: p for p in self.part_nodes}
+        def root(p: str) -> str:
+            while self.group[p] != p:
+                p = self.group[p]
+            return p
+        first_part: dict[str, str] = {}
+        for p, names in self.part_nodes.items():
+            for n in names:
+                q = first_part.setdefault(n, p)
+                a, b = root(p), root(q)
+                if a != b:
+                    self.group[max(a, b)] = min(a, b)
+        self.group = {p: root(p) for p in self.part_nodes}
         self.up_count: dict[str, int] = {}
         self.drained_count: dict[str, int] = {}
         for p, names in self.part_nodes.items():
@@ -127,6 +144,7 @@ class _Pass:
         self._releases: dict[str, list[tuple[float, int, int]]] | None = None
         self._started: list[tuple[str, float, int, int]] = []   # this pass's starts, until releases() is built
         self._avail_heaps: dict[tuple, list[tuple[float, str]]] = {}
+        self.res_pri: dict[int, int] = {}   # job -> its priority, for each job with a reservation
         # limits' running totals
         self.used_qos_user: dict[tuple[str, str], int] = {}
         self.used_qos_account: dict[tuple[str, str], int] = {}
@@ -262,9 +280,18 @@ class _Pass:
         for a in alloc:
             self._steps_cache.pop(a.node, None)
         touched = {a.node for a in alloc if a.node in self.res_start or (a.node, job.job_id) in self.own}
-        for name in self.res_of.pop(job.job_id, ()):
-            self.own.pop((name, job.job_id), None)
-            self.res_list[name] = [r for r in self.res_list[name] if r[4] != job.job_id]
+        self.drop(job.job_id, touched)
+        self.charge(job)
+
+    def drop(self, job_id: int, touched: set[str] | None = None) -> None:
+        """Remove the job's reservation, and work out again what the reservations leave spare on its
+        nodes (and on `touched`)."""
+        touched = set(touched or ())
+        if job_id in self.res_of:   # nodes get free sooner: the search's lower bounds no longer hold
+            self._avail_heaps.clear()
+        for name in self.res_of.pop(job_id, ()):
+            self.own.pop((name, job_id), None)
+            self.res_list[name] = [r for r in self.res_list[name] if r[4] != job_id]
             self._steps_cache.pop(name, None)
             touched.add(name)
         for name in touched:
@@ -274,7 +301,6 @@ class _Pass:
             else:
                 for d in (self.res_list, self.res_start, self.spare_gpus, self.spare_cpus):
                     d.pop(name, None)
-        self.charge(job)
 
     # ---------------------------------------------------------------- reservations
 
@@ -369,7 +395,7 @@ class _Pass:
                         if self.free[name].up]
                 heapq.heapify(base)
                 self._avail_heaps[key] = base
-            heap = base   # its times are lower bounds (they only grow in a pass): refreshed as popped
+            heap = base   # its times are lower bounds (they only grow, but for drop()): refreshed as popped
         ready: list[tuple[float, str]] = []   # nodes by the time they can hold the job, earliest first
         while heap:
             t, name = heap[0]
@@ -386,10 +412,15 @@ class _Pass:
         if len(ready) < n:
             return None
         start = ready[n - 1][0]
-        end = start + job.time_limit_s if job.time_limit_s else INF
         # of the nodes ready by then, those that are ready last: the ones free sooner stay for backfill
         chosen = sorted(ready, key=lambda tn: (-tn[0], tn[1]))[:n]
-        names = tuple(sorted(name for _, name in chosen))
+        return self.hold(job, tuple(sorted(name for _, name in chosen)), start)
+
+    def hold(self, job: Job, names: tuple[str, ...], start: float) -> Reservation:
+        """Reserve `names` for the job from `start` on."""
+        g, c = job.gpus_per_node, job.cpus_per_node
+        end = start + job.time_limit_s if job.time_limit_s else INF
+        self.res_pri[job.job_id] = self.priority.get(job.job_id, job.priority)
         for name in names:
             self.res_start[name] = min(self.res_start.get(name, INF), start)
             self.res_list.setdefault(name, []).append((start, end, g, c, job.job_id))
@@ -399,41 +430,6 @@ class _Pass:
             self.spare_gpus[name], self.spare_cpus[name] = self._spare(name)
         return Reservation(job.job_id, start, end, names, g, c)
 
-    # ---------------------------------------------------------------- preemption
-
-    def victims(self, job: Job, part: str, candidates: list[Job], taken: set[int]) -> list[int]:
-        """The fewest, lowest-priority, most recently started running jobs whose resources let `job`
-        start now; [] when none do."""
-        n, g, c = job.num_nodes, job.gpus_per_node, job.cpus_per_node
-        names = set(self.part_nodes[part])
-        hyp = {name: [len(self.free[name].gpus), self.free[name].cpus] for name in names if self.free[name].up}
-        mine = [v for v in candidates if v.job_id not in taken and any(a.node in hyp for a in v.allocation)]
-        mine.sort(key=lambda v: (self.priority.get(v.job_id, v.priority), -v.start_time, -v.job_id))
-
-        def fits() -> bool:
-            return sum(1 for fg, fc in hyp.values() if fg >= g and fc >= c) >= n
-
-        def add(v: Job, sign: int) -> None:
-            for a in v.allocation:
-                if a.node in hyp:
-                    hyp[a.node][0] += sign * len(a.gpus)
-                    hyp[a.node][1] += sign * a.cpus
-
-        chosen = []
-        for v in mine:
-            add(v, 1)
-            chosen.append(v)
-            if fits():
-                break
-        else:
-            return []
-        for v in reversed(chosen[:-1]):   # drop any the others make unnecessary, keeping the cheapest set
-            add(v, -1)
-            if fits():
-                chosen.remove(v)
-            else:
-                add(v, 1)
-        return [v.job_id for v in chosen]
 
 
 def _fits_in(groups, n: int, switches: int) -> bool:
@@ -459,10 +455,11 @@ def _held_back(job: Job, blocked: Mapping[int, Reason], partitions: Mapping[str,
 def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapping[str, PartitionConfig], *,
              now: float = 0.0, active: Sequence[Job] = (), priority: Mapping[int, int] | None = None,
              blocked: Mapping[int, Reason] | None = None, limits: Limits | None = None,
-             reservations: int = 100, completing_release_s: float = 30.0,
+             reservations: int = 1000, completing_release_s: float = 30.0,
              preempt_grace_s: float = 30.0, backfill: bool = True,
              stopped_at: Mapping[int, float] | None = None,
-             holds: Mapping[int, Iterable[str]] | None = None) -> Plan:
+             holds: Mapping[int, Iterable[str]] | None = None,
+             max_pass_s: float = 0.0, timer: Callable[[], float] | None = None) -> Plan:
     """Decide which pending jobs start now and why the others wait. `free` is updated in place.
 
     `priority` maps job ids (pending and running) to their priority (default: the job's own
@@ -474,7 +471,11 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     Backfill never delays a higher-priority job: each job that cannot start gets a reservation
     (the first `reservations` of them); once that many are made, a job that finds no room waits
     and nothing after it starts in its partition (or one sharing its nodes), so no job without a
-    reservation is passed. With `backfill` off, the first job that cannot start in a partition
+    reservation is passed. The count is per group of partitions that share nodes: a busy
+    partition does not switch backfill off in an unrelated one. With `max_pass_s` and a `timer`
+    (the caller's clock), the pass stops looking at further jobs once that long has passed (as
+    Slurm's bf_max_time): the jobs not reached wait, keeping the reason an earlier pass gave them,
+    and nothing after them starts. With `backfill` off, the first job that cannot start in a partition
     holds back every job after it there (strict priority order; for comparison in bench/)."""
     priority = priority or {}
     blocked = blocked or {}
@@ -492,8 +493,13 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     pri_get = priority.get
     stalled: set[str] = set()   # partitions where no later job may start
     order = sorted(pending, key=lambda j: (-pri_get(j.job_id, j.priority), j.submit_time, j.job_id))
-    held_for = _place_holds(order, holds or {}, blocked, partitions, state, plan)
-    for job in order:
+    held_for = place_holds(order, holds or {}, blocked, partitions, state, plan)
+    reserved: dict[str, int] = {}   # reservations made, by group of partitions sharing nodes
+    deadline = timer() + max_pass_s if timer is not None and max_pass_s > 0 else None
+    for k, job in enumerate(order):
+        if deadline is not None and k and not k & 255 and timer() > deadline:
+            plan.stopped_at = job.job_id
+            break
         job_id = job.job_id
         reason = _held_back(job, blocked, partitions, state)
         if reason is not None:
@@ -538,20 +544,28 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
         if not backfill:
             stalled.add(name)
         res = held_for.get(job_id)
-        if res is None and (len(plan.reservations) < reservations or preemptor):
+        group = state.group[name]
+        if res is None and (reserved.get(group, 0) < reservations or preemptor):
             res = state.reserve(job, name)
             if res is not None:
                 plan.reservations.append(res)
+                reserved[group] = reserved.get(group, 0) + 1
         elif res is None and backfill:
             stalled.update(state.sharing[name])   # no reservation left to protect it: pass nobody
         if preemptor and (res is None or res.start > now + preempt_grace_s):
             if preemptable is None:
                 preemptable = [j for j in active if j.phase == JobPhase.RUNNING]
             candidates = [v for v in preemptable if may_preempt(job, v, limits, priority)]
-            chosen = state.victims(job, name, candidates, victims_taken)
+            chosen, nodes = victims(state, job, name, candidates, victims_taken, now + preempt_grace_s)
             if chosen:
                 plan.preempt[job_id] = chosen
+                plan.holds[job_id] = nodes
                 victims_taken.update(chosen)
+                # the nodes are the preemptor's from when its victims are gone, in this pass already
+                if res is not None:
+                    plan.reservations.remove(res)
+                    state.drop(job_id)
+                plan.reservations.append(state.hold(job, nodes, now + preempt_grace_s))
             else:
                 above = [v for v in preemptable if (v.request.qos or limits.default_qos) in qos.preempt
                          and v.job_id not in {c.job_id for c in candidates}]
@@ -560,33 +574,3 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
                     plan.details[job_id] = (f"may not preempt job {v.job_id}: it ranks higher (priority "
                                             f"{rank(v, limits, priority)[0]} against {rank(job, limits, priority)[0]})")
     return plan
-
-
-def rank(job: Job, limits: Limits, priority: Mapping[int, int]) -> tuple[int, int]:
-    """How a job ranks for preemption: its priority, then its QOS's priority."""
-    qos = limits.qos.get(job.request.qos or limits.default_qos)
-    return priority.get(job.job_id, job.priority), qos.priority if qos is not None else 0
-
-
-def may_preempt(job: Job, victim: Job, limits: Limits, priority: Mapping[int, int]) -> bool:
-    """Whether `job` may preempt `victim`: its QOS names the victim's, and it outranks the victim."""
-    qos = limits.qos.get(job.request.qos or limits.default_qos)
-    if qos is None or (victim.request.qos or limits.default_qos) not in qos.preempt:
-        return False
-    return rank(job, limits, priority) > rank(victim, limits, priority)
-
-
-def _place_holds(order: list[Job], holds: Mapping[int, Iterable[str]], blocked: Mapping[int, Reason],
-                 partitions: Mapping[str, PartitionConfig], state: _Pass, plan: Plan) -> dict[int, Reservation]:
-    """Reservations, made before any job is looked at, for each pending preemptor on the nodes its
-    victims free: no other job, of any priority, takes them before it starts."""
-    out = {}
-    for job in (order if holds else ()):
-        nodes = holds.get(job.job_id)
-        if nodes is None or job.hold or job.partition not in partitions or job.job_id in blocked:
-            continue
-        res = state.reserve(job, job.partition, only=nodes)
-        if res is not None:
-            out[job.job_id] = res
-            plan.reservations.append(res)
-    return out

@@ -1,4 +1,9 @@
-"""A reference scheduler for tests: brute force, tiny instances only (up to ~6 nodes, ~8 jobs).
+"""A reference for tests, tiny instances only (up to ~6 nodes, ~8 jobs). It is not a brute force
+over start orders: it states the intended rule (each job, in priority order, takes its earliest
+slot given the jobs above it) directly, slowly and with plain lists, and shares no code with the
+scheduler (it imports nothing from airctld; the test computes the running jobs' ends itself). It
+therefore checks the scheduler's data structures (buckets, cached steps, spare, heaps) against the
+rule, not the rule itself: a mistake in the rule made in both would pass.
 
 What it assumes, so that it stays obviously right:
 - One partition; every node given is up. A node is its GPU and CPU counts: which GPU indices a

@@ -53,11 +53,37 @@ def test_a_job_without_a_time_limit_blocks_nothing_it_cannot_see_end():
 
 
 def test_once_reservations_run_out_no_later_job_passes_the_unreserved_one():
-    busy = [_running(9, "n1", limit=HOUR)]
-    pending = [_job(1, nodes=2), _job(2, nodes=2), _job(3, gpus=4, limit=10 * HOUR)]
-    plan = _plan(_nodes(), pending, busy, priority={1: 30, 2: 20, 3: 10}, reservations=1)
-    assert [r.job_id for r in plan.reservations] == [1]
+    # job 1 is reserved n1 and n2 (the nodes ready last); n3 is free and no reservation covers it.
+    # Job 3 fits on n3 now, but job 2 (unreserved: the one reservation is spent) needs n3 too
+    busy = [_running(9, "n1", limit=HOUR), _running(8, "n2", limit=HOUR)]
+    pending = [_job(1, nodes=2), _job(2, nodes=3, limit=10 * HOUR), _job(3, limit=10 * HOUR)]
+    plan = _plan(_nodes(["n1", "n2", "n3"]), pending, busy, priority={1: 30, 2: 20, 3: 10}, reservations=1)
+    assert [r.job_id for r in plan.reservations] == [1] and plan.estimate()[1].nodes == ("n1", "n2")
     assert plan.starts == [] and plan.waiting[3] == Reason.PRIORITY
+
+
+def test_reservations_count_per_group_of_partitions_that_share_nodes():
+    # partition A (a1, busy) spends the one reservation; B (b1, b2) is unrelated: its backfill goes on
+    from airctld.config import PartitionConfig
+    nodes = _nodes(["a1", "b1", "b2"])
+    active = [_running(90, "a1"), _running(91, "b1", gpus=range(2))]
+
+    def job(i, part, **kw):
+        return Job(**{**_job(i, **kw).__dict__, "partition": part})
+    pending = [job(1, "A"), job(2, "B", nodes=2), job(3, "B", gpus=2, limit=HOUR // 2)]
+    parts = {"A": PartitionConfig("A", ("a1",)), "B": PartitionConfig("B", ("b1", "b2"))}
+    free = scheduler.free_resources(nodes, active)
+    plan = scheduler.schedule(pending, free, parts, active=active, priority={1: 30, 2: 20, 3: 10}, reservations=1)
+    assert [s[0] for s in plan.starts] == [3] and sorted(r.job_id for r in plan.reservations) == [1, 2]
+
+
+def test_a_pass_out_of_time_stops_and_starts_nothing_after_the_first_job_not_looked_at():
+    ticks = iter(range(10 ** 6))
+    pending = [_job(i, gpus=1) for i in range(1, 601)]
+    plan = _plan(_nodes(["n1"], gpus=8), pending, priority={i: 1000 - i for i in range(1, 601)},
+                 max_pass_s=0.5, timer=lambda: next(ticks))    # every look at the clock: a second later
+    assert plan.stopped_at == 257 and [s[0] for s in plan.starts] == list(range(1, 9))
+    assert all(i not in plan.waiting for i in range(257, 601))
 
 
 # ---------------------------------------------------------------- preemption
@@ -76,6 +102,13 @@ def test_a_preemptor_that_ranks_below_its_victim_may_not_preempt_it():
 def test_equal_priority_falls_to_the_qos_order():
     victim = _running(9, "n1", qos="normal", limit=10 * HOUR)
     plan = _plan(_nodes(["n1"]), [_job(1, qos="high")], [victim], now=60, limits=QOS, priority={1: 100, 9: 100})
+    assert plan.preempt == {1: [9]}
+    # the reverse: a preempting QOS ranked below its victim's QOS may not preempt at equal priority
+    low = scheduler.Limits(qos={"normal": QosConfig("normal", priority=10),
+                                "scavenge": QosConfig("scavenge", priority=1, preempt=("normal",))})
+    plan = _plan(_nodes(["n1"]), [_job(1, qos="scavenge")], [victim], now=60, limits=low, priority={1: 100, 9: 100})
+    assert plan.preempt == {} and "may not preempt job 9" in plan.details[1]
+    plan = _plan(_nodes(["n1"]), [_job(1, qos="scavenge")], [victim], now=60, limits=low, priority={1: 101, 9: 100})
     assert plan.preempt == {1: [9]}
 
 
@@ -110,3 +143,19 @@ def test_a_qos_that_preempts_itself_or_a_cycle_of_qos_is_refused():
                                       {"name": "b", "preempt": ["a", "normal"]}]})
     config.parse({**base, "qos": [{"name": "normal"}, {"name": "a", "preempt": ["b", "normal"]},
                                   {"name": "b", "preempt": ["normal"]}]})
+
+
+def test_a_long_ladder_of_qos_is_checked_for_cycles_in_linear_time():
+    import time
+
+    import pytest
+    from airctld import config
+    base = {"controller": {"auth": "none"}, "nodes": [], "partitions": []}
+    # q0 preempts every QOS below it: a DFS without memory walks every path, 2^40 of them
+    ladder = [{"name": f"q{i}", "preempt": [f"q{k}" for k in range(i + 1, 40)]} for i in range(40)]
+    began = time.perf_counter()
+    config.parse({**base, "qos": [{"name": "normal"}] + ladder})
+    assert time.perf_counter() - began < 0.5
+    ladder[39]["preempt"] = ["q0"]   # the bottom preempts the top: a cycle
+    with pytest.raises(config.ConfigError, match="preemption cycle: q0 -> q1 -> .* -> q39 -> q0"):
+        config.parse({**base, "qos": [{"name": "normal"}] + ladder})

@@ -58,7 +58,8 @@ def test_a_dependency_on_an_array_whose_tasks_ended_judges_the_same_after_a_rest
     c = build()
     array_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", array="0-2"), ROOT)
     for k, task in enumerate(c._arrays[array_id]):
-        _run_and_end(c, clock, task, 1 if k == 2 else 0)   # the last task fails
+        _run_and_end(c, clock, task, 1 if k == 0 else 0)   # the first task fails: a judgement from the
+        # last task alone (or from the array's first id, which is task 0's) would differ after the restart
     before = _judge(c, dependency.format(a=array_id))
     clock.now += 3600   # long done: forgotten from memory, in the store only
     c._forget_old(clock.now)
@@ -100,3 +101,68 @@ def test_a_job_held_while_the_pass_is_planned_does_not_start(make, monkeypatch):
     job = c.jobs.get(job_id)
     assert job.phase == JobPhase.PENDING and job.hold and job.reason == Reason.JOB_HELD_USER
     assert launched == [] and job.result == JobResult.NONE
+
+
+def _four_gpus(c):
+    c.nodes["n1"] = c.nodes["n1"].__class__(**{**c.nodes["n1"].__dict__, "cpus": 8, "state": 1,
+                                               "gpus": tuple(pb.Gpu(index=i) for i in range(4))})
+
+
+def _pass_with(c, clock, monkeypatch, meanwhile):
+    launched = []
+    monkeypatch.setattr(c, "_launch", lambda job: launched.append(job.job_id))
+    real = c.planner.inputs
+
+    def planning(*args, **kw):
+        meanwhile()
+        return real(*args, **kw)
+    monkeypatch.setattr(c.planner, "inputs", planning)
+    c._dirty = True
+    c._schedule(clock.now)
+    return launched
+
+
+def test_holding_an_already_held_job_during_a_pass_stops_no_other_start(make, monkeypatch):
+    build, clock = make
+    c = build()
+    _four_gpus(c)
+    mine, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1), ROOT)
+    other, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1, hold=True), ROOT)
+    launched = _pass_with(c, clock, monkeypatch, lambda: c.hold(pb.JobFilter(job_ids=[other]), True, ROOT))
+    assert launched == [mine] and c.jobs.get(mine).phase == JobPhase.RUNNING
+
+
+def test_a_job_released_during_a_pass_stops_only_the_starts_it_ranks_at_or_above(make, monkeypatch):
+    build, clock = make
+    c = build()
+    _four_gpus(c)
+    from airctld.model import evolve
+    low, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1, nice=5000), ROOT)
+    high, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1), ROOT)
+    held, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1, hold=True), ROOT)
+    c.jobs.put(evolve(c.jobs.get(held), priority=8000))   # the priority the last pass gave it
+    launched = _pass_with(c, clock, monkeypatch, lambda: c.hold(pb.JobFilter(job_ids=[held]), False, ROOT))
+    pri = {j: c.jobs.get(j).priority for j in (low, high)}
+    assert pri[low] <= 8000 < pri[high], pri
+    assert launched == [high] and c.jobs.get(low).phase == JobPhase.PENDING
+
+
+def test_a_preemptor_keeps_its_hold_while_user_held_or_fenced_and_loses_it_when_it_leaves(make, monkeypatch):
+    build, clock = make
+    c = build()
+    _four_gpus(c)
+    monkeypatch.setattr(c, "_launch", lambda job: None)
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1, hold=True), ROOT)
+    other, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1, hold=True), ROOT)
+    c._holds[job_id] = ("n1",)
+    c._dirty = True
+    c._schedule(clock.now)                               # held by its owner: still in the queue
+    assert c._holds == {job_id: ("n1",)}
+    c.hold(pb.JobFilter(job_ids=[job_id]), False, ROOT)
+    c.fence_wait[job_id] = {"n1": clock.now + 100}       # its last run's node may still run it
+    c._schedule(clock.now)
+    assert c._holds == {job_id: ("n1",)} and c.jobs.get(job_id).phase == JobPhase.PENDING
+    c.cancel(pb.JobFilter(job_ids=[job_id]), 0, ROOT)
+    c._dirty = True
+    c._schedule(clock.now)
+    assert c._holds == {}

@@ -39,3 +39,21 @@ def test_a_simulated_day_backfills_without_delaying_the_first_waiting_job():
                  measure_delay=True)
     assert r.top_delays and max(r.top_delays) == 0
     assert r.utilisation > 0.5
+
+
+def test_the_no_ping_pong_check_can_fail_and_the_configuration_is_what_prevents_it():
+    # two QOS that may preempt each other: priorities shift (fairshare, age) between passes, so the
+    # outranking rule alone lets two jobs preempt each other in turn. The configuration refuses such
+    # a pair (a preemption cycle); this shows the assertion above is able to fail, and why the check
+    # in the configuration is needed
+    import pytest
+    from airctld import config
+    trace = [TraceJob(t.job_id, t.submit, t.user, t.account, t.nodes, t.gpus_per_node, t.runtime, t.limit,
+                      "a" if t.job_id % 2 else "b") for t in _trace(3, 8, seed=4, high_share=0.0)]
+    pair = (QosConfig("normal"), QosConfig("a", preempt=("b",)), QosConfig("b", preempt=("a",)))
+    r = simulate(trace, make_nodes(8), until=3 * DAY, qos=pair, pass_every=600.0,
+                 sched=SchedulerConfig(preempt_grace_s=120.0))
+    assert [(a, b) for a, b in r.preemptions if (b, a) in r.preemptions]
+    with pytest.raises(config.ConfigError, match="preemption cycle"):
+        config.parse({"controller": {"auth": "none"}, "nodes": [], "partitions": [],
+                      "qos": [{"name": "normal"}, {"name": "a", "preempt": ["b"]}, {"name": "b", "preempt": ["a"]}]})
