@@ -96,7 +96,9 @@ def test_backfill_never_delays_a_reservation(case):
     now = 100.0
     plan = _plan(case, now)
     jobs = {j.job_id: j for j in pending}
-    running = [(scheduler.job_end(j, now, 30.0), a) for j in active for a in j.allocation]
+    victims = {v for vs in plan.preempt.values() for v in vs}   # told to stop now: gone after the grace (30 s)
+    running = [(min(scheduler.job_end(j, now, 30.0), now + 30.0) if j.job_id in victims
+                else scheduler.job_end(j, now, 30.0), a) for j in active for a in j.allocation]
     running += [(now + jobs[i].time_limit_s if jobs[i].time_limit_s else scheduler.INF, a) for i, alloc in plan.starts
                 for a in alloc]
     by_name = {n.name: n for n in nodes}
