@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -37,3 +38,21 @@ class Munged:
         except (OSError, ValueError):
             pass
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TEST_USERS = ("airtest-a", "airtest-b", "airtest-op")
+
+
+def started_for_test_users():
+    """A started munged, once the test users scripts/test.sh creates exist (for module fixtures)."""
+    missing = [u for u in TEST_USERS if not _user_exists(u)]
+    assert not missing, f"test users {missing} are missing: scripts/test.sh creates them (useradd)"
+    return Munged().start()
+
+
+def _user_exists(user: str) -> bool:
+    try:
+        pwd.getpwnam(user)
+        return True
+    except KeyError:
+        return False

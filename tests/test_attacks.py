@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from cluster import LocalCluster, wait_for
-from munged import Munged
+from munged import started_for_test_users
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
 from protos.credential import MungeCredentials
@@ -24,7 +24,6 @@ from protos.credential import MungeCredentials
 BASE_ADDRESS = "127.0.20.1"
 CONTROLLER = f"{BASE_ADDRESS}:6817"
 NODE01, NODE02 = "127.0.20.2:6818", "127.0.20.3:6818"
-USERS = ("airtest-a", "airtest-b", "airtest-op")
 ACCOUNTS = """
 [[accounts]]
 name = "ml"
@@ -34,9 +33,7 @@ users = ["airtest-a", "airtest-b", "airtest-op"]
 
 @pytest.fixture(scope="module")
 def munged():
-    missing = [u for u in USERS if not _exists(u)]
-    assert not missing, f"test users {missing} are missing: scripts/test.sh creates them (useradd)"
-    m = Munged().start()
+    m = started_for_test_users()
     yield m
     m.stop()
 
@@ -61,13 +58,6 @@ def secret(tmp_path):
     os.chmod(tmp_path, 0o755)
     return path
 
-
-def _exists(user):
-    try:
-        pwd.getpwnam(user)
-        return True
-    except KeyError:
-        return False
 
 
 def _snapshot(path):

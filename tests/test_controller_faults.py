@@ -14,6 +14,7 @@ from airctld.controller import Controller
 from airctld.errors import StoreFailed
 from airctld.service import ControllerService
 from airctld.store import Store
+from fakeclock import Clock
 from protos import air_pb2 as pb
 from protos.credential import Identity
 from protos.states import JobPhase, JobResult, NodeState, Reason
@@ -21,13 +22,6 @@ from protos.states import JobPhase, JobResult, NodeState, Reason
 ROOT = Identity(0, 0)
 DISK_FULL = "database or disk is full"
 
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 class FailingStore(Store):

@@ -4,6 +4,7 @@ import psutil
 from cluster import wait_for
 
 BASE_ADDRESS = "127.0.2.1"
+NODE_TIMEOUT = 12.0   # nodes fence themselves after 6 s without airctld: longer than a restart takes here
 
 
 def _processes(cmdline: str) -> list[psutil.Process]:
@@ -83,3 +84,4 @@ def test_batch_node_kill9_and_restart_kills_the_orphaned_script(cluster):
     wait_for(lambda: not orphans(), timeout=10, what="the orphaned script to be killed")
     job = cluster.wait_state(job_id, "NODE_FAIL", timeout=10)
     assert job["reason"] == "JobLost" and name in job["reason_detail"]
+

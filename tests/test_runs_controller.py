@@ -8,19 +8,13 @@ from airctld.controller import Controller
 from airctld.errors import Conflict
 from airctld.model import NodeAlloc
 from airctld.store import Store
+from fakeclock import Clock
 from protos import air_pb2 as pb
 from protos.credential import Identity
 from protos.states import JobPhase, Reason
 
 ROOT = Identity(0, 0)
 
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 class NoNodes:

@@ -7,19 +7,13 @@ from airctld import config as cfg, events
 from airctld.controller import Controller
 from airctld.model import NodeAlloc
 from airctld.store import Store
+from fakeclock import Clock
 from protos import air_pb2 as pb
 from protos.credential import Identity
 from protos.states import JobPhase, JobResult, Reason
 
 ROOT = Identity(0, 0)
 
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 @pytest.fixture

@@ -9,14 +9,13 @@ import grpc
 import pytest
 
 from cluster import LocalCluster
-from munged import Munged
+from munged import Munged, started_for_test_users
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
 from protos.credential import binding, request_bytes
 from protos.munge import Munge
 
 BASE_ADDRESS = "127.0.4.1"
-USERS = ("airtest-a", "airtest-b", "airtest-op")
 ACCOUNTS = """
 [[accounts]]
 name = "ml"
@@ -30,9 +29,7 @@ users = ["airtest-b", "@airtest-op"]
 
 @pytest.fixture(scope="module")
 def munged():
-    missing = [u for u in USERS if not _exists(u)]
-    assert not missing, f"test users {missing} are missing: scripts/test.sh creates them (useradd)"
-    m = Munged().start()
+    m = started_for_test_users()
     yield m
     m.stop()
 
@@ -45,13 +42,6 @@ def cluster(munged):
     yield c
     c.down()
 
-
-def _exists(user):
-    try:
-        pwd.getpwnam(user)
-        return True
-    except KeyError:
-        return False
 
 
 def _stub(cluster):
