@@ -16,7 +16,6 @@ from airnoded.cgroups import JobCgroups
 from airnoded.gpus import GpuBackend, GpuError
 from airnoded.health import HealthMonitor
 from airnoded.launcher import Launcher, StaleRun
-from airnoded.procs import killpg_all
 from airnoded.steps import StepError, StepLimit, StepRunner
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
@@ -241,12 +240,11 @@ class AgentService:
             self.agent.steps.forget_job(job_id, run)
             threading.Timer(request.grace_s + 1.0, self.agent.remove_job_dir, (job_id, run)).start()
         # steps get the signal at once; on a stop, SIGTERM now and SIGKILL with the batch script's group
-        groups = self.agent.steps.groups(job_id, run)
         ranks = self.agent.steps.signal(job_id, run, request.signal or signal.SIGTERM)
-        if request.signal == 0 and groups:
-            # SIGKILL after the grace time to these ranks only: a requeued run of the job may have
-            # started new ones here by then
-            threading.Timer(request.grace_s, killpg_all, (groups, signal.SIGKILL)).start()
+        if request.signal == 0 and ranks:
+            # SIGKILL after the grace time to this run's ranks still unreaped then (a newer run's are
+            # spared, and no group number is signalled after its leader was reaped and it may be reused)
+            threading.Timer(request.grace_s, self.agent.steps.signal, (job_id, run, signal.SIGKILL)).start()
         return pb.SignalReply(found=batch or ranks)
 
     def InjectFault(self, request: pb.FaultRequest, context):

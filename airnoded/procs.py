@@ -19,11 +19,6 @@ def as_owner(uid: int, gid: int) -> tuple[dict, dict]:
     return dict(user=uid, group=gid, extra_groups=groups), env
 
 
-def killpg_all(pgids, sig: int) -> None:
-    for pgid in pgids:
-        killpg(pgid, sig)
-
-
 def killpg(pgid: int, sig: int) -> None:
     """Signal a process group that may already be gone."""
     try:
