@@ -6,6 +6,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 
 import click
 
@@ -46,16 +47,19 @@ def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_
                        workdir=os.getcwd())
     step = client.call("CreateStep", spec)
     auth = client.config.controller.authenticator()
+    # a node daemon that restarts keeps the step's ranks; airrun follows them again once it is back,
+    # for as long as the daemon's lease lasts (after that its node stops them)
+    patience = client.config.controller.fence_after_s
     events: queue.Queue = queue.Queue()
-    calls = []
+    followers = []
     for node in step.nodes:
         stub = rpc.NodeAgentStub(signed(grpc.insecure_channel(node.address), auth, node.node))
-        call = stub.RunStep(pb.RunStepRequest(job_id=step.job_id, step_id=step.step_id))
-        calls.append(call)
-        threading.Thread(target=_drain, args=(node.node, call, events), daemon=True).start()
+        follower = _Follower(node.node, stub, step, len(node.ranks), events, patience)
+        followers.append(follower)
+        threading.Thread(target=follower.run, daemon=True).start()
 
     out, err = sys.stdout.buffer, sys.stderr.buffer
-    remaining, first_bad, streams_left = step.world_size, 0, len(calls)
+    remaining, first_bad, streams_left = step.world_size, 0, len(followers)
 
     def stopping(signum, frame):
         # The ranks get the same signal from their node daemons: let them checkpoint and end on their
@@ -91,23 +95,64 @@ def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_
     except KeyboardInterrupt:
         first_bad = 130
     finally:
-        for call in calls:
-            call.cancel()
+        for follower in followers:
+            follower.cancel()
     if first_bad:
         sys.exit(first_bad)
 
 
-def _drain(node: str, call, events: queue.Queue) -> None:
-    import grpc
-    try:
-        for event in call:
-            events.put(("event", event))
-        events.put(("end", ""))
-    except grpc.RpcError as e:
-        if e.code() == grpc.StatusCode.CANCELLED:
-            events.put(("end", ""))
-        else:
-            events.put(("end", f"{node}: {e.details() or e.code().name}"))
+class _Follower:
+    """One node's part of the step: its events, and again after its daemon restarted (attach), each
+    rank's exit passed on once."""
+
+    def __init__(self, node: str, stub, step, ranks: int, events: queue.Queue, patience: float):
+        self.node, self.stub, self.step, self.ranks = node, stub, step, ranks
+        self.events, self.patience = events, patience
+        self.exited: set[int] = set()
+        self.call = None
+        self.cancelled = False
+        self.lock = threading.Lock()
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            if self.call is not None:
+                self.call.cancel()
+
+    def run(self) -> None:
+        import grpc
+        from protos import air_pb2 as pb
+        attach, lost_since, problem = False, None, ""
+        while True:
+            with self.lock:
+                if self.cancelled:
+                    return self.events.put(("end", ""))
+                self.call = self.stub.RunStep(pb.RunStepRequest(job_id=self.step.job_id, step_id=self.step.step_id,
+                                                                attach=attach))
+            try:
+                for event in self.call:
+                    lost_since = None
+                    if event.exited:
+                        if event.rank in self.exited:
+                            continue   # seen before the daemon restarted
+                        self.exited.add(event.rank)
+                    self.events.put(("event", event))
+                if len(self.exited) >= self.ranks:
+                    return self.events.put(("end", ""))
+                problem = "its node daemon stopped"
+            except grpc.RpcError as e:
+                if self.cancelled:
+                    return self.events.put(("end", ""))
+                # the daemon is away (restarting) or went away mid-stream: follow again; anything else is final
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                    return self.events.put(("end", f"{self.node}: {e.details() or e.code().name}"))
+                problem = e.details() or e.code().name
+            now = time.monotonic()
+            lost_since = lost_since or now
+            if now - lost_since > self.patience:
+                return self.events.put(("end", f"{self.node}: {problem}"))
+            attach = True
+            time.sleep(0.25)
 
 
 main = entry(command, "airrun")

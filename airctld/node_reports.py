@@ -65,8 +65,12 @@ class NodeReports:
                 self.store.save_node(node)
             self.nodes[info.name] = node
             self._dirty = True
+            # a daemon that starts (again) may have adopted runs whose stop it never received
+            stopping = [j for j in self.jobs.in_phase(JobPhase.COMPLETING) if info.name in j.node_names]
         log.info("node %s registered from %s: %d cpus, %d gpus", info.name, info.address, info.cpus,
                  len(info.gpus))
+        for job in stopping:
+            self._send_signal(job, 0)
         self._wake.set()
 
     def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:

@@ -45,5 +45,6 @@ class NodeClients:
                reason: str = "") -> bool:
         reply = self._stub(address).Signal(pb.SignalRequest(job_id=job_id, run=run, signal=signal, grace_s=grace_s,
                                                             batch_only=batch_only, reason=reason),
-                                           timeout=CALL_TIMEOUT_S)
+                                           timeout=CALL_TIMEOUT_S,
+                                           wait_for_ready=True)   # a daemon that restarts: a backoff is no answer
         return reply.found

@@ -63,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"airnoded: error: {e}", file=sys.stderr)
         return 2
     agent = Agent(cfg, node, gpus, auth)
-    try:
-        agent.launcher.kill_orphans()
+    try:   # before the keeper is replaced and before any heartbeat: the runs an earlier daemon left
+        agent.adopt()
     except Exception as e:   # what an earlier daemon left must never keep this one from starting
-        logging.getLogger("airnoded").exception("cleaning what an earlier airnoded left failed: %s", e)
+        logging.getLogger("airnoded").exception("adopting what an earlier airnoded left failed: %s", e)
     # the keeper acts a little after the daemon would, so that a live daemon fences (and says so) itself
     later = min(0.5, cfg.controller.fence_grace_s / 2)
     fence.start(node.spool, cfg.controller.fence_after_s + later, cfg.controller.fence_grace_s - later)

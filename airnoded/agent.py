@@ -47,8 +47,10 @@ class Agent:
                                 cc.max_steps_per_user, on_idle=self.remove_job_dir)
         self.progress = progress.ProgressReader(node.spool, cc.max_report_bytes)
         self.beat_failures = 0   # beats that failed with an error of this daemon's own (logged, counted)
-        self._lease = lease_clock()   # when a call to the controller that got an answer began
-        self._lease_file = fence.Lease(node.spool)   # what the fence keeper reads
+        self._lease_file = fence.Lease(node.spool)   # what the fence keeper reads (an earlier daemon's, if any)
+        # when a call to the controller that got an answer began: the earlier daemon's last, so that runs
+        # it left are not run past their lease; else now
+        self._lease = self._lease_file.value or lease_clock()
         self._fenced: set[tuple[int, int]] = set()   # runs this daemon has fenced since the lease ran out
         self._exits: dict[tuple[int, int], pb.JobExit] = {}   # (job, run) -> exit not yet acknowledged
         self._health: list[pb.HealthEvent] = []   # health events not yet delivered
@@ -195,7 +197,15 @@ class Agent:
         if (job_id, run) not in self.launcher.runs() and not self.steps.has_ranks(job_id, run):
             jobfiles.remove_job_dir(self.node.spool, job_id, run)
 
+    def adopt(self) -> None:
+        """Take over what an earlier daemon on this node left running (its steps, then its batch scripts);
+        what no one can watch any more is killed."""
+        stepped = self.steps.adopt(self.node.spool)
+        batch = self.launcher.adopt(keep=stepped)
+        self.launcher.kill_leftover_cgroups(keep=stepped | set(batch))
+
     def stop(self) -> None:
+        self.steps.detach()   # the ranks stay with their shepherds, for the next daemon
         self._stopping.set()
         self._wake.set()
         self.cgroups.close()
@@ -266,8 +276,9 @@ class AgentService:
 
     def RunStep(self, request: pb.RunStepRequest, context):
         who = self._identify(context, "RunStep", request)
+        steps = self.agent.steps
         try:
-            events, stop = self.agent.steps.run(request.job_id, request.step_id, who.uid)
+            events, stop = (steps.attach if request.attach else steps.run)(request.job_id, request.step_id, who.uid)
         except StepError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except StepLimit as e:

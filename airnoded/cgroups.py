@@ -78,20 +78,12 @@ class JobCgroups:
             path = self._current.get(job_id)
         return path if path is not None and path.is_dir() else None
 
-    @staticmethod
-    def attach(path: Path, pid: int) -> None:
-        (path / "cgroup.procs").write_text(str(pid))
-
-    def enter(self, path: Path, proc) -> None:
-        """Put a process started behind the launcher's GATE into the group, then let it run. If it cannot
-        enter, it never runs: the gate opens only on "go"."""
-        try:
-            self.attach(path, proc.pid)
-        except BaseException:
-            proc.stdin.close()
-            raise
-        proc.stdin.write(b"go\n")
-        proc.stdin.close()
+    def adopt(self, job_id: int, path: Path) -> None:
+        """The group of a run an earlier daemon started (found in its folder): the job's current one here,
+        if it is one of this node's."""
+        if self.base is not None and path.parent == self.base and path.is_dir():
+            with self._lock:
+                self._current[job_id] = path
 
     @staticmethod
     def pids(path: Path) -> list[int]:

@@ -6,8 +6,8 @@ cannot: its jobs' processes run on while the controller, after node_timeout_s, s
 jobs elsewhere. The keeper is not frozen with the daemon and outlives it. The daemon writes the
 lease (the CLOCK_BOOTTIME second at which its last answered call to the controller began) to
 SPOOL/lease; the keeper reads it a few times a second, and once it is older than the fence it
-sends SIGTERM to each run's process groups (the batch script's and its steps' ranks', recorded by
-the daemon in the run's folder) and to its cgroup, then SIGKILL after the grace, which ends before
+sends SIGTERM to each run's process groups (the batch script's and its steps' ranks', as their
+shepherds recorded them in the run's folder) and to its cgroup, then SIGKILL after the grace, which ends before
 the controller's node timeout.
 
     python -m airnoded.fence SPOOL FENCE_AFTER_S GRACE_S
@@ -22,13 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-from airnoded import jobfiles
+from airnoded import jobfiles, shepherding
 
 log = logging.getLogger("airnoded.fence")
 
 LEASE = "lease"
 KEEPER_PID = "fence.pid"
-GROUPS = "groups"     # in a run's folder: "pgid starttime" of its batch script's and ranks' groups
 CGROUP = "cgroup"     # in a run's folder: the run's cgroup, when it has one
 FENCED = "fenced"     # in a run's folder: written before a fence signals the run
 CHECK_EVERY_S = 0.2
@@ -46,10 +45,14 @@ class Lease:
     width), so renewing needs no free block or inode. A renewal that cannot be written is no renewal."""
 
     def __init__(self, spool: Path):
-        """A daemon starts with no lease (0: the keeper waits for the first renewal)."""
+        """A daemon starts with the lease an earlier daemon left (runs it left are not to outlive it),
+        else with none (0: the keeper waits for the first renewal). A lease from the future is from
+        before a reboot: none."""
+        earlier = lease(spool)
+        self.value = earlier if earlier is not None and 0 < earlier <= now() else 0.0
         path = spool / LEASE
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        os.pwrite(self.fd, b"0".ljust(LEASE_WIDTH - 1) + b"\n", 0)
+        os.pwrite(self.fd, f"{self.value!r}".ljust(LEASE_WIDTH - 1).encode() + b"\n", 0)
 
     def renew(self, began: float) -> bool:
         try:
@@ -74,32 +77,6 @@ def start_time(pid: int) -> int | None:
             return int(f.read().rsplit(b")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def record_groups(folder: Path, groups: dict[int, int | None]) -> None:
-    """groups: pgid -> start time of its leader (None: not known)."""
-    jobfiles.write_root_file(folder, GROUPS, "".join(f"{p} {t or 0}\n" for p, t in sorted(groups.items())).encode(),
-                             0o600)
-
-
-def _groups(folder: Path) -> list[int]:
-    """The run's process groups that are still its own: a group whose number a new process has
-    taken since (the leader's start time differs) is left alone."""
-    try:
-        text = jobfiles.read_root_file(folder, GROUPS, 1 << 20).decode()
-    except (OSError, jobfiles.UnsafeFile):
-        return []
-    out = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) != 2 or not (parts[0].isdigit() and parts[1].isdigit()) or int(parts[0]) <= 1:
-            continue
-        pgid, began = int(parts[0]), int(parts[1])
-        now = start_time(pgid)
-        # no process with that number: the group is empty, or only members of ours hold the number
-        if now is None or not began or now == began:
-            out.append(pgid)
-    return out
 
 
 def mark_fenced(folder: Path) -> None:
@@ -129,7 +106,7 @@ def stop_runs(spool: Path, sig: int, only: set[str] | None = None) -> list[str]:
             continue
         folder = Path(entry.path)
         mark_fenced(folder)
-        targets = _groups(folder)
+        targets = shepherding.live_groups(folder)
         for pgid in targets:
             try:
                 os.killpg(pgid, sig)

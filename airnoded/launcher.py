@@ -11,7 +11,6 @@ import logging
 import os
 import select
 import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,9 +20,10 @@ from typing import Callable
 import hostlist
 import psutil
 
-from airnoded import fence, jobfiles, progress
+from airnoded import fence, jobfiles, progress, shepherding
 from airnoded.cgroups import JobCgroups, memory_limit_bytes
 from airnoded.procs import as_owner, exit_status, killpg
+from airnoded.shepherding import Child, Herd
 from protos import air_pb2 as pb
 from protos.states import REASON_NAMES, Reason
 
@@ -32,15 +32,12 @@ log = logging.getLogger("airnoded")
 DEFAULT_OUTPUT = "air-%j.out"
 MAX_STATUS_BYTES = 64 * 1024   # what the start-up shell may say before the script runs
 
-# GATE holds a job's first process until the daemon has put it in the job's cgroup (it writes a
-# line to the process's stdin then), so that nothing the job forks escapes the group.
-# It fails closed: without the daemon's "go" (the daemon died first, or could not enter the group),
-# the job never runs.
-GATE_LINE = 'read -r go || exit 125; [ "$go" = go ] || exit 125; exec 0</dev/null; '
-GATE = GATE_LINE + 'exec "$@"'
 MAX_RUNS_REMEMBERED = 100_000   # jobs whose newest run a node remembers (to refuse older launches)
+BATCH = "batch"                 # the batch script's shepherd, in the run's folder
+JOB_FILE = "job.pb"             # the run's job as launched, for a daemon that adopts it
+MAX_JOB_FILE = 256 << 20
 
-# Runs as the job's owner (after the same gate): enter the working directory and open the output files with the
+# Runs as the job's owner (started by the run's shepherd, in the run's cgroup): enter the working directory and open the output files with the
 # owner's rights (so a job writes only where its owner could), then exec the script. Any
 # failure is written to the status pipe (its stdout and stderr at start, kept as fd 3); every
 # copy of the pipe is closed by the time the script runs, so the daemon reads EOF at exec.
@@ -130,12 +127,13 @@ def job_environment(job: pb.Job, node: str, spool: Path | None = None) -> dict[s
 class RunningJob:
     job_id: int
     run: int
-    process: subprocess.Popen
-    pgid: int
+    herd: Herd               # the run's shepherd: the batch script's parent
+    pgid: int                # the batch script's process (and its group's number)
     status_fd: int = -1      # read end of the start-up status pipe
     cgroup: Path | None = None
     killed: bool = False
     fenced: bool = False     # stopped by the node's own fence, not by the controller
+    adopted: bool = False    # started by an earlier daemon on this node
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -207,83 +205,49 @@ class Launcher:
         jobdir = jobfiles.create_job_dir(self.spool, job.job_id, job.restart_count)   # root's, fresh for this run
         jobfiles.write_root_file(jobdir, "script", req.script.encode(), 0o700,
                                  owner=None if same_user else (job.uid, job.gid))
+        jobfiles.write_root_file(jobdir, JOB_FILE, job.SerializeToString(), 0o600)   # for a daemon that adopts it
         script = jobdir / "script"
         out_path, err_path = output_paths(job, self.node)
         kwargs, owner_env = as_owner(job.uid, job.gid)
         progress.prepare(self.spool, job.job_id, job.restart_count, job.uid, job.gid)
         env = {**job_environment(job, self.node, self.spool), **owner_env}
         separate_err = err_path if err_path and err_path != out_path else ""
-        status_r = -1
         here = next((a for a in job.allocation if a.node == self.node), None)
         group = self.cgroups.create(job.job_id, job.restart_count,
                                     memory_limit_bytes(req.mem_per_node_mb, req.mem_per_gpu_mb,
                                                        len(here.gpus) if here else 0))
-        gated = group is not None
-        stdin = subprocess.PIPE if gated else subprocess.DEVNULL
-        if same_user:
-            proc = self._spawn_as_self(job, script, out_path, separate_err, env, stdin, gated)
-        else:
-            status_r, status_w = os.pipe()
-            try:
-                proc = subprocess.Popen(
-                    ["/bin/sh", "-c", (GATE_LINE if gated else "") + START_AS_OWNER, "air-job", req.workdir, out_path, separate_err,
-                     str(script), *req.argv],
-                    env=env, stdin=stdin, stdout=status_w, stderr=status_w,
-                    start_new_session=True, **kwargs)
-            except BaseException:
-                os.close(status_r)
-                raise
-            finally:
-                os.close(status_w)
-        try:   # recorded for the fence keeper before the gate lets the script run
-            jobfiles.write_root_file(jobdir, "pgid", f"{proc.pid}\n".encode(), 0o600)
-            fence.record_groups(jobdir, {proc.pid: fence.start_time(proc.pid)})
-            if group is not None:
-                jobfiles.write_root_file(jobdir, fence.CGROUP, str(group).encode(), 0o600)
-            if gated:
-                self.cgroups.enter(group, proc)
-        except BaseException:
-            killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-        log.info("job %d started: pid %d, gpus %s", job.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"] or "-")
-        return RunningJob(job.job_id, job.restart_count, proc, proc.pid, status_fd=status_r, cgroup=group)
-
-    @staticmethod
-    def _spawn_as_self(job: pb.Job, script: Path, out_path: str, err_path: str, env: dict, stdin,
-                       gated: bool) -> subprocess.Popen:
-        """A job of the daemon's own user: the daemon's rights are the owner's, so it opens the output
-        itself and spares the wrapper's extra shell (about 1.3 ms a job). Failures raise OSError."""
-        out = open(out_path, "ab")
-        argv = [str(script), *job.request.argv]
-        if gated:
-            argv = ["/bin/sh", "-c", GATE, "air-job"] + argv
+        if group is not None:
+            jobfiles.write_root_file(jobdir, fence.CGROUP, str(group).encode(), 0o600)
+        argv = ["/bin/sh", "-c", START_AS_OWNER, "air-job", req.workdir, out_path, separate_err, str(script), *req.argv]
+        status_r, status_w = os.pipe()
         try:
-            err = open(err_path, "ab") if err_path else None
-            try:
-                return subprocess.Popen(argv, cwd=job.request.workdir, env=env,
-                                        stdin=stdin, stdout=out,
-                                        stderr=err if err is not None else subprocess.STDOUT,
-                                        start_new_session=True)
-            finally:
-                if err is not None:
-                    err.close()
+            herd = shepherding.spawn(jobdir, BATCH, [Child(argv, env, status_w, status_w)],
+                                     None if same_user else job.uid, job.gid,
+                                     list(kwargs.get("extra_groups", [job.gid])), group)
+        except BaseException:
+            os.close(status_r)
+            raise
         finally:
-            out.close()
+            os.close(status_w)
+        pgid = herd.pids.get(0, 0)
+        if pgid:
+            jobfiles.write_root_file(jobdir, "pgid", f"{pgid}\n".encode(), 0o600)
+        log.info("job %d started: pid %d, gpus %s", job.job_id, pgid, env["CUDA_VISIBLE_DEVICES"] or "-")
+        return RunningJob(job.job_id, job.restart_count, herd, pgid, status_fd=status_r, cgroup=group)
 
     def _wait(self, running: RunningJob) -> None:
         problem = self._start_status(running) if running.status_fd >= 0 else ""
-        try:   # the group's number stays ours until its leader is reaped: kill what is left first
-            os.waitid(os.P_PID, running.process.pid, os.WEXITED | os.WNOWAIT)
-        except ChildProcessError:
-            pass
-        killpg(running.pgid, signal.SIGKILL)  # whatever the script left behind in its group
-        status = running.process.wait()
+        running.herd.wait()   # the shepherd reaps the script, after killing what it left in its group
+        status = running.herd.exits.get(0)
+        if status is None:    # the shepherd ended without saying how the script did: killed with it
+            running.herd.kill_children()
+            running.killed = True
+            status = -signal.SIGKILL
         running.done.set()
         oom, peak = self._end_cgroup(running.cgroup)
         with self._lock:
             self.jobs.pop((running.job_id, running.run), None)
-        code, sig = exit_status(status)
+        code, sig = exit_status(status) if status < 0 else _wait_status(status)
         # a fence (the daemon's, or the keeper's while the daemon was frozen) marks a run before it signals it
         running.fenced = running.fenced or fence.was_fenced(jobfiles.job_dir(self.spool, running.job_id, running.run))
         if problem:
@@ -301,10 +265,11 @@ class Launcher:
     @staticmethod
     def _start_status(running: RunningJob) -> str:
         """What the start-up shell said before the script ran (EOF once it is exec'd). Read until EOF
-        or until the process has ended: a process of the job's owner may hold the pipe open."""
+        or until the shepherd has ended: a process of the job's owner may hold the pipe open."""
         chunks, size = [], 0
         poller = select.poll()
         poller.register(running.status_fd, select.POLLIN)
+        proc = running.herd.proc
         try:
             while True:
                 if poller.poll(500):
@@ -314,7 +279,7 @@ class Launcher:
                     if size < MAX_STATUS_BYTES:
                         chunks.append(data)
                         size += len(data)
-                elif running.process.poll() is not None:
+                elif proc is None or proc.poll() is not None:
                     break
         finally:
             os.close(running.status_fd)
@@ -333,33 +298,76 @@ class Launcher:
         self.cgroups.remove(group)
         return oom, peak
 
-    def kill_orphans(self) -> list[int]:
-        """Kill what jobs of an earlier daemon on this node left running; it can no longer watch them.
-
-        The controller then finds those jobs gone from this node and ends them with a reason.
-        """
-        killed = []
+    def adopt(self, keep: set[tuple[int, int]] = frozenset()) -> list[tuple[int, int]]:
+        """Take over the batch scripts an earlier daemon on this node started: each whose shepherd still
+        runs is watched as if launched here; one whose shepherd ended while no daemon watched is
+        reported with the exit its record holds. Folders of runs with nothing left in them, and not in
+        `keep` (runs whose steps the step runner adopted), are removed, and what a daemon without
+        shepherds left in them killed. Returns the runs adopted."""
+        adopted = []
         for entry in os.scandir(self.spool):
             key = jobfiles.parse_job_dir(entry.name)
             if key is None:
                 continue
             job_id, run = key
-            try:
-                pgid = int(jobfiles.read_root_file(Path(entry.path), "pgid", 64))
-            except (OSError, ValueError, jobfiles.UnsafeFile):
-                pgid = 0
-            if pgid > 1 and _group_is_job(pgid, job_id):  # not a recycled process group
-                killpg(pgid, signal.SIGKILL)
-                log.warning("job %d: killed process group %d left by an earlier airnoded", job_id, pgid)
-                killed.append(job_id)
-            jobfiles.remove_job_dir(self.spool, job_id, run)
-        if self.cgroups.enabled:   # and whatever left its group but not its cgroup
-            for group in self.cgroups.leftovers():
-                if self.cgroups.kill(group):
-                    log.warning("%s: killed processes left in the cgroup by an earlier airnoded", group.name)
-                    time.sleep(0.1)
-                self.cgroups.remove(group)
-        return killed
+            folder = Path(entry.path)
+            if BATCH in shepherding.tags(folder):
+                try:
+                    running = self._adopt_one(folder, job_id, run)
+                except Exception as e:   # a record this daemon cannot read: the controller learns it is gone
+                    log.warning("job %d: run %d left by an earlier airnoded cannot be adopted: %s", job_id, run, e)
+                    shepherding.adopt(folder, BATCH).kill_children()
+                else:
+                    adopted.append(key)
+                    threading.Thread(target=self._wait, args=(running,), name=f"job-{job_id}.{run}",
+                                     daemon=True).start()
+                    continue
+            elif key not in keep:
+                self._kill_unwatched(folder, job_id)
+            if key not in keep:
+                jobfiles.remove_job_dir(self.spool, job_id, run)
+        return adopted
+
+    def _adopt_one(self, folder: Path, job_id: int, run: int) -> RunningJob:
+        job = pb.Job.FromString(jobfiles.read_root_file(folder, JOB_FILE, MAX_JOB_FILE))
+        if (job.job_id, job.restart_count) != (job_id, run):
+            raise ValueError(f"its record is for job {job.job_id} run {job.restart_count}")
+        herd = shepherding.adopt(folder, BATCH)
+        try:
+            group = Path(jobfiles.read_root_file(folder, fence.CGROUP, 4096).decode())
+        except (OSError, jobfiles.UnsafeFile):
+            group = None
+        if group is not None:
+            self.cgroups.adopt(job_id, group)
+        running = RunningJob(job_id, run, herd, herd.pids.get(0, 0), cgroup=group, adopted=True)
+        with self._lock:
+            self.jobs[(job_id, run)] = running
+            self._newest[job_id] = max(run, self._newest.get(job_id, -1))
+        log.info("job %d: run %d adopted from an earlier airnoded (batch script pid %d, %s)", job_id, run,
+                 running.pgid, "running" if not herd.ended else "ended meanwhile")
+        return running
+
+    def _kill_unwatched(self, folder: Path, job_id: int) -> None:
+        """A run folder without a shepherd (left by a daemon that started jobs itself): kill its group."""
+        try:
+            pgid = int(jobfiles.read_root_file(folder, "pgid", 64))
+        except (OSError, ValueError, jobfiles.UnsafeFile):
+            return
+        if pgid > 1 and _group_is_job(pgid, job_id):  # not a recycled process group
+            killpg(pgid, signal.SIGKILL)
+            log.warning("job %d: killed process group %d left by an earlier airnoded", job_id, pgid)
+
+    def kill_leftover_cgroups(self, keep: set[tuple[int, int]]) -> None:
+        """Kill and remove the cgroups of runs no one watches (neither adopted nor with steps here)."""
+        if not self.cgroups.enabled:
+            return
+        for group in self.cgroups.leftovers():
+            if jobfiles.parse_job_dir(group.name) in keep:
+                continue
+            if self.cgroups.kill(group):
+                log.warning("%s: killed processes left in the cgroup by an earlier airnoded", group.name)
+                time.sleep(0.1)
+            self.cgroups.remove(group)
 
     def signal(self, job_id: int, run: int, sig: int, grace_s: float, batch_only: bool = False) -> bool:
         """Send `sig` to this run's process group (or only its batch shell); sig 0 terminates: SIGTERM,
@@ -373,8 +381,10 @@ class Launcher:
         if running is None:
             return False
         if sig and batch_only:
+            if not running.pgid or 0 in running.herd.exits:
+                return False
             try:
-                os.kill(running.process.pid, sig)
+                os.kill(running.pgid, sig)
             except ProcessLookupError:
                 return False
             return True
@@ -428,6 +438,13 @@ def _group_is_job(pgid: int, job_id: int) -> bool:
         except (psutil.Error, ProcessLookupError):
             continue
     return False
+
+
+def _wait_status(status: int) -> tuple[int, int]:
+    """waitpid's raw status as (exit code, signal)."""
+    if os.WIFSIGNALED(status):
+        return 0, os.WTERMSIG(status)
+    return os.WEXITSTATUS(status), 0
 
 
 def _last_line(text: str) -> str:

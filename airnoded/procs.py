@@ -20,7 +20,9 @@ def as_owner(uid: int, gid: int) -> tuple[dict, dict]:
 
 
 def killpg(pgid: int, sig: int) -> None:
-    """Signal a process group that may already be gone."""
+    """Signal a process group that may already be gone (never 0 or 1: the caller's own group, or init's)."""
+    if pgid <= 1:
+        return
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):

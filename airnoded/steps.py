@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import signal
+import select
 import socket
 import subprocess
 import threading
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from airctld.steps import rank_environment
-from airnoded import fence, jobfiles, progress
+from airnoded import jobfiles, progress, shepherding
 from airnoded.cgroups import JobCgroups
-from airnoded.launcher import GATE_LINE
-from airnoded.procs import as_owner, exit_status, killpg
+from airnoded.procs import as_owner, killpg
+from airnoded.shepherding import Child, Herd
+from airnoded.shepherd import start_time
 from protos import air_pb2 as pb
 
 log = logging.getLogger("airnoded")
@@ -34,6 +36,8 @@ MAX_QUEUED = 4096  # output lines held for airrun per step on this node
 MAX_LINE = 64 * 1024
 MAX_PREPARED = 64  # steps of one job prepared here and not yet started
 MAX_STREAMS = 96   # steps streaming on this node at once, all users together (the server has 128 threads)
+MAX_STEP_FILE = 64 << 20
+ATTACH_WAIT_S = 60.0   # how long adopted ranks wait for their airrun to attach again
 _END = object()    # put on a step's queue when the stream must end
 
 
@@ -65,6 +69,9 @@ class StepRunner:
         self._streams: dict[RunKey, int] = {}       # run -> steps of it streaming here
         self._user_streams: dict[int, int] = {}     # uid -> steps of theirs streaming here
         self._ranks = 0                             # ranks running here
+        self._adopted: dict[tuple[int, int], _Stream] = {}   # (job, step) -> adopted, airrun not back yet
+        self._live: set[_Stream] = set()
+        self.detaching = threading.Event()
         self._lock = threading.Lock()
 
     def prepare(self, step: pb.Step) -> int:
@@ -105,10 +112,24 @@ class StepRunner:
             killpg(pgid, sig or signal.SIGKILL)
         return bool(pgids)
 
+    def attach(self, job_id: int, step_id: int, uid: int) -> tuple[Iterator[pb.StepEvent], Callable[[], None]]:
+        """Follow a step an earlier daemon started here (airrun again after a restart); once."""
+        with self._lock:
+            stream = self._adopted.get((job_id, step_id))
+            if stream is None or stream.attached.is_set() or stream.stopped.is_set():
+                raise StepError(f"step {job_id}.{step_id} is not running on {self.node}")
+            if uid not in (stream.step.uid, 0):
+                raise PermissionError(f"step {job_id}.{step_id} belongs to uid {stream.step.uid}")
+            stream.attached.set()
+            del self._adopted[(job_id, step_id)]
+        return stream.events(), stream.stop
+
     def run(self, job_id: int, step_id: int, uid: int) -> tuple[Iterator[pb.StepEvent], Callable[[], None]]:
         """Start this node's ranks; returns (events, stop). `uid` is the verified caller: the step's
         owner as the controller signed it, or root. Nothing is taken or counted before the checks."""
         with self._lock:
+            if self.detaching.is_set():
+                raise StepLimit(f"{self.node}'s daemon is stopping; try again")
             step = self._prepared.get((job_id, step_id))
             if step is None:
                 raise StepError(f"step {job_id}.{step_id} is not prepared on {self.node}")
@@ -135,6 +156,8 @@ class StepRunner:
             self._streams[key] = self._streams.get(key, 0) + 1
             self._ranks += len(here.ranks)
         stream = _Stream(self, step, key, len(here.ranks))
+        with self._lock:
+            self._live.add(stream)
         try:
             stream.start(index)
         except BaseException:
@@ -144,8 +167,7 @@ class StepRunner:
 
     def _started(self, key: RunKey, pgid: int) -> None:
         with self._lock:
-            self._groups.setdefault(key, {})[pgid] = fence.start_time(pgid)
-            self._record(key)
+            self._groups.setdefault(key, {})[pgid] = start_time(pgid)
 
     def _reaped(self, key: RunKey, pgid: int) -> None:
         """A rank's leader is about to be reaped: its group's number may be anyone's afterwards."""
@@ -153,34 +175,18 @@ class StepRunner:
             groups = self._groups.get(key)
             if groups is not None:
                 groups.pop(pgid, None)
-                self._record(key)
 
-    def _record(self, key: RunKey) -> None:
-        """The run's rank groups in its folder, where the fence keeper finds them (under the lock)."""
-        if self.spool is None:
-            return
-        folder = jobfiles.job_dir(self.spool, *key)
-        groups = dict(self._groups.get(key, {}))
-        try:
-            batch = int(jobfiles.read_root_file(folder, "pgid", 64))
-            groups[batch] = fence.start_time(batch)
-        except (OSError, ValueError, jobfiles.UnsafeFile):
-            pass
-        try:
-            fence.record_groups(folder, groups)
-        except OSError as e:
-            log.warning("job %d: rank groups not recorded for the fence: %s", key[0], e)
-
-    def _ended(self, key: RunKey, uid: int, pgids: list[int], ranks: int) -> None:
+    def _ended(self, key: RunKey, uid: int, pgids: list[int], ranks: int, stream: "_Stream") -> None:
         """A stream's end: its ranks and counts go, and the run's folder with its last step here."""
         with self._lock:
+            self._adopted.pop((key[0], stream.step.step_id), None)
             groups = self._groups.get(key, {})
             for pgid in pgids:
                 groups.pop(pgid, None)
             if not groups:
                 self._groups.pop(key, None)
-            self._record(key)
             self._ranks -= ranks
+            self._live.discard(stream)
             self._user_streams[uid] -= 1
             if not self._user_streams[uid]:
                 del self._user_streams[uid]
@@ -188,21 +194,79 @@ class StepRunner:
             idle = not self._streams[key]
             if idle:
                 del self._streams[key]
-        if idle:
+        if idle and not self.detaching.is_set():
             self.on_idle(*key)
+
+    def detach(self) -> None:
+        """The daemon is stopping: streams end without killing their ranks (the next daemon adopts them)."""
+        self.detaching.set()
+        with self._lock:
+            streams = list(self._live)
+        for stream in streams:
+            stream.stop()
+
+    def adopt(self, spool: Path) -> set[RunKey]:
+        """The steps an earlier daemon on this node started and whose ranks still run or ended unseen:
+        each waits for airrun to attach again (ATTACH_WAIT_S, then its ranks are killed). Returns the runs."""
+        runs = set()
+        for entry in os.scandir(spool):
+            key = jobfiles.parse_job_dir(entry.name)
+            if key is None:
+                continue
+            folder = Path(entry.path)
+            for tag in shepherding.tags(folder):
+                if not tag.startswith("step"):
+                    continue
+                try:
+                    step = pb.Step.FromString(jobfiles.read_root_file(folder, f"{tag}.pb", MAX_STEP_FILE))
+                    index = next(i for i, n in enumerate(step.nodes) if n.node == self.node)
+                    if (step.job_id, step.run) != key or f"step{step.step_id}" != tag:
+                        raise ValueError("its record names another step")
+                except (OSError, ValueError, StopIteration, jobfiles.UnsafeFile) as e:
+                    log.warning("%s/%s left by an earlier airnoded cannot be adopted: %s", entry.name, tag, e)
+                    shepherding.adopt(folder, tag).kill_children()
+                    continue
+                here = step.nodes[index]
+                stream = _Stream(self, step, key, len(here.ranks))
+                with self._lock:
+                    self._adopted[(step.job_id, step.step_id)] = stream
+                    self._live.add(stream)
+                    self._user_streams[step.uid] = self._user_streams.get(step.uid, 0) + 1
+                    self._streams[key] = self._streams.get(key, 0) + 1
+                    self._ranks += len(here.ranks)
+                stream.adopt(folder, index)
+                threading.Timer(ATTACH_WAIT_S, self._unclaimed, (stream,)).start()
+                runs.add(key)
+                log.info("step %d.%d (run %d) adopted from an earlier airnoded: %d ranks running", step.job_id,
+                         step.step_id, step.run, len(stream.herd.running()))
+        return runs
+
+    def _unclaimed(self, stream: "_Stream") -> None:
+        if not stream.attached.is_set() and not stream.stopped.is_set():
+            log.warning("step %d.%d: airrun did not come back in %.0f s; killing its ranks", stream.key[0],
+                        stream.step.step_id, ATTACH_WAIT_S)
+            stream.stop()
 
 
 class _Stream:
-    """One step's ranks on this node and the events airrun reads from them."""
+    """One step's ranks on this node (children of one shepherd) and the events airrun reads from them.
+
+    Each rank writes its output into two FIFOs in the run's folder that its shepherd holds open, so
+    a rank never loses its output or gets EPIPE while no daemon reads (it waits), and a daemon that
+    adopts the step opens them again and goes on where the last one stopped."""
 
     def __init__(self, runner: StepRunner, step: pb.Step, key: RunKey, ranks: int):
         self.runner = runner
         self.step = step
         self.key = key
         self.ranks = ranks
+        self.tag = f"step{step.step_id}"
         self.queue: queue.Queue = queue.Queue(maxsize=MAX_QUEUED)   # ranks that print faster than airrun reads wait
         self.stopped = threading.Event()
-        self.procs: list[subprocess.Popen] = []
+        self.attached = threading.Event()   # someone follows the events (set at once for a live start)
+        self.herd: Herd | None = None
+        self.outputs: dict[int, tuple[int, int, bool]] = {}   # fd -> (child, rank, stderr)
+        self.rank_of: list[int] = []                         # child -> global rank
         self._stop_lock = threading.Lock()
 
     def start(self, index: int) -> None:
@@ -211,31 +275,58 @@ class _Stream:
         here = step.nodes[index]
         kwargs, extra_env = as_owner(step.uid, step.gid)
         if runner.spool is not None:   # where the ranks report progress and read why they were stopped
-            progress.prepare(runner.spool, job_id, run, step.uid, step.gid)
+            folder = progress.prepare(runner.spool, job_id, run, step.uid, step.gid).parent
             extra_env = {**extra_env, **progress.environment(runner.spool, job_id, run)}
-        group = runner.cgroups.current(job_id)
-        gated = group is not None   # ranks join the job's cgroup on its batch node
-        start = (GATE_LINE + RANK_START) if gated else RANK_START
-        argv = ["/bin/sh", "-c", start, "air-rank", step.spec.workdir or "/", *step.spec.argv]
+        else:
+            raise StepError(f"{runner.node} has no spool for the step's records")
+        jobfiles.write_root_file(folder, f"{self.tag}.pb", step.SerializeToString(), 0o600)
+        argv = ["/bin/sh", "-c", RANK_START, "air-rank", step.spec.workdir or "/", *step.spec.argv]
+        children, ours, theirs = [], [], []
+        try:
+            for local_rank, rank in enumerate(here.ranks):
+                env = rank_environment(step, index, local_rank, {**step.spec.environment, **extra_env})
+                fds = []
+                for stream in ("out", "err"):
+                    r, w = shepherding.make_fifo(folder, f"{self.tag}.{local_rank}.{stream}")
+                    ours.append(r)
+                    theirs.append(w)
+                    self.outputs[r] = (local_rank, rank, stream == "err")
+                    fds.append(w)
+                children.append(Child(argv, env, fds[0], fds[1]))
+                self.rank_of.append(rank)
+            self.herd = shepherding.spawn(folder, self.tag, children,
+                                          None if step.uid == os.getuid() else step.uid, step.gid,
+                                          list(kwargs.get("extra_groups", [step.gid])),
+                                          runner.cgroups.current(job_id),   # ranks join the job's cgroup on its batch node
+                                          holds=[folder / f"{self.tag}.{i}.{s}" for i in range(len(children))
+                                                 for s in ("out", "err")])
+        except BaseException:
+            for fd in ours:
+                os.close(fd)
+            self.outputs.clear()
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        for child, pgid in self.herd.pids.items():
+            runner._started(self.key, pgid)
+        self.attached.set()
+        threading.Thread(target=self._pump, name=f"step-{job_id}.{step.step_id}", daemon=True).start()
+        log.info("step %d.%d (run %d): %d ranks started", job_id, step.step_id, run, len(self.herd.pids))
+
+    def adopt(self, folder: Path, index: int) -> None:
+        """Follow the ranks an earlier daemon started for this step here (their shepherd's record)."""
+        here = self.step.nodes[index]
+        self.rank_of = list(here.ranks)
+        self.herd = shepherding.adopt(folder, self.tag)
         for local_rank, rank in enumerate(here.ranks):
-            env = rank_environment(step, index, local_rank, {**step.spec.environment, **extra_env})
-            try:
-                proc = subprocess.Popen(argv, env=env, cwd="/",
-                                        stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                        **kwargs)
-            except (OSError, ValueError) as e:
-                message = f"airrun: {runner.node}: cannot run {step.spec.argv[0] if step.spec.argv else '?'}: " \
-                          f"{getattr(e, 'strerror', None) or e}\n"
-                self._put(pb.StepEvent(rank=rank, stderr=True, data=message.encode()))
-                self._put(pb.StepEvent(rank=rank, exited=True, exit_code=126))
-                continue
-            self.procs.append(proc)
-            runner._started(self.key, proc.pid)
-            if gated:
-                runner.cgroups.enter(group, proc)
-            threading.Thread(target=self._watch, args=(proc, rank), daemon=True).start()
-        log.info("step %d.%d (run %d): %d ranks started", job_id, step.step_id, run, len(self.procs))
+            for stream in ("out", "err"):
+                fd = shepherding.open_fifo(folder, f"{self.tag}.{local_rank}.{stream}")
+                if fd >= 0:
+                    self.outputs[fd] = (local_rank, rank, stream == "err")
+        for child, pgid in self.herd.running().items():
+            self.runner._started(self.key, pgid)
+        threading.Thread(target=self._pump, name=f"step-{self.key[0]}.{self.step.step_id}", daemon=True).start()
 
     def events(self) -> Iterator[pb.StepEvent]:
         remaining = self.ranks
@@ -252,14 +343,16 @@ class _Stream:
 
     def stop(self) -> None:
         """Kill the ranks and give back what the step held; once, whoever calls first (the stream's
-        end, or gRPC when airrun went away)."""
+        end, or gRPC when airrun went away). While the daemon itself stops, the ranks are left to
+        their shepherd for the next daemon to adopt: only the stream ends."""
         with self._stop_lock:
             if self.stopped.is_set():
                 return
             self.stopped.set()
-        for proc in self.procs:
-            killpg(proc.pid, signal.SIGKILL)
-        self.runner._ended(self.key, self.step.uid, [p.pid for p in self.procs], self.ranks)
+        if not self.runner.detaching.is_set() and self.herd is not None:
+            self.herd.kill_children()
+        self.runner._ended(self.key, self.step.uid, list(self.herd.pids.values()) if self.herd else [], self.ranks,
+                           self)
         while True:   # wake a reader waiting on a full queue: it ends at _END
             try:
                 self.queue.put_nowait(_END)
@@ -280,27 +373,100 @@ class _Stream:
                 continue
         return False
 
-    def _watch(self, proc: subprocess.Popen, rank: int) -> None:
-        readers = [threading.Thread(target=self._pump, args=(pipe, rank, is_err), daemon=True)
-                   for pipe, is_err in ((proc.stdout, False), (proc.stderr, True))]
-        for r in readers:
-            r.start()
-        try:   # kill what the rank left behind while its group's number is still ours, then reap
-            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-        except ChildProcessError:
-            pass
-        killpg(proc.pid, signal.SIGKILL)
-        self.runner._reaped(self.key, proc.pid)
-        status = proc.wait()
-        for r in readers:   # every line before the exit, however long airrun takes to read them
-            while r.is_alive() and not self.stopped.is_set():
-                r.join(timeout=0.5)
-        code, sig = exit_status(status)
+    def _pump(self) -> None:
+        """Every rank's output a line (or MAX_LINE bytes of one) at a time, and each rank's exit after
+        the last of its output; then the FIFOs are closed."""
+        herd = self.herd
+        poller = select.poll()
+        partial: dict[int, bytes] = {}
+        for fd in self.outputs:
+            poller.register(fd, select.POLLIN)
+        if not herd.ended:
+            poller.register(herd.fd, select.POLLIN)
+        done: set[int] = set()
+        try:
+            for child in sorted(herd.exits):   # ended before this daemon saw them (adopted)
+                self._exited(child, partial, poller, done)
+            while len(done) < len(self.rank_of) and not self.stopped.is_set():
+                for fd, _ in poller.poll(500):
+                    if fd == herd.fd:
+                        new = herd.read(0)
+                        if herd.ended:
+                            _unregister(poller, fd)
+                        for kind, child in new:
+                            if kind == "exit":
+                                self._exited(child, partial, poller, done)
+                    elif fd in self.outputs:
+                        self._read(fd, partial, poller)
+                if herd.ended:   # ranks the shepherd could not tell about: gone with it
+                    herd.kill_children()
+                    for child in range(len(self.rank_of)):
+                        if child not in done:
+                            herd.exits.setdefault(child, signal.SIGKILL)
+                            self._exited(child, partial, poller, done)
+        finally:
+            for fd in list(self.outputs):
+                os.close(fd)
+            self.outputs.clear()
+            herd.close()
+            if herd.proc is not None and not self.runner.detaching.is_set():
+                try:   # its last child is gone or killed: the shepherd ends at once
+                    herd.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    log.warning("step %d.%d: its shepherd (pid %d) has not ended", self.key[0], self.step.step_id,
+                                herd.pid)
+
+    def _read(self, fd: int, partial: dict[int, bytes], poller) -> bool:
+        """Read what a FIFO has now; False when it has nothing more (closed, or would block)."""
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        child, rank, is_err = self.outputs[fd]
+        if not data:
+            _unregister(poller, fd)
+            return False
+        buf = partial.get(fd, b"") + data
+        lines = buf.split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            while len(line) >= MAX_LINE:
+                self._put(pb.StepEvent(rank=rank, stderr=is_err, data=line[:MAX_LINE]))
+                line = line[MAX_LINE:]
+            self._put(pb.StepEvent(rank=rank, stderr=is_err, data=line + b"\n"))
+        while len(rest) >= MAX_LINE:
+            self._put(pb.StepEvent(rank=rank, stderr=is_err, data=rest[:MAX_LINE]))
+            rest = rest[MAX_LINE:]
+        partial[fd] = rest
+        return True
+
+    def _exited(self, child: int, partial: dict[int, bytes], poller, done: set[int]) -> None:
+        """A rank ended (its group is killed): its output up to now, then its exit."""
+        if child in done or child >= len(self.rank_of):
+            return
+        done.add(child)
+        rank = self.rank_of[child]
+        for fd in [fd for fd, (c, _, _) in self.outputs.items() if c == child]:
+            reads = 0
+            while reads < 1024 and self._read(fd, partial, poller):
+                reads += 1
+            if partial.get(fd):
+                self._put(pb.StepEvent(rank=rank, stderr=self.outputs[fd][2], data=partial.pop(fd)))
+            _unregister(poller, fd)
+            os.close(fd)
+            del self.outputs[fd]
+        pgid = self.herd.pids.get(child)
+        if pgid:
+            self.runner._reaped(self.key, pgid)
+        status = self.herd.exits.get(child, signal.SIGKILL)
+        code, sig = (0, os.WTERMSIG(status)) if os.WIFSIGNALED(status) else (os.WEXITSTATUS(status), 0)
         self._put(pb.StepEvent(rank=rank, exited=True, exit_code=code, exit_signal=sig))
 
-    def _pump(self, pipe, rank: int, is_err: bool) -> None:
-        """A rank's output, a line (or MAX_LINE bytes of one) at a time."""
-        with pipe:
-            for line in iter(lambda: pipe.readline(MAX_LINE), b""):
-                if not self._put(pb.StepEvent(rank=rank, stderr=is_err, data=line)):
-                    return
+
+def _unregister(poller, fd: int) -> None:
+    try:
+        poller.unregister(fd)
+    except KeyError:
+        pass

@@ -83,11 +83,23 @@ class LocalCluster:
         (self.dir / "pids").write_text("\n".join(map(str, pids)) + "\n")
         wait_for(lambda: self.cli("airinfo", check=False).returncode == 0, what="airctld to answer")
 
-    def kill_node(self, index: int) -> int:
+    def kill_node(self, index: int, sig: int = signal.SIGKILL) -> int:
         pid = self.pids[1 + index]
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
         _reap(pid)
         return pid
+
+    def start_node(self, index: int) -> int:
+        """Start node0<index+1>'s daemon again (after kill_node), as its unit would."""
+        name = f"node{index + 1:02d}"
+        log = open(self.dir / "log" / f"{name}.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "airnoded", "--config", str(self.config), "--name", name],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        pids = self.pids
+        pids[1 + index] = proc.pid
+        (self.dir / "pids").write_text("\n".join(map(str, pids)) + "\n")
+        return proc.pid
 
     # ------------------------------------------------------------ commands
 

@@ -23,9 +23,11 @@ def _step(job_id=1, step_id=0, ranks=1, argv=("sh", "-c", "echo hi"), run=0, uid
 
 
 @pytest.fixture
-def runner():
+def runner(tmp_path):
     idle = []
-    r = StepRunner("n1", "127.0.0.1", max_tasks_per_node=4, max_streams_per_user=2,
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o755)
+    r = StepRunner("n1", "127.0.0.1", spool=spool, max_tasks_per_node=4, max_streams_per_user=2,
                    on_idle=lambda job, run: idle.append((job, run)))
     r.idle = idle
     return r

@@ -1,0 +1,251 @@
+"""The daemon's side of a shepherd (airnoded/shepherd.py): start one, or adopt one an earlier daemon
+started, and follow its events.
+
+In the run's folder (root's, 0711), for a shepherd named TAG ("batch", "step3"):
+
+    TAG.shepherd    "PID START": the shepherd, written before it is given its work
+    TAG.record      its events, appended by the shepherd (the whole history)
+    TAG.events      a FIFO: the same events as they happen; end of file once the shepherd is gone
+
+A daemon that adopts a shepherd opens the FIFO first and then reads the record: every event is in
+one or the other (the shepherd appends to the record before it writes to the FIFO), and the
+events are told apart by (kind, child), so one seen twice counts once.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from airnoded import jobfiles
+from airnoded.shepherd import start_time
+
+log = logging.getLogger("airnoded")
+
+PROGRAM = str(Path(__file__).with_name("shepherd.py"))
+MAX_RECORD = 1 << 20
+START_TIMEOUT_S = 30.0
+_FIFO_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass
+class Child:
+    argv: list[str]
+    env: dict[str, str]
+    stdout: int        # the daemon's descriptors, passed to the shepherd
+    stderr: int
+
+
+@dataclass
+class Herd:
+    """A shepherd as the daemon sees it: which process, and what its children did so far."""
+    folder: Path
+    tag: str
+    pid: int
+    started: int
+    fd: int                                    # the events FIFO's read end (-1: closed)
+    proc: subprocess.Popen | None = None       # when this daemon started it (to reap it)
+    pids: dict[int, int] = field(default_factory=dict)    # child -> pid (and process group)
+    starts: dict[int, int] = field(default_factory=dict)  # child -> its start time
+    exits: dict[int, int] = field(default_factory=dict)   # child -> raw wait status
+    ended: bool = False                        # the shepherd is gone (end of file on the FIFO)
+    _partial: bytes = b""
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def _take(self, data: bytes) -> list[tuple[str, int]]:
+        """New events in `data` (complete lines only): (kind, child)."""
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()[-4096:]
+        new = []
+        for line in lines:
+            parts = line.split()
+            if len(parts) < 3 or not all(p.isdigit() for p in parts[1:]):
+                continue
+            index = int(parts[1])
+            if parts[0] == b"pid" and len(parts) == 4 and index not in self.pids:
+                self.pids[index], self.starts[index] = int(parts[2]), int(parts[3])
+                new.append(("pid", index))
+            elif parts[0] == b"exit" and index not in self.exits:
+                self.exits[index] = int(parts[2])
+                new.append(("exit", index))
+        return new
+
+    def read(self, timeout: float | None) -> list[tuple[str, int]]:
+        """Events that arrived within `timeout` seconds (None: wait for some); at the shepherd's end,
+        whatever its record holds that the FIFO did not bring."""
+        if self.ended:
+            return []
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        if not poller.poll(None if timeout is None else int(timeout * 1000)):
+            return []
+        try:
+            data = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return []
+        if data:
+            return self._take(data)
+        self.ended = True
+        self.close()
+        return self._take(self.record() + b"\n")
+
+    def record(self) -> bytes:
+        try:
+            return jobfiles.read_root_file(self.folder, f"{self.tag}.record", MAX_RECORD)
+        except (OSError, jobfiles.UnsafeFile):
+            return b""
+
+    def running(self) -> dict[int, int]:
+        """child -> process group of the children that have not ended."""
+        return {i: p for i, p in self.pids.items() if i not in self.exits}
+
+    def wait(self) -> None:
+        """Until the shepherd is gone; then reap it if it is this daemon's child."""
+        while not self.ended:
+            self.read(None)
+        if self.proc is not None:
+            self.proc.wait()
+
+    def kill_children(self, sig: int = signal.SIGKILL) -> None:
+        """Signal each child's process group that is still the child's (the same start time)."""
+        for index, pgid in self.running().items():
+            if start_time(pgid) in (self.starts.get(index), 0):
+                try:
+                    os.killpg(pgid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def spawn(folder: Path, tag: str, children: list[Child], uid: int | None, gid: int, groups: list[int],
+          cgroup: Path | None, holds: list[Path] = ()) -> Herd:
+    """Start a shepherd for `children` and wait until each has started (or failed to); the caller
+    closes its own copies of the children's descriptors. uid None: run as the daemon's user."""
+    fifo = folder / f"{tag}.events"
+    _fresh(folder, tag)
+    os.mkfifo(fifo, 0o600)
+    fd = os.open(fifo, _FIFO_FLAGS)
+    try:
+        write_end = os.open(fifo, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            passed = [write_end] + sorted({c.stdout for c in children} | {c.stderr for c in children})
+            proc = subprocess.Popen([sys.executable, "-I", "-S", PROGRAM], stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, pass_fds=passed, start_new_session=True,
+                                    cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        finally:
+            os.close(write_end)
+        herd = Herd(folder, tag, proc.pid, start_time(proc.pid), fd, proc)
+        spec = {"record": str(folder / f"{tag}.record"), "events": write_end, "holds": [str(h) for h in holds],
+                "cgroup": str(cgroup) if cgroup else "", "uid": uid, "gid": gid, "groups": groups,
+                "children": [{"argv": c.argv, "env": c.env, "stdout": c.stdout, "stderr": c.stderr}
+                             for c in children]}
+        try:   # found by the next daemon before it runs anything
+            jobfiles.write_root_file(folder, f"{tag}.shepherd", f"{herd.pid} {herd.started}\n".encode(), 0o600)
+            proc.stdin.write(json.dumps(spec).encode() + b"\n")
+            proc.stdin.close()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    except BaseException:
+        os.close(fd)
+        raise
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while len(herd.pids.keys() | herd.exits.keys()) < len(children) and not herd.ended:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            herd.kill_children()
+            proc.kill()
+            herd.wait()
+            raise OSError(f"the shepherd of {folder.name}/{tag} did not start its processes in {START_TIMEOUT_S:.0f} s")
+        herd.read(left)
+    return herd
+
+
+def adopt(folder: Path, tag: str) -> Herd:
+    """The shepherd an earlier daemon started for `tag` in this folder, with its events so far; ended
+    (and with the exits its record holds) when it is no longer running."""
+    try:
+        pid, started = (int(x) for x in jobfiles.read_root_file(folder, f"{tag}.shepherd", 64).split())
+    except (OSError, ValueError, jobfiles.UnsafeFile):
+        pid, started = 0, 0
+    fd = -1
+    if pid > 1 and start_time(pid) == started:
+        try:
+            fd = os.open(folder / f"{tag}.events", _FIFO_FLAGS)
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode) or os.fstat(fd).st_uid != os.geteuid():
+                os.close(fd)
+                fd = -1
+        except OSError:
+            fd = -1
+    herd = Herd(folder, tag, pid, started, fd)
+    herd._take(herd.record() + b"\n")
+    if fd < 0:
+        herd.ended = True
+    return herd
+
+
+def live_groups(folder: Path) -> list[int]:
+    """The process groups of every shepherd's children in a run's folder that have not ended and
+    still are those children (the same start time), from the records alone: for the fence keeper."""
+    out = []
+    for tag in tags(folder):
+        herd = Herd(folder, tag, 0, 0, -1)
+        herd._take(herd.record() + b"\n")
+        out += [pgid for i, pgid in herd.running().items() if start_time(pgid) in (herd.starts[i], 0)]
+    return out
+
+
+def tags(folder: Path) -> list[str]:
+    """The shepherds started in a run's folder."""
+    try:
+        return sorted(e.name[:-len(".shepherd")] for e in os.scandir(folder) if e.name.endswith(".shepherd"))
+    except OSError:
+        return []
+
+
+def _fresh(folder: Path, tag: str) -> None:
+    for suffix in (".events", ".record", ".shepherd"):
+        try:
+            os.unlink(folder / f"{tag}{suffix}")
+        except FileNotFoundError:
+            pass
+
+
+def make_fifo(folder: Path, name: str) -> tuple[int, int]:
+    """A FIFO in the run's folder for a child's output: (read end for the daemon, write end for the child)."""
+    path = folder / name
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    os.mkfifo(path, 0o600)
+    r = os.open(path, _FIFO_FLAGS)
+    w = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    return r, w
+
+
+def open_fifo(folder: Path, name: str) -> int:
+    """A child's output FIFO, opened again by a daemon that adopts its shepherd (-1 when gone)."""
+    try:
+        fd = os.open(folder / name, _FIFO_FLAGS)
+    except OSError:
+        return -1
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        os.close(fd)
+        return -1
+    return fd

@@ -1,0 +1,93 @@
+"""A node daemon restart keeps the node's jobs: `systemctl restart airnoded` (SIGTERM, then a new
+daemon) and a crash (kill -9, then a new daemon) during a 2-node job with an airrun step. The run
+goes on with no requeue, its step's ranks are followed again by airrun and every line arrives;
+what ends while no daemon watches is reported with its real exit; a run the controller no longer
+wants is killed. Checked from the processes and the job's output, not from the store alone."""
+import signal
+import time
+
+import psutil
+import pytest
+
+from cluster import LocalCluster, wait_for
+
+BASE_ADDRESS = "127.0.26.1"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(BASE_ADDRESS, nodes=2, gpus_per_node=2, node_timeout=12.0).up()
+    yield c
+    c.down()
+
+
+def _pids_of(job_id: int) -> dict[int, str]:
+    """pid -> AIR_RESTART_COUNT of every live process of the job (but the short sleeps its ranks run)."""
+    out = {}
+    for p in psutil.process_iter(["environ", "name"]):
+        try:
+            env = p.info["environ"] or {}
+            if env.get("AIR_JOB_ID") == str(job_id) and p.status() != psutil.STATUS_ZOMBIE \
+                    and p.info["name"] != "sleep":
+                out[p.pid] = env.get("AIR_RESTART_COUNT", "?")
+        except psutil.Error:
+            continue
+    return out
+
+
+def _restart(cluster, index: int, sig: int) -> None:
+    cluster.kill_node(index, sig)
+    time.sleep(0.5)
+    cluster.start_node(index)
+
+
+def test_daemon_restarts_keep_a_two_node_step_running(cluster):
+    # each of 2 ranks per node prints a numbered line every 0.1 s for about 9 s
+    script = cluster.write_script("steps.sh", "#!/bin/sh\n"
+                                  "exec airrun --label sh -c 'i=0; while [ $i -lt 90 ]; do echo \"$RANK $i\"; "
+                                  "i=$((i+1)); sleep 0.1; done'\n")
+    job_id = cluster.submit(script, "-N", "2", "--gpus-per-node=2", "--ntasks-per-node=2")
+    cluster.wait_state(job_id, "RUNNING")
+    wait_for(lambda: len(_pids_of(job_id)) >= 5, what="the ranks to run")
+    ranks_before = set(_pids_of(job_id))
+    _restart(cluster, 1, signal.SIGTERM)          # node02: only ranks there (systemctl restart)
+    time.sleep(2.0)
+    _restart(cluster, 0, signal.SIGKILL)          # node01: the batch script and ranks (a crash)
+    time.sleep(1.0)
+    assert ranks_before <= set(_pids_of(job_id)), "a restart killed processes of the job"
+    job = cluster.wait_state(job_id, "COMPLETED", timeout=40)
+    assert job["exit_code"] == 0 and job["restart_count"] == 0
+    lines = (cluster.work / f"air-{job_id}.out").read_text().splitlines()
+    for rank in range(4):
+        got = [line.split(": ", 1)[1] for line in lines if line.startswith(f"{rank}: ")]
+        assert got == [f"{rank} {i}" for i in range(90)], f"rank {rank}'s output: {got[:3]}...{got[-3:]}"
+    log = (cluster.dir / "log" / "node01.log").read_text()
+    assert f"job {job_id}: run 0 adopted from an earlier airnoded" in log
+
+
+def test_a_script_that_ends_while_no_daemon_watches_reports_its_exit(cluster):
+    script = cluster.write_script("ends.sh", "#!/bin/sh\nsleep 1.5 & wait\nexit 3\n")
+    job_id = cluster.submit(script, "--gpus-per-node=1", "--no-requeue")
+    job = cluster.wait_state(job_id, "RUNNING")
+    index = int(job["nodes"][0][-2:]) - 1
+    cluster.kill_node(index)
+    time.sleep(2.5)                               # the script ends meanwhile
+    assert not _pids_of(job_id)
+    cluster.start_node(index)
+    job = cluster.wait_state(job_id, "FAILED", timeout=20)
+    assert job["exit_code"] == 3 and job["reason"] != "JobLost"
+
+
+def test_a_run_cancelled_while_its_daemon_was_away_is_killed_when_it_returns(cluster):
+    script = cluster.write_script("long.sh", "#!/bin/sh\nsleep 60 & wait\n")
+    job_id = cluster.submit(script, "--gpus-per-node=1", "--no-requeue")
+    job = cluster.wait_state(job_id, "RUNNING")
+    index = int(job["nodes"][0][-2:]) - 1
+    wait_for(lambda: _pids_of(job_id), what="the script to run")
+    cluster.kill_node(index)
+    cluster.cli("aircancel", str(job_id))
+    time.sleep(1.0)
+    assert _pids_of(job_id), "the script should still run: no daemon is there to stop it"
+    cluster.start_node(index)
+    wait_for(lambda: not _pids_of(job_id), timeout=15, what="the cancelled run to be killed")
+    assert cluster.wait_state(job_id, "CANCELLED", timeout=15)["state"] == "CANCELLED"
