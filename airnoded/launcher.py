@@ -22,7 +22,7 @@ import psutil
 
 from airnoded import fence, jobfiles, progress, shepherding
 from airnoded.cgroups import JobCgroups, memory_limit_bytes
-from airnoded.procs import as_owner, exit_status, killpg
+from airnoded.procs import as_owner, killpg
 from airnoded.shepherding import Child, Herd
 from protos import air_pb2 as pb
 from protos.states import REASON_NAMES, Reason
@@ -239,15 +239,18 @@ class Launcher:
         problem = self._start_status(running) if running.status_fd >= 0 else ""
         running.herd.wait()   # the shepherd reaps the script, after killing what it left in its group
         status = running.herd.exits.get(0)
-        if status is None:    # the shepherd ended without saying how the script did: killed with it
+        if status is None:   # the shepherd died without saying how the script ended (killed with it, or a crash)
             running.herd.kill_children()
-            running.killed = True
-            status = -signal.SIGKILL
         running.done.set()
         oom, peak = self._end_cgroup(running.cgroup)
         with self._lock:
             self.jobs.pop((running.job_id, running.run), None)
-        code, sig = exit_status(status) if status < 0 else _wait_status(status)
+        if status is None:   # no exit to report: the controller finds the run gone and requeues it (JobLost)
+            log.warning("job %d: run %d's shepherd ended without a record of the script's end", running.job_id,
+                        running.run)
+            jobfiles.remove_job_dir(self.spool, running.job_id, running.run)
+            return
+        code, sig = _wait_status(status)
         # a fence (the daemon's, or the keeper's while the daemon was frozen) marks a run before it signals it
         running.fenced = running.fenced or fence.was_fenced(jobfiles.job_dir(self.spool, running.job_id, running.run))
         if problem:

@@ -87,17 +87,46 @@ class Herd:
             return []
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
-        if not poller.poll(None if timeout is None else int(timeout * 1000)):
-            return []
+        while True:
+            # a FIFO that no writer opened since this daemon opened it never reports a hang-up: a
+            # shepherd that died before its adoption is seen gone by its process, a second at most
+            step = 1.0 if timeout is None else min(timeout, 1.0)
+            if poller.poll(int(step * 1000)):
+                break
+            if not self.alive():
+                return self._end()
+            if timeout is not None:
+                timeout -= step
+                if timeout <= 0:
+                    return []
         try:
             data = os.read(self.fd, 65536)
         except BlockingIOError:
             return []
         if data:
             return self._take(data)
+        return self._end()
+
+    def _end(self) -> list[tuple[str, int]]:
+        """The shepherd is gone: what the FIFO still holds, then its record."""
+        new = []
+        try:
+            while data := os.read(self.fd, 65536):
+                new += self._take(data)
+        except OSError:
+            pass
         self.ended = True
         self.close()
-        return self._take(self.record() + b"\n")
+        return new + self._take(self.record() + b"\n")
+
+    def alive(self) -> bool:
+        """The shepherd still runs (a zombie does not: it holds no descriptor any more)."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            return fields[0] not in (b"Z", b"X") and int(fields[19]) == self.started
+        except (OSError, ValueError, IndexError):
+            return False
 
     def record(self) -> bytes:
         try:
@@ -194,8 +223,8 @@ def adopt(folder: Path, tag: str) -> Herd:
             fd = -1
     herd = Herd(folder, tag, pid, started, fd)
     herd._take(herd.record() + b"\n")
-    if fd < 0:
-        herd.ended = True
+    if fd < 0 or not herd.alive():
+        herd._end()
     return herd
 
 

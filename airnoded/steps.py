@@ -102,9 +102,10 @@ class StepRunner:
             return bool(self._groups.get((job_id, run))) or self._streams.get((job_id, run), 0) > 0
 
     def runs(self) -> list[RunKey]:
-        """Runs with a step here."""
+        """Runs with ranks alive here (a step whose ranks have all ended, waiting for airrun to collect
+        their exits, runs nothing)."""
         with self._lock:
-            return [k for k, n in self._streams.items() if n > 0]
+            return [k for k, n in self._streams.items() if n > 0 and self._groups.get(k)]
 
     def signal(self, job_id: int, run: int, sig: int) -> bool:
         pgids = self.groups(job_id, run)
@@ -381,23 +382,25 @@ class _Stream:
         partial: dict[int, bytes] = {}
         for fd in self.outputs:
             poller.register(fd, select.POLLIN)
+        efd = herd.fd   # (herd.fd is -1 once it is closed)
         if not herd.ended:
-            poller.register(herd.fd, select.POLLIN)
+            poller.register(efd, select.POLLIN)
         done: set[int] = set()
         try:
             for child in sorted(herd.exits):   # ended before this daemon saw them (adopted)
                 self._exited(child, partial, poller, done)
             while len(done) < len(self.rank_of) and not self.stopped.is_set():
-                for fd, _ in poller.poll(500):
-                    if fd == herd.fd:
-                        new = herd.read(0)
-                        if herd.ended:
-                            _unregister(poller, fd)
-                        for kind, child in new:
-                            if kind == "exit":
-                                self._exited(child, partial, poller, done)
+                ready = poller.poll(500)
+                for fd, _ in ready:
+                    if fd == efd:
+                        self._events(herd.read(0), partial, poller, done)
                     elif fd in self.outputs:
                         self._read(fd, partial, poller)
+                if not herd.ended and not any(fd == efd for fd, _ in ready) and not herd.alive():
+                    # (a FIFO opened after its writer never reports the writer's end: an adopted shepherd)
+                    self._events(herd._end(), partial, poller, done)
+                if herd.ended:
+                    _unregister(poller, efd)
                 if herd.ended:   # ranks the shepherd could not tell about: gone with it
                     herd.kill_children()
                     for child in range(len(self.rank_of)):
@@ -415,6 +418,11 @@ class _Stream:
                 except subprocess.TimeoutExpired:
                     log.warning("step %d.%d: its shepherd (pid %d) has not ended", self.key[0], self.step.step_id,
                                 herd.pid)
+
+    def _events(self, new: list[tuple[str, int]], partial: dict[int, bytes], poller, done: set[int]) -> None:
+        for kind, child in new:
+            if kind == "exit":
+                self._exited(child, partial, poller, done)
 
     def _read(self, fd: int, partial: dict[int, bytes], poller) -> bool:
         """Read what a FIFO has now; False when it has nothing more (closed, or would block)."""

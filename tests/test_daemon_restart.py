@@ -91,3 +91,23 @@ def test_a_run_cancelled_while_its_daemon_was_away_is_killed_when_it_returns(clu
     cluster.start_node(index)
     wait_for(lambda: not _pids_of(job_id), timeout=15, what="the cancelled run to be killed")
     assert cluster.wait_state(job_id, "CANCELLED", timeout=15)["state"] == "CANCELLED"
+
+
+def test_a_host_crash_during_a_step_requeues_the_job(cluster):
+    """Everything on node01 dies (daemon, job processes, shepherds): nothing there can say how the run
+    ended, so the job is lost there and requeued, and its new run goes on from the start."""
+    script = cluster.write_script("crash.sh", "#!/bin/sh\necho \"run $AIR_RESTART_COUNT\"\n"
+                                  "[ \"$AIR_RESTART_COUNT\" = 0 ] && exec airrun python -c \"import time; time.sleep(60)\"\nexit 0\n")
+    job_id = cluster.submit(script, "-N", "2", "--gpus-per-node=1", "--ntasks-per-node=1")
+    cluster.wait_state(job_id, "RUNNING")
+    wait_for(lambda: len(_pids_of(job_id)) >= 3, what="the step to run")
+    victims = [psutil.Process(pid) for pid in _pids_of(job_id)
+               if psutil.Process(pid).environ().get("AIR_NODENAME") == "node01"]
+    victims += [p.parent() for p in victims if "shepherd.py" in " ".join(p.parent().cmdline())]
+    cluster.kill_node(0)
+    for p in victims:
+        p.kill()
+    cluster.start_node(0)
+    job = cluster.wait_state(job_id, "COMPLETED", timeout=30)
+    assert job["restart_count"] == 1 and job["last_stop_reason"] in ("JobLost", "NodeFail")
+    assert "run 1" in (cluster.work / f"air-{job_id}.out").read_text()

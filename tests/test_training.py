@@ -103,11 +103,13 @@ def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
     assert "(Preempted); checkpoint written" in text
     stopped_at = _steps_logged(out)
 
-    # interruption 2: node01's daemon and the job's processes there die; no chance to checkpoint
+    # interruption 2: node01 crashes: its daemon, the job's processes there and their shepherds die;
+    # no chance to checkpoint
     cluster.wait_state(job, "RUNNING", timeout=60)
     wait_for(lambda: _steps_logged(out) >= stopped_at + 12, timeout=90, what="the resumed run to train on")
     victims = _job_processes(job, "node01")
     assert victims
+    victims += {p.parent() for p in victims if "shepherd.py" in " ".join(p.parent().cmdline())}
     cluster.kill_node(0)
     for p in victims:
         try:
