@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         agent.adopt()
     except Exception as e:   # what an earlier daemon left must never keep this one from starting
         logging.getLogger("airnoded").exception("adopting what an earlier airnoded left failed: %s", e)
+    agent.start_spawner()
     # the keeper acts a little after the daemon would, so that a live daemon fences (and says so) itself
     later = min(0.5, cfg.controller.fence_grace_s / 2)
     fence.start(node.spool, cfg.controller.fence_after_s + later, cfg.controller.fence_grace_s - later)

@@ -11,7 +11,7 @@ import grpc
 import psutil
 
 from airctld.config import Config, NodeConfig
-from airnoded import fence, jobfiles, progress
+from airnoded import fence, jobfiles, progress, shepherding
 from airnoded.cgroups import JobCgroups
 from airnoded.gpus import GpuBackend, GpuError
 from airnoded.health import HealthMonitor
@@ -203,6 +203,15 @@ class Agent:
         stepped = self.steps.adopt(self.node.spool)
         batch = self.launcher.adopt(keep=stepped)
         self.launcher.kill_leftover_cgroups(keep=stepped | set(batch))
+
+    def start_spawner(self) -> None:
+        """Shepherds forked by a spawner, not each started as a Python of its own (tens of ms a run)."""
+        try:
+            spawner = shepherding.Spawner(self.node.spool)
+        except OSError as e:
+            log.warning("no shepherd spawner (%s): each shepherd starts a Python of its own", e)
+            return
+        self.launcher.spawner = self.steps.spawner = spawner
 
     def stop(self) -> None:
         self.steps.detach()   # the ranks stay with their shepherds, for the next daemon

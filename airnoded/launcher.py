@@ -146,6 +146,7 @@ class Launcher:
         self.spool = spool
         self.on_exit = on_exit
         self.cgroups = cgroups or JobCgroups(node, mode="none")
+        self.spawner: shepherding.Spawner | None = None   # forks shepherds cheaply, once started
         self.jobs: dict[tuple[int, int], RunningJob] = {}   # (job id, run) -> its batch script here
         self._newest: dict[int, int] = {}                   # job id -> the newest run launched here
         self._starting: set[tuple[int, int]] = set()        # (job id, run) being spawned now
@@ -223,7 +224,7 @@ class Launcher:
         try:
             herd = shepherding.spawn(jobdir, BATCH, [Child(argv, env, status_w, status_w)],
                                      None if same_user else job.uid, job.gid,
-                                     list(kwargs.get("extra_groups", [job.gid])), group)
+                                     list(kwargs.get("extra_groups", [job.gid])), group, spawner=self.spawner)
         except BaseException:
             os.close(status_r)
             raise

@@ -7,16 +7,18 @@ process that outlives the daemon. The daemon starts one shepherd per batch scrip
 on the node, each in a session of its own, and the unit file's KillMode=process leaves them
 alone when the daemon stops. A new daemon finds them through their record and adopts the runs.
 
-    python -I -S shepherd.py     (the spec: one line of JSON on standard input)
+    python -I -S shepherd.py               (the spec: one line of JSON on standard input)
+    python -I -S shepherd.py --serve SOCK  (a spawner that forks shepherds: see serve())
 
 Standard library only, so that it starts in a few milliseconds with -I -S (isolated, no site).
 
-The spec: {"record": path, "events": fd, "holds": [path, ...], "cgroup": path or "",
+The spec: {"folder": path, "tag": name, "events": fd, "holds": [path, ...], "cgroup": path or "",
 "uid": int or null, "gid": int, "groups": [int, ...], "children": [{"argv": [...], "env": {...},
 "stdout": fd, "stderr": fd}, ...]}. fds are the shepherd's (passed by the daemon).
 
-Each event is one line, appended to the record file (root's, in the run's root-owned folder)
-and then written to the events FIFO the daemon reads:
+Before it starts anything, the shepherd writes FOLDER/TAG.shepherd ("PID START": itself), so a
+daemon that dies at any point finds it. Each event is one line, appended to FOLDER/TAG.record
+(root's, in the run's root-owned folder) and then written to the events FIFO the daemon reads:
     pid I PID START     child I runs, as process PID (leader of its own session and process
                         group), START its start time in clock ticks after boot
     exit I STATUS       child I ended; STATUS is waitpid's raw status
@@ -97,12 +99,11 @@ def child(spec, one, null):
     os._exit(CANNOT_RUN)
 
 
-def main():
-    for sig in IGNORED:   # a stop aimed at the daemon, or at a job's group, is not for the shepherd
-        signal.signal(sig, signal.SIG_IGN)
-    spec = json.loads(sys.stdin.buffer.readline())
+def shepherd(spec):
+    """Start the children, wait for them, record each end; the shepherd's exit code."""
     os.chdir("/")
-    events = Events(spec["record"], spec["events"])
+    record_own(spec["folder"], spec["tag"])
+    events = Events(os.path.join(spec["folder"], spec["tag"] + ".record"), spec["events"])
     holds = [os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC) for path in spec.get("holds", ())]
     null = os.open(os.devnull, os.O_RDONLY)
     children = {}
@@ -152,6 +153,111 @@ def main():
             events.say("exit %d %d" % (index, status))
     del holds
     return 0
+
+
+def record_own(folder, tag):
+    """FOLDER/TAG.shepherd: this process, for a daemon that adopts it; in place before any child runs."""
+    me = os.getpid()
+    tmp = os.path.join(folder, ".%s.shepherd.%d" % (tag, me))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, ("%d %d\n" % (me, start_time(me))).encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, os.path.join(folder, tag + ".shepherd"))
+
+
+def ignore_signals():
+    for sig in IGNORED:   # a stop aimed at the daemon, or at a job's group, is not for the shepherd
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def serve(path):
+    """The spawner: a single-threaded process the daemon asks to fork shepherds, which costs a
+    fraction of a millisecond where starting Python costs tens. One request per connection: the spec
+    (JSON, its descriptors passed with it and named by their place in "fds"), end of input; the
+    answer is the shepherd's "PID START". It ends when the daemon that started it closes its
+    standard input; the shepherds it forked go on without it."""
+    import select
+    import socket
+    ignore_signals()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    while True:
+        ready, _, _ = select.select([listener, 0], [], [], 1.0)
+        while True:   # reap the shepherds that ended
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        if 0 in ready and not os.read(0, 512):
+            return 0
+        if listener in ready:
+            conn, _ = listener.accept()
+            try:
+                fork_one(conn, listener)
+            except Exception as e:   # one bad request never ends the spawner
+                sys.stderr.write("airnoded shepherd spawner: %s\n" % e)
+            finally:
+                conn.close()
+
+
+def fork_one(conn, listener):
+    import socket
+    conn.settimeout(30)
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 4096)
+    chunks = [data]
+    while True:
+        more = conn.recv(1 << 16)
+        if not more:
+            break
+        chunks.append(more)
+    try:
+        spec = json.loads(b"".join(chunks))
+        mapped = dict(zip(spec.pop("fds"), fds))
+        spec["events"] = mapped[spec["events"]]
+        for one in spec["children"]:
+            one["stdout"], one["stderr"] = mapped[one["stdout"]], mapped[one["stderr"]]
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                listener.close()
+                conn.close()
+                os.setsid()
+                low = 3
+                for fd in sorted(fds):   # the spawner's own descriptors stay with it
+                    os.closerange(low, fd)
+                    low = fd + 1
+                os.closerange(low, 1 << 16)
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)   # not the spawner's pipe from the daemon
+                os.close(null)
+                code = shepherd(spec)
+            finally:
+                os._exit(code)
+        conn.sendall(("%d %d\n" % (pid, start_time(pid))).encode())
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def main():
+    ignore_signals()
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve":
+        return serve(sys.argv[2])
+    return shepherd(json.loads(sys.stdin.buffer.readline()))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ log = logging.getLogger("airnoded")
 PROGRAM = str(Path(__file__).with_name("shepherd.py"))
 MAX_RECORD = 1 << 20
 START_TIMEOUT_S = 30.0
+SHEPHERD_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 _FIFO_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -160,49 +161,118 @@ class Herd:
             self.fd = -1
 
 
+class SpawnerGone(OSError):
+    """The spawner could not be asked (it never got the request)."""
+
+
+class Spawner:
+    """The node's shepherd spawner (shepherd.py --serve): a single-threaded process that forks each
+    shepherd in well under a millisecond, where starting one costs tens of milliseconds of Python.
+    It ends with the daemon that started it; the shepherds it forked do not."""
+
+    def __init__(self, spool: Path):
+        self.path = spool / "spawner.sock"
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", PROGRAM, "--serve", str(self.path)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
+                                     cwd="/", env=SHEPHERD_ENV)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.path.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise OSError(f"the shepherd spawner did not start (exit {self.proc.poll()})")
+            time.sleep(0.005)
+
+    def fork(self, spec: dict, fds: list[int]) -> tuple[int, int]:
+        """(pid, start time) of a new shepherd for `spec`."""
+        import socket
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(START_TIMEOUT_S)
+            try:
+                conn.connect(str(self.path))
+            except OSError as e:   # nothing was asked: the caller may start the shepherd itself
+                raise SpawnerGone(str(e)) from e
+            data = json.dumps({**spec, "fds": fds}).encode()
+            sent = socket.send_fds(conn, [data[:1 << 16]], fds)
+            conn.sendall(data[sent:])
+            conn.shutdown(socket.SHUT_WR)
+            reply = b""
+            while chunk := conn.recv(64):
+                reply += chunk
+        pid, started = (int(x) for x in reply.split())
+        return pid, started
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
 def spawn(folder: Path, tag: str, children: list[Child], uid: int | None, gid: int, groups: list[int],
-          cgroup: Path | None, holds: list[Path] = ()) -> Herd:
-    """Start a shepherd for `children` and wait until each has started (or failed to); the caller
-    closes its own copies of the children's descriptors. uid None: run as the daemon's user."""
+          cgroup: Path | None, holds: list[Path] = (), spawner: Spawner | None = None) -> Herd:
+    """Start a shepherd for `children` (forked by the spawner, or a Python of its own without one)
+    and wait until each has started (or failed to); the caller closes its own copies of the
+    children's descriptors. uid None: run as the daemon's user."""
     fifo = folder / f"{tag}.events"
     _fresh(folder, tag)
     os.mkfifo(fifo, 0o600)
     fd = os.open(fifo, _FIFO_FLAGS)
+    proc = None
     try:
         write_end = os.open(fifo, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             passed = [write_end] + sorted({c.stdout for c in children} | {c.stderr for c in children})
-            proc = subprocess.Popen([sys.executable, "-I", "-S", PROGRAM], stdin=subprocess.PIPE,
-                                    stdout=subprocess.DEVNULL, pass_fds=passed, start_new_session=True,
-                                    cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+            spec = {"folder": str(folder), "tag": tag, "events": write_end, "holds": [str(h) for h in holds],
+                    "cgroup": str(cgroup) if cgroup else "", "uid": uid, "gid": gid, "groups": groups,
+                    "children": [{"argv": c.argv, "env": c.env, "stdout": c.stdout, "stderr": c.stderr}
+                                 for c in children]}
+            try:
+                if spawner is None or not spawner.alive():
+                    raise SpawnerGone("no spawner")
+                pid, started = spawner.fork(spec, passed)
+            except SpawnerGone:
+                proc = subprocess.Popen([sys.executable, "-I", "-S", PROGRAM], stdin=subprocess.PIPE,
+                                        stdout=subprocess.DEVNULL, pass_fds=passed, start_new_session=True,
+                                        cwd="/", env=SHEPHERD_ENV)
+                pid, started = proc.pid, start_time(proc.pid)
+                try:
+                    proc.stdin.write(json.dumps(spec).encode() + b"\n")
+                    proc.stdin.close()
+                except BaseException:
+                    proc.kill()
+                    proc.wait()
+                    raise
         finally:
             os.close(write_end)
-        herd = Herd(folder, tag, proc.pid, start_time(proc.pid), fd, proc)
-        spec = {"record": str(folder / f"{tag}.record"), "events": write_end, "holds": [str(h) for h in holds],
-                "cgroup": str(cgroup) if cgroup else "", "uid": uid, "gid": gid, "groups": groups,
-                "children": [{"argv": c.argv, "env": c.env, "stdout": c.stdout, "stderr": c.stderr}
-                             for c in children]}
-        try:   # found by the next daemon before it runs anything
-            jobfiles.write_root_file(folder, f"{tag}.shepherd", f"{herd.pid} {herd.started}\n".encode(), 0o600)
-            proc.stdin.write(json.dumps(spec).encode() + b"\n")
-            proc.stdin.close()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
     except BaseException:
         os.close(fd)
         raise
+    herd = Herd(folder, tag, pid, started, fd, proc)
     deadline = time.monotonic() + START_TIMEOUT_S
     while len(herd.pids.keys() | herd.exits.keys()) < len(children) and not herd.ended:
         left = deadline - time.monotonic()
         if left <= 0:
             herd.kill_children()
-            proc.kill()
+            if proc is not None:
+                proc.kill()
+            else:
+                _kill(pid, started)
             herd.wait()
             raise OSError(f"the shepherd of {folder.name}/{tag} did not start its processes in {START_TIMEOUT_S:.0f} s")
         herd.read(left)
     return herd
+
+
+def _kill(pid: int, started: int) -> None:
+    if start_time(pid) == started:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def adopt(folder: Path, tag: str) -> Herd:

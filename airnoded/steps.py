@@ -72,6 +72,7 @@ class StepRunner:
         self._adopted: dict[tuple[int, int], _Stream] = {}   # (job, step) -> adopted, airrun not back yet
         self._live: set[_Stream] = set()
         self.detaching = threading.Event()
+        self.spawner: shepherding.Spawner | None = None   # forks shepherds cheaply, once started
         self._lock = threading.Lock()
 
     def prepare(self, step: pb.Step) -> int:
@@ -300,7 +301,7 @@ class _Stream:
                                           list(kwargs.get("extra_groups", [step.gid])),
                                           runner.cgroups.current(job_id),   # ranks join the job's cgroup on its batch node
                                           holds=[folder / f"{self.tag}.{i}.{s}" for i in range(len(children))
-                                                 for s in ("out", "err")])
+                                                 for s in ("out", "err")], spawner=runner.spawner)
         except BaseException:
             for fd in ours:
                 os.close(fd)

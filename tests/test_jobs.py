@@ -198,4 +198,6 @@ def test_output_into_a_missing_directory_fails_a_root_job_with_the_reason(cluste
     job_id = cluster.submit(script, "-o", "/nonexistent-air-dir/%j.out")
     job = cluster.wait_state(job_id, "FAILED")
     assert job["reason"] == "LaunchFailed"
-    assert "No such file or directory" in job["reason_detail"] and "/nonexistent-air-dir/" in job["reason_detail"]
+    detail = job["reason_detail"]   # the shell's words: the file, and why it cannot be made
+    assert f"/nonexistent-air-dir/{job_id}.out" in detail and ("nonexistent" in detail.split(": ")[-1]
+                                                               or "No such file" in detail), detail
