@@ -180,6 +180,7 @@ class Cluster:
               "every node to come up")
 
     def _spawn(self, key: str, args: list[str]) -> int:
+        # `python -m` looks in the working folder first: from another checkout it would run that one's code
         with open(self.dir / "log" / f"{key}.log", "ab") as out:
             proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=self.env, cwd=str(ROOT))
