@@ -154,14 +154,26 @@ def _outcome(fault, after, steps, restored, ranks, starts, ends, counted, durati
     out.resume = first[0] - fault.time
     # lost: from the interrupted run's last line before the fault to the start of the step that
     # carries on, less the steps that count in between; and before that, the interrupted run's steps
-    # that do not count (trained again)
+    # that do not count (trained again; a run that carried on leaves them to the fault that ends it)
     a = max((t for t, _ in steps.get(fault.run, []) if t <= fault.time), default=fault.time)
     b = first[0] - durations[(run, first[1])][1]
-    out.work_lost = sum(d for (r, step), (t, d) in durations.items()
-                        if r == fault.run and counted[step] != r and t <= a)
+    if out.requeued:
+        out.work_lost = sum(d for (r, step), (t, d) in durations.items()
+                            if r == fault.run and counted[step] != r and t <= a)
     inside = sum(max(0.0, min(t, b) - max(t - d, a)) for (r, step), (t, d) in durations.items() if counted[step] == r)
     out.cost = max(0.0, b - a) - inside + out.work_lost
     return out
+
+
+def late_steps(steps: dict[int, list[tuple[float, int]]]) -> list[tuple[int, int, int]]:
+    """(older run, its step, newer run) for each step an older run logged after a newer run's first step:
+    two runs training at once, seen in the logs rather than in the process table."""
+    late = []
+    for old in steps:
+        for new in steps:
+            if new > old and steps[new]:
+                late += [(old, step, new) for t, step in steps[old] if t > steps[new][0][0]]
+    return sorted(late)
 
 
 def batch_mismatches(history: dict[int, str], reference: dict[int, str]) -> list[int]:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from chaos_report import Fault, analyse, batch_mismatches  # noqa: E402
+from chaos_report import Fault, analyse, batch_mismatches, late_steps  # noqa: E402
 
 
 def _steps(first_time: float, first_step: int, count: int) -> list[tuple[float, int]]:
@@ -23,11 +23,13 @@ def test_a_requeue_costs_its_downtime_and_the_work_since_the_checkpoint():
               (116.0, "RUNNING", "PENDING", "NodeFail", "node02 lost"), (118.0, "PENDING", "RUNNING", "NONE", ""),
               (139.0, "RUNNING", "COMPLETED", "NONE", "")]
     ranks = {0: 101.0, 1: 120.0}                  # run 1's ranks started 2 s after the run
-    a = analyse(steps, restored, events, [Fault("kill", 115.5, "node02", run=0)], total_steps=20, ranks=ranks)
+    faults = [Fault("ctld", 108.5, run=0), Fault("kill", 115.5, "node02", run=0)]   # run 0 carries on after the first
+    a = analyse(steps, restored, events, faults, total_steps=20, ranks=ranks)
     assert (a.start, a.end, a.runs, a.missing) == (100.0, 139.0, 2, [])
     assert a.useful == pytest.approx(20)          # steps 1-5 of run 0 and 6-20 of run 1
     assert a.ettr == pytest.approx(20 / 39)
-    (o,) = a.outcomes
+    carried, o = a.outcomes
+    assert not carried.requeued and carried.cost == 0 and carried.work_lost == 0   # steps 6-10 are the kill's
     assert o.requeued and o.reason == "NodeFail: node02 lost"
     assert (o.detect, o.wait, o.launch, o.restart, o.first, o.resume) == pytest.approx((0.5, 2, 2, 3, 1, 8.5))
     assert (o.redone, o.work_lost) == (5, pytest.approx(5))
@@ -59,3 +61,8 @@ def test_a_fault_the_run_carries_on_through_costs_nothing_and_a_missing_step_is_
 
 def test_batches_that_differ_from_the_reference():
     assert batch_mismatches({1: "a", 2: "b", 3: "x"}, {1: "a", 2: "b", 3: "c", 4: "d"}) == [3, 4]
+
+
+def test_an_older_run_that_logs_after_a_newer_one_started_is_caught():
+    assert late_steps({0: _steps(1, 1, 10), 1: _steps(20, 6, 5)}) == []
+    assert late_steps({0: _steps(1, 1, 10), 1: _steps(8, 6, 5)}) == [(0, 9, 1), (0, 10, 1)]
