@@ -52,7 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chaos_cluster import BIN, INSIDE, ROOT, Cluster, enter_private_namespace  # noqa: E402
-from chaos_report import KINDS, Fault, analyse, batch_mismatches, per_kind_table, timeline_table  # noqa: E402
+from chaos_report import KINDS, Fault, analyse, batch_mismatches, late_steps, per_kind_table, timeline_table  # noqa: E402
 
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 SMALL = ["--layers", "2", "--width", "64", "--heads", "2", "--block", "32", "--batch", "4"]
@@ -220,7 +220,7 @@ class Watch(threading.Thread):
             except Exception as e:   # a process gone between listing and reading is not an error
                 if not isinstance(e, (FileNotFoundError, ProcessLookupError)):
                     self.error = e
-            time.sleep(0.05)
+            time.sleep(0.1)
 
 
 # ------------------------------------------------------------------ faults
@@ -487,6 +487,7 @@ def report(work: Path, ref: Path, steps: int, got: dict, args) -> int:
         final, expected = torch.load(work / "final.pt"), torch.load(ref / "final.pt")
         equal = final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in expected)
     episodes = got["overlaps"].episodes
+    late = late_steps(got["steps"])
     resumes = [o.resume for o in analysis.outcomes if o.resume is not None]
     counts = {k: sum(f.kind == k for f in got["faults"]) for k in KINDS}
     shown_faults = ", ".join(f"{k} {n}" for k, n in counts.items() if n)
@@ -495,7 +496,8 @@ def report(work: Path, ref: Path, steps: int, got: dict, args) -> int:
         ("faults injected", f"{len(got['faults'])}: {shown_faults or 'none'}",
          f"one every {interval:.0f} s of the run on average (asked: {args.every:g} s)"),
         ("overlapping runs seen", f"{len(episodes)}", f"{got['overlaps'].samples} samples of every process, "
-         f"every {args.sample_every:g} s; goal 0"),
+         f"every {args.sample_every:g} s; and {len(late)} steps logged by a run after a newer run's first step; "
+         "goal 0"),
         ("accepted jobs not completed", f"{len(lost_jobs)}" + (f": {', '.join(lost_jobs)}" if lost_jobs else ""),
          f"the training job and {len(got['others'])} preemptors; goal 0"),
         ("steps lost", f"{len(analysis.missing) + len(mismatched - set(analysis.missing))}",
@@ -514,8 +516,8 @@ def report(work: Path, ref: Path, steps: int, got: dict, args) -> int:
     misses = []
     if analysis.ettr < 0.9:
         misses.append(f"ETTR {analysis.ettr:.1%} < 90%")
-    if episodes:
-        misses.append(f"{len(episodes)} overlapping runs")
+    if episodes or late:
+        misses.append(f"{len(episodes)} overlapping runs, {len(late)} steps of an older run logged late")
     if lost_jobs:
         misses.append(f"{len(lost_jobs)} accepted jobs not completed")
     if analysis.missing or mismatched or not equal:
@@ -535,6 +537,10 @@ def report(work: Path, ref: Path, steps: int, got: dict, args) -> int:
                                                for p in e["processes"]) for e in episodes)
     print(text, flush=True)
     (work / "report.md").write_text(text + "\n")
+    raw = {"steps": got["steps"], "restored": got["restored"], "events": got["events"], "ranks": got["ranks"],
+           "faults": [vars(f) for f in got["faults"]], "overlaps": episodes, "final": got["final"],
+           "others": got["others"], "total_steps": steps}
+    (work / "raw.json").write_text(json.dumps(raw, indent=1))   # to work the figures out again
     if args.write:
         with open(args.write, "a") as f:
             f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: chaos\n\n"
