@@ -14,7 +14,8 @@ every --checkpoint-seconds, and OMP_NUM_THREADS=1 as torchrun sets it (airrun do
 intervals of mean --every seconds (from --seed), one fault after another, in a seeded round robin:
 
   stop     SIGSTOP of an airnoded that runs the job, for the node timeout + 5 s, then SIGCONT
-  kill     kill -9 of that airnoded and of the job's processes on its node; the daemon started again
+  kill     a host crash: kill -9 of that airnoded, of the job's processes on its node and of the
+           shepherds that started them; the daemon started again
   ctld     kill -9 of airctld; started again
   restart  SIGTERM of that airnoded; started again once it has exited
   cut      that host's link taken down for the node timeout + 5 s, then up again
@@ -273,7 +274,7 @@ class Chaos:
         self.cluster.signal(f.node, signal.SIGCONT)
 
     def _kill(self, f: Fault) -> None:
-        doomed = _job_processes(str(self.job), f.node)
+        doomed = _host_processes(str(self.job), f.node)
         self.cluster.signal(f.node, signal.SIGKILL)
         for p in doomed:
             try:
@@ -281,7 +282,7 @@ class Chaos:
             except Exception:
                 pass
         self.cluster.wait_exit(f.node, 10)
-        f.note = f"{len(doomed)} job processes killed"
+        f.note = f"{len(doomed)} processes killed"
         self.cluster.start_node(f.node)
 
     def _ctld(self, f: Fault) -> None:
@@ -324,13 +325,22 @@ class Chaos:
         f.note = f"job {job}"
 
 
-def _job_processes(job: str, node: str) -> list:
+def _host_processes(job: str, node: str) -> list:
+    """What a crash of the host takes with the daemon: the job's processes there, and the shepherds
+    that started them (they outlive a daemon on purpose, and would report the kill as the job's exit)."""
     import psutil
     found = []
     for p in psutil.process_iter(["environ"]):
         env = p.info["environ"] or {}
         if env.get("AIR_JOB_ID") == job and env.get("AIR_NODENAME") == node:
             found.append(p)
+    for p in list(found):
+        try:
+            parent = p.parent()
+            if parent is not None and parent not in found and "shepherd.py" in " ".join(parent.cmdline()):
+                found.append(parent)
+        except psutil.Error:
+            pass
     return found
 
 

@@ -185,7 +185,7 @@ def batch_mismatches(history: dict[int, str], reference: dict[int, str]) -> list
 
 KINDS = {
     "stop": "airnoded SIGSTOP past the node timeout",
-    "kill": "airnoded and the job's processes there kill -9; daemon started again",
+    "kill": "a host crash: airnoded, the job's processes there and their shepherds kill -9; daemon started again",
     "ctld": "airctld kill -9, started again",
     "restart": "airnoded SIGTERM, started again",
     "cut": "the host's link down past the node timeout",
