@@ -108,8 +108,10 @@ class NodeReports:
             for job_id, waits in list(self.fence_wait.items()):   # this node answers: without that job's runs?
                 if req.name in waits and not any(j == job_id for j, _ in runs):
                     del waits[req.name]
-                if not waits:
+                if not waits:   # the job may start again now, not at the fence's deadline
                     del self.fence_wait[job_id]
+                    self._dirty = True
+                    self._wake.set()
             stale = [r for r in req.runs if (j := self.jobs.get(r.job_id)) is None
                      or j.phase not in ACTIVE_PHASES or r.run != j.restart_count]   # ended, requeued, or older
             current_exits = {e.job_id for e in req.exits if (j := self.jobs.get(e.job_id)) is not None

@@ -59,4 +59,7 @@ def rank_environment(step: pb.Step, node_index: int, local_rank: int, base: dict
         "SLURM_STEPID": str(step.step_id),
         "SLURMD_NODENAME": here.node,
     })
+    if len(here.ranks) > 1 and "OMP_NUM_THREADS" not in base:
+        # as torchrun does: ranks sharing a node would each start a thread per core and fight for them
+        env["OMP_NUM_THREADS"] = "1"
     return env

@@ -4,7 +4,8 @@ settings (a heartbeat every 2 s, a node DOWN after 15 s of silence).
     python bench/bench_resume.py [--runs 2] [--write bench/RESULTS.md]
 
 A local cluster of 3 nodes; examples/tinygpt on 2 of them (2 ranks each, checkpoint every 5 steps).
-Past step 20, one node "dies": kill -9 of its airnoded and of the job's processes there. The job is
+Past step 20, one node "dies": kill -9 of its airnoded, of the job's processes there and of their
+shepherds. The job is
 requeued (airrun sees the node's stream break; else the node timeout), starts on the two nodes left
 (the silent node takes no work until it is heard from again), restores its last checkpoint
 and trains again. Measured: death -> requeued (detection), requeued -> first step logged by the
@@ -59,6 +60,9 @@ def one_run(work: Path, base: str) -> tuple[float, float]:
         daemon = pids[1 + int(victim[-2:]) - 1]
         doomed = [p for p in psutil.process_iter() if _env(p).get("AIR_JOB_ID") == job
                   and _env(p).get("AIR_NODENAME") == victim]
+        # a host's death takes the shepherds of the job's processes too (alive, one would report its
+        # children's SIGKILL as the job's own failure)
+        doomed += [p.parent() for p in doomed if p.parent() and "shepherd.py" in " ".join(p.parent().cmdline())]
         died = time.monotonic()
         os.kill(daemon, signal.SIGKILL)
         for p in doomed:
