@@ -145,7 +145,7 @@ def simulate(trace: list[TraceJob], nodes: list[Node], until: float, *, sched: S
                                    now + sched.preempt_grace_s)
                     freed += [a.node for a in job.allocation]
                     result.preemptions[(preemptor, v)] = result.preemptions.get((preemptor, v), 0) + 1
-                held = plan.holds.get(preemptor) or tuple(freed)   # (an older scheduler gives no holds)
+                held = getattr(plan, "holds", {}).get(preemptor) or tuple(freed)   # (an older scheduler gives no holds)
                 holds[preemptor] = tuple(sorted(set(holds.get(preemptor, ())) | set(held)))
         now += pass_every
     for job in [*running.values(), *(j for j, _ in stopping.values())]:
