@@ -74,7 +74,7 @@ class SchedulingPass:
             self._released = []
             active = self.jobs.active()
             nodes = [evolve(n, state=NodeState.DOWN) if n.name in self.suspect else n for n in self.nodes.values()]
-            free = scheduler.free_resources(nodes, active, self.switches)
+            free = scheduler.free_resources(nodes, active, self.switches, self.planner.gpu_memo)
             capacity = (sum(len(n.gpus) for n in self.nodes.values()), sum(n.cpus for n in self.nodes.values()))
             stopped_at, holds = dict(self._stopped_at), dict(self._holds)
             held = self.jobs.held()
@@ -82,7 +82,9 @@ class SchedulingPass:
         # not in it are looked up as they are, in memory or in the store)
         began = time.perf_counter()
         inputs = self.planner.inputs(pending, held, active, self.accounting, capacity, now, self._dep_states)
-        plan = scheduler.schedule(pending, free, self.partitions, stopped_at=stopped_at, holds=holds, **inputs)
+        order = inputs.pop("order")
+        plan = scheduler.schedule(order, free, self.partitions, stopped_at=stopped_at, holds=holds, in_order=True,
+                                  **inputs)
         self._pass_seconds = time.perf_counter() - began
         with self._lock:
             # a job released meanwhile was not in the plan: only jobs that rank above it may start
