@@ -503,7 +503,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     reserved: dict[str, int] = {}   # reservations made, by group of partitions sharing nodes
     deadline = timer() + max_pass_s if timer is not None and max_pass_s > 0 else None
     for k, job in enumerate(order):
-        if deadline is not None and k and not k & 255 and timer() > deadline:
+        if deadline is not None and k and not k & 15 and timer() > deadline:   # a reservation may take ms
             plan.stopped_at = job.job_id
             break
         job_id = job.job_id
