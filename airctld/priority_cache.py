@@ -62,28 +62,34 @@ class PriorityCache:
             self._last, self._new = (-INF, 0), []
             self._scale = 1.0 + abs(s.weight_age) + abs(s.weight_fairshare) + abs(s.weight_jobsize) + \
                 abs(s.weight_partition) + abs(s.weight_qos)
-        get = self._rows.get
-        out = [r if (r := get(job.job_id)) is not None and r[REQUEST] is job.request else self._row(job, model)
-               for job in jobs]
+        get, made = self._rows.get, self._maker(model)
+        out = [r if (r := get(job.job_id)) is not None and r[REQUEST] is job.request else made(job) for job in jobs]
         if len(self._rows) > 2 * len(out) + 1000:   # jobs gone since: keep only those of this pass
             self._rows = {r[JOB_ID]: r for r in out}
         return out
 
-    def _row(self, job: Job, model: PriorityModel) -> list:
-        s, req = model.sched, job.request
-        if job.gpus_per_node:
-            size = job.num_nodes * job.gpus_per_node / model.total_gpus
-        else:
-            size = job.num_nodes * job.cpus_per_node / model.total_cpus
-        leaf = (req.account or "default", job.user)
-        row = [req, self._leaves.setdefault(leaf, leaf), job.submit_time,   # one tuple a leaf: less for gc
-               s.weight_jobsize * (size if size < 1.0 else 1.0),
-               s.weight_partition * model.part_factor.get(job.partition, 0.0),
-               s.weight_qos * model.qos_factor.get(req.qos or s.default_qos, 0.0), req.nice, job.job_id,
-               -1, 0, -INF, INF, 0.0]   # no place and no number yet: bounds no pass can meet
-        self._rows[job.job_id] = row
-        self._new.append(row)
-        return row
+    def _maker(self, model: PriorityModel):
+        """A function that makes a job's row (what the model gives it that never changes, no place in
+        submit order and no number yet), with what every row needs looked up once."""
+        s = model.sched
+        w_size, w_part, w_qos, default_qos = s.weight_jobsize, s.weight_partition, s.weight_qos, s.default_qos
+        part_of, qos_of = model.part_factor.get, model.qos_factor.get
+        gpus, cpus = model.total_gpus, model.total_cpus
+        rows, new, leaves = self._rows, self._new, self._leaves
+
+        def made(job: Job) -> list:
+            req = job.request
+            size = job.num_nodes * job.gpus_per_node / gpus if job.gpus_per_node else \
+                job.num_nodes * job.cpus_per_node / cpus
+            leaf = (req.account or "default", job.user)
+            row = rows[job.job_id] = [
+                req, leaves.setdefault(leaf, leaf), job.submit_time,   # one tuple a leaf: less for gc
+                w_size * (size if size < 1.0 else 1.0), w_part * part_of(job.partition, 0.0),
+                w_qos * qos_of(req.qos or default_qos, 0.0), req.nice, job.job_id,
+                -1, 0, -INF, INF, 0.0]   # no place and no number yet: bounds no pass can meet
+            new.append(row)
+            return row
+        return made
 
     def priorities(self, rows: Sequence[list], fairshare: Mapping[tuple[str, str], float], now: float
                    ) -> dict[int, int]:
