@@ -140,3 +140,29 @@ def test_a_pass_with_no_jobs_after_one_with_many_empties_the_cache():
     rows = cache.rows(jobs[:3], model)
     assert cache.priorities(rows, {}, EPOCH + 2) == model.priorities(jobs[:3], EPOCH + 2)
     assert cache.order(jobs[:3]) == scheduler.pass_order(jobs[:3], model.priorities(jobs[:3], EPOCH + 2))
+
+
+def test_two_simulated_days_decide_alike_with_the_cache_and_from_scratch():
+    """The simulator prices with the cache for a scheduler that takes in_order (this one), and from
+    scratch for one that does not (an older one): every pass's plan is the same either way."""
+    from airctld.simulate import make_nodes, simulate
+    from test_scheduler_week import DAY, QOS, _trace
+
+    def run(with_cache: bool):
+        plans = []
+
+        def cached(pending, free, partitions, *, holds=None, in_order=False, **kw):
+            plans.append(scheduler.schedule(pending, free, partitions, holds=holds, in_order=in_order, **kw))
+            return plans[-1]
+
+        def scratch(pending, free, partitions, *, holds=None, **kw):
+            plans.append(scheduler.schedule(pending, free, partitions, holds=holds, **kw))
+            return plans[-1]
+        sched = SchedulerConfig(preempt_grace_s=120.0, weight_age=50000, max_age_s=86400)   # ages that count
+        r = simulate(_trace(2, 8, seed=11, high_share=0.2), make_nodes(8), until=2 * DAY, qos=QOS,
+                     pass_every=300.0, sched=sched, schedule=cached if with_cache else scratch)
+        return r, [(p.starts, p.preempt, p.waiting, p.reservations) for p in plans]
+
+    (cached, plans), (scratch, expected) = run(True), run(False)
+    assert plans == expected and cached.preemptions == scratch.preemptions and cached.started == scratch.started
+    assert cached.started > 50 and cached.preemptions
