@@ -10,7 +10,7 @@
    ways: with the code of commit REV (--before, its airctld and protos taken from git and run in a
    child process), then with this tree's first pass (its priority cache empty, as after a start),
    and with this tree's pass 10 s of cluster time after another (the cache warm, as in a running
-   controller). `--sizes 10000x100000` picks sizes.
+   controller); every measured pass is at the same cluster time. `--sizes 10000x100000` picks sizes.
 2. GPU utilisation over a simulated day of a mixed trace (1- to 64-node jobs, runtimes from
    minutes to hours, time limits above the runtimes, 5% of them in a QOS that preempts the rest)
    on 256 nodes, with and without backfill, with this scheduler and with the one of commit REV
@@ -130,15 +130,19 @@ def keep():
 
 
 def measure(n_nodes: int, n_pending: int, cached: bool) -> list[tuple[float, int, int]]:
-    """(best pass, started, reserved): from scratch, or, with what the planner keeps, its first pass
-    and a pass 10 s later (each the best of three, with what is kept new for each first pass)."""
+    """(best pass, started, reserved), all at the same time (10 s): from scratch, or, with what the
+    planner keeps, its first pass and a pass with what it kept from one at 0 s (each the best of
+    three, each with what is kept new)."""
     snap = _snapshot(n_nodes, n_pending)
     if not cached:
-        runs = [[one_pass(*snap)]]
+        runs = [[one_pass(*snap, now=10.0) for _ in range(3)]]
     else:
-        kept = [keep() for _ in range(3)]
-        first = [one_pass(*snap, kept=k) for k in kept]
-        runs = [first, [one_pass(*snap, now=10.0, kept=k) for k in kept]]
+        first = [one_pass(*snap, now=10.0, kept=keep()) for _ in range(3)]
+        later = []
+        for kept in [keep() for _ in range(3)]:
+            one_pass(*snap, now=0.0, kept=kept)
+            later.append(one_pass(*snap, now=10.0, kept=kept))
+        runs = [first, later]
     out = []
     for results in runs:
         best, plan = min(results, key=lambda r: r[0])
@@ -146,27 +150,77 @@ def measure(n_nodes: int, n_pending: int, cached: bool) -> list[tuple[float, int
     return out
 
 
-def _before(rev: str, sizes) -> list[tuple[float, int, int]]:
-    """The from-scratch pass of commit `rev`, its airctld and protos from git, in a child process."""
+def _tree(rev: str) -> Path:
+    """Commit `rev`'s airctld and protos, from git, in a folder of their own."""
     tree = Path(tempfile.mkdtemp(prefix=f"air-{rev}-"))
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "airctld", "protos"], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    out = subprocess.run([sys.executable, __file__, "--scratch-only", "--sizes",
-                          ",".join(f"{n}x{p}" for n, p in sizes)], check=True, capture_output=True, text=True,
+    return tree
+
+
+def _before(tree: Path, n_nodes: int, n_pending: int) -> tuple[float, int, int]:
+    """The from-scratch pass of the code in `tree` (see _tree), in a child process."""
+    out = subprocess.run([sys.executable, __file__, "--scratch-only", "--sizes", f"{n_nodes}x{n_pending}"],
+                         check=True, capture_output=True, text=True,
                          env={**os.environ, "AIR_BENCH_TREE": str(tree)}).stdout
-    return [tuple(r) for r in json.loads(out.splitlines()[-1])]
+    return tuple(json.loads(out.splitlines()[-1])[0])
 
 
 def pass_table(sizes, before: str) -> list[str]:
     lines = [f"| nodes (8 GPUs) | pending jobs | pass, {before} | started | pass, this tree, first | started | "
              "pass, this tree, 10 s later | started | reserved | per pending job (later pass) |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    old = _before(before, sizes)
-    for (n_nodes, n_pending), (t0, s0, _) in zip(sizes, old):
+    tree = _tree(before)
+    for n_nodes, n_pending in sizes:   # the two one after the other for each size: the host's speed drifts
+        t0, s0, _ = _before(tree, n_nodes, n_pending)
         (t1, s1, _), (t2, s2, r2) = measure(n_nodes, n_pending, cached=True)
         line = (f"| {n_nodes:,} | {n_pending:,} | {t0 * 1000:.0f} ms | {s0} | {t1 * 1000:.0f} ms | {s1} | "
                 f"{t2 * 1000:.0f} ms | {s2} | {r2} | {t2 / n_pending * 1e6:.1f} us |")
+        print(line, flush=True)
+        lines.append(line)
+    return lines
+
+
+def priority_table(n_nodes: int, pending_counts) -> list[str]:
+    """Fairshare, priorities and the pass's order alone (what the placement budget does not bound):
+    from scratch (PriorityModel.priorities and scheduler.pass_order, as every pass did before the
+    cache), and with the cache: its first pass and a pass 10 s later. Best of five."""
+    from airctld.priority_cache import LEAF
+    sched = SchedulerConfig()
+    lines = ["| pending jobs | from scratch | cache, first pass | cache, 10 s later |",
+             "| ---: | ---: | ---: | ---: |"]
+    for n_pending in pending_counts:
+        nodes, _, _, pending, usage = _snapshot(n_nodes, n_pending)
+        partitions = {"p": PartitionConfig("p", tuple(n.name for n in nodes), default=True)}
+        qos = {"normal": QosConfig("normal")}
+        capacity = (len(nodes) * 8, len(nodes) * 64)
+
+        def scratch(now):
+            began = time.perf_counter()
+            tree = fairshare.complete_tree(ACCOUNTS, {association(j) for j in pending} | set(usage))
+            shares = fairshare.compute(tree, usage)
+            model = PriorityModel(sched, partitions, qos, {k: s.fairshare for k, s in shares.items() if k[1]},
+                                  *capacity)
+            scheduler.pass_order(pending, model.priorities(pending, now))
+            return time.perf_counter() - began
+
+        def cached(kept, now):
+            began = time.perf_counter()
+            rows = kept.priorities.rows(pending, PriorityModel(sched, partitions, qos, {}, *capacity))
+            tree = fairshare.complete_tree(ACCOUNTS, {r[LEAF] for r in rows} | set(usage))
+            shares = fairshare.compute(tree, usage)
+            kept.priorities.priorities(rows, {k: s.fairshare for k, s in shares.items() if k[1]}, now)
+            kept.priorities.order(pending)
+            return time.perf_counter() - began
+        t0 = min(scratch(10.0) for _ in range(5))
+        t1 = min(cached(keep(), 10.0) for _ in range(5))
+        later = []
+        for _ in range(5):
+            kept = keep()
+            cached(kept, 0.0)
+            later.append(cached(kept, 10.0))
+        line = f"| {n_pending:,} | {t0 * 1000:.0f} ms | {t1 * 1000:.0f} ms | {min(later) * 1000:.0f} ms |"
         print(line, flush=True)
         lines.append(line)
     return lines
@@ -249,6 +303,8 @@ def main() -> None:
         print(json.dumps([measure(n, p, cached=False)[0] for n, p in sizes]))
         return
     lines = pass_table(sizes, args.before)
+    lines += ["", f"Fairshare, priorities and the pass's order alone, {max(n for n, _ in sizes):,} nodes:", ""]
+    lines += priority_table(max(n for n, _ in sizes), sorted({p for _, p in sizes}))
     lines += [""] + utilisation(64 if args.quick else 256, args.before)
     if args.write:
         with open(args.write, "a") as f:
@@ -256,7 +312,10 @@ def main() -> None:
                     f"`python bench/bench_scheduler.py {' '.join(sys.argv[1:])}` (2 cores). One full pass: "
                     "fairshare, priority of every pending job, limits, placement, reservations (1,000, then nothing "
                     "passes an unreserved job) and backfill, the placement stopping after `max_pass_s` = 0.5 s "
-                    "(as Slurm's bf_max_time); best of three. Slurm's default backfill examines 500 jobs per 30 s cycle.\n\n"
+                    f"(as Slurm's bf_max_time); best of three. The code of {args.before} (from scratch every pass), "
+                    "then this tree's first pass (its priority cache empty, as after a start) and its pass 10 s "
+                    "later (the cache warm, as in a running controller), one size after the other. Slurm's default "
+                    "backfill examines 500 jobs per 30 s cycle.\n\n"
                     + "\n".join(lines) + "\n")
 
 
