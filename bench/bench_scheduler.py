@@ -92,6 +92,9 @@ def _snapshot(n_nodes: int, n_pending: int, seed: int = 1):
     return nodes, switches, active, pending, usage
 
 
+MAX_PASS_S = None   # --max-pass-s: the placement's time budget, when not the configuration's default
+
+
 def one_pass(nodes, switches, active, pending, usage, now: float = 0.0, kept=None) -> tuple[float, scheduler.Plan]:
     """One pass as the controller makes it: everything from scratch, or with what the controller's
     planner keeps from pass to pass (`kept`: from keep()), its priority cache and GPU memo."""
@@ -115,7 +118,7 @@ def one_pass(nodes, switches, active, pending, usage, now: float = 0.0, kept=Non
         pending = cache.order(pending)
     in_order = {"in_order": True} if kept is not None else {}
     free = scheduler.free_resources(nodes, active, switches, *(() if kept is None else (kept.gpu_memo,)))
-    budget = dict(max_pass_s=sched.max_pass_s, timer=time.perf_counter) \
+    budget = dict(max_pass_s=sched.max_pass_s if MAX_PASS_S is None else MAX_PASS_S, timer=time.perf_counter) \
         if "max_pass_s" in inspect.signature(scheduler.schedule).parameters else {}   # older: no budget
     plan = scheduler.schedule(pending, free, partitions, now=now, active=active, priority=priority,
                               limits=scheduler.Limits(qos=qos), reservations=sched.reservations, **budget,
@@ -161,7 +164,8 @@ def _tree(rev: str) -> Path:
 
 def _before(tree: Path, n_nodes: int, n_pending: int) -> tuple[float, int, int]:
     """The from-scratch pass of the code in `tree` (see _tree), in a child process."""
-    out = subprocess.run([sys.executable, __file__, "--scratch-only", "--sizes", f"{n_nodes}x{n_pending}"],
+    budget = [] if MAX_PASS_S is None else ["--max-pass-s", str(MAX_PASS_S)]
+    out = subprocess.run([sys.executable, __file__, "--scratch-only", "--sizes", f"{n_nodes}x{n_pending}", *budget],
                          check=True, capture_output=True, text=True,
                          env={**os.environ, "AIR_BENCH_TREE": str(tree)}).stdout
     return tuple(json.loads(out.splitlines()[-1])[0])
@@ -292,8 +296,12 @@ def main() -> None:
     parser.add_argument("--sizes", help="nodes x pending jobs, comma-separated: 10000x100000,1000x10000")
     parser.add_argument("--write", help="append the figures to this markdown file")
     parser.add_argument("--before", default=BEFORE, help="the commit whose scheduler to compare with")
+    parser.add_argument("--max-pass-s", type=float, help="the placement's time budget (0: none, the whole queue)")
+    parser.add_argument("--no-day", action="store_true", help="passes only, no simulated day")
     parser.add_argument("--scratch-only", action="store_true", help=argparse.SUPPRESS)   # see _before
     args = parser.parse_args()
+    global MAX_PASS_S
+    MAX_PASS_S = args.max_pass_s
     if args.sizes:
         sizes = [tuple(int(x) for x in size.split("x")) for size in args.sizes.split(",")]
     else:
@@ -305,14 +313,17 @@ def main() -> None:
     lines = pass_table(sizes, args.before)
     lines += ["", f"Fairshare, priorities and the pass's order alone, {max(n for n, _ in sizes):,} nodes:", ""]
     lines += priority_table(max(n for n, _ in sizes), sorted({p for _, p in sizes}))
-    lines += [""] + utilisation(64 if args.quick else 256, args.before)
+    if not args.no_day:
+        lines += [""] + utilisation(64 if args.quick else 256, args.before)
+    limit = SchedulerConfig().max_pass_s if MAX_PASS_S is None else MAX_PASS_S
+    stop = (f"the placement stopping after `max_pass_s` = {limit:g} s (as Slurm's bf_max_time)" if limit else
+            "the placement going through the whole queue (`max_pass_s` = 0)")
     if args.write:
         with open(args.write, "a") as f:
             f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: scheduler\n\n"
                     f"`python bench/bench_scheduler.py {' '.join(sys.argv[1:])}` (2 cores). One full pass: "
                     "fairshare, priority of every pending job, limits, placement, reservations (1,000, then nothing "
-                    "passes an unreserved job) and backfill, the placement stopping after `max_pass_s` = 0.5 s "
-                    f"(as Slurm's bf_max_time); best of three. The code of {args.before} (from scratch every pass), "
+                    f"passes an unreserved job) and backfill, {stop}; best of three. The code of {args.before} (from scratch every pass), "
                     "then this tree's first pass (its priority cache empty, as after a start) and its pass 10 s "
                     "later (the cache warm, as in a running controller), one size after the other. Slurm's default "
                     "backfill examines 500 jobs per 30 s cycle.\n\n"
