@@ -87,8 +87,12 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._due = float("inf")   # when a pending job's --begin time comes
         self._epoch = 0            # bumped by every change to what priorities are made of (accounts)
         self._released: list[int] = []   # the last priorities of jobs released since the pass's snapshot
-        self._stopped_at: dict[int, float] = {}        # stopping job -> when it was asked to stop
-        self._holds: dict[int, tuple[str, ...]] = {}   # pending preemptor -> nodes its victims free
+        # stopping job -> when it was asked to stop; pending preemptor -> the nodes held for it. Both are
+        # written with the decisions that make them, so that a restarted controller counts the same
+        self._stopped_at: dict[int, float] = {
+            j: t for j, t in store.load_stop_times().items()
+            if (job := self.jobs.get(j)) is not None and job.phase == JobPhase.COMPLETING}
+        self._holds: dict[int, tuple[str, ...]] = store.load_holds()
         self._pass_seconds = 0.0
 
     # ------------------------------------------------------------ the loop
@@ -466,6 +470,10 @@ class Controller(NodeReports, SchedulingPass, Launching):
             return []
         with self.store.transaction():
             self.store.update_jobs(changes, now, who)
+            # a stop's time is kept from the first time it was asked until the job leaves COMPLETING
+            self.store.add_stop_times((new.job_id, now) for _, new in changes if new.phase == JobPhase.COMPLETING)
+            self.store.remove_stop_times(new.job_id for old, new in changes
+                                         if old.phase == JobPhase.COMPLETING and new.phase != JobPhase.COMPLETING)
             self.store.after_commit(lambda: self._take(changes, now))
         return [new for _, new in changes]
 

@@ -61,8 +61,12 @@ class SchedulingPass:
             if fenced:   # a job whose lost nodes may still run its ranks waits for their fence
                 pending = [j for j in pending if j.job_id not in fenced]
                 self._due = min(self._due, min(fenced.values()))
-            for preemptor in [p for p in self._holds if (j := self.jobs.get(p)) is None or j.phase != JobPhase.PENDING]:
-                del self._holds[preemptor]   # started, or left the queue; held or fenced, it keeps its hold
+            gone = [p for p in self._holds if (j := self.jobs.get(p)) is None or j.phase != JobPhase.PENDING]
+            if gone:   # started, or left the queue; held or fenced, it keeps its hold
+                with self.store.transaction():
+                    self.store.remove_holds(gone)
+                for preemptor in gone:
+                    del self._holds[preemptor]
             if not pending:
                 return
             snapshot = {j.job_id: j for j in pending}
@@ -70,7 +74,7 @@ class SchedulingPass:
             self._released = []
             active = self.jobs.active()
             nodes = [evolve(n, state=NodeState.DOWN) if n.name in self.suspect else n for n in self.nodes.values()]
-            free = scheduler.free_resources(nodes, active, self.switches)
+            free = scheduler.free_resources(nodes, active, self.switches, self.planner.gpu_memo)
             capacity = (sum(len(n.gpus) for n in self.nodes.values()), sum(n.cpus for n in self.nodes.values()))
             stopped_at, holds = dict(self._stopped_at), dict(self._holds)
             held = self.jobs.held()
@@ -78,7 +82,9 @@ class SchedulingPass:
         # not in it are looked up as they are, in memory or in the store)
         began = time.perf_counter()
         inputs = self.planner.inputs(pending, held, active, self.accounting, capacity, now, self._dep_states)
-        plan = scheduler.schedule(pending, free, self.partitions, stopped_at=stopped_at, holds=holds, **inputs)
+        order = inputs.pop("order")
+        plan = scheduler.schedule(order, free, self.partitions, stopped_at=stopped_at, holds=holds, in_order=True,
+                                  **inputs)
         self._pass_seconds = time.perf_counter() - began
         with self._lock:
             # a job released meanwhile was not in the plan: only jobs that rank above it may start
@@ -108,16 +114,22 @@ class SchedulingPass:
             reasons = [(i, r) for i, r in plan.waiting.items()
                        if (j := self.jobs.get(i)) is not None and j.phase == JobPhase.PENDING and not j.hold
                        and (j.reason != r or j.reason_detail != plan.details.get(i, ""))]
-            try:   # memory takes the starts, stops and reasons only once all are written
+            # a second round of victims adds to the first; a preemptor that starts gives its hold up
+            holds = {p: tuple(sorted(set(self._holds.get(p, ())) | set(nodes))) for p, nodes in new_holds.items()}
+            ended = [job.job_id for job, _ in starts if job.job_id in self._holds]
+            try:   # memory takes the starts, stops, holds and reasons only once all are written
                 with self.store.transaction():
                     started = self._commit(starts, now, CONTROLLER_UID)
                     stopping = self._commit(preempted, now, CONTROLLER_UID)
+                    self.store.save_holds(holds)
+                    self.store.remove_holds(ended)
                     self.store.set_pending_reasons(reasons)
             except Exception:
                 self._dirty = True   # the next pass plans again
                 raise
-            for preemptor, nodes in new_holds.items():   # a second round of victims adds to the first
-                self._holds[preemptor] = tuple(sorted(set(self._holds.get(preemptor, ())) | set(nodes)))
+            self._holds.update(holds)
+            for preemptor in ended:
+                del self._holds[preemptor]
             for i, r in reasons:
                 self.jobs.put(events.waiting(self.jobs.get(i), r, plan.details.get(i, "")))
             for job_id, value in inputs["priority"].items():   # what this pass used, pending and running

@@ -12,7 +12,8 @@ from airctld import deps, scheduler
 from airctld.accounting import Accounting
 from airctld.config import Config
 from airctld.model import Job
-from airctld.priority import PriorityModel, association
+from airctld.priority import PriorityModel
+from airctld.priority_cache import LEAF, PriorityCache
 from protos import air_pb2 as pb
 from protos.states import JobPhase, JobResult, Reason
 
@@ -25,6 +26,8 @@ class Planner:
         self._deps: dict[int, deps.Dependency | None] = {}
         self._final: dict[int, tuple[JobPhase, JobResult]] = {}   # states of done jobs looked up in the store
         self.model: PriorityModel | None = None
+        self.priorities = PriorityCache()
+        self.gpu_memo: dict[int, tuple] = {}   # for scheduler.free_resources, from pass to pass
         self.plan = scheduler.Plan()
 
     def dependency(self, job: Job) -> deps.Dependency | None:
@@ -38,21 +41,26 @@ class Planner:
     def inputs(self, pending: list[Job], held: list[Job], active: list[Job], accounting: Accounting,
                capacity: tuple[int, int], now: float,
                lookup: Callable[[int], list[tuple[JobPhase, JobResult]]]) -> dict:
-        """Keyword arguments for scheduler.schedule beyond the snapshot of nodes: from lists taken under
-        the controller's lock (pending, held and active jobs), never from the live job table."""
-        leaves = {association(j) for j in pending} | {association(j) for j in active}
+        """Keyword arguments for scheduler.schedule beyond the snapshot of nodes, and `order`: the pending
+        jobs in the pass's order, to give it with in_order=True. From lists taken under the controller's
+        lock (pending, held and active jobs), never from the live job table."""
+        # every job's priority as this pass sees it: pending, held and running alike (victims are
+        # ranked by it, and aircontrol show job and airq -o %Q show it); fairshare over the leaves of
+        # the pending and active jobs. The cache gives what PriorityModel.priorities would.
+        statics = PriorityModel(self.config.scheduler, self.partitions, self.qos, {}, *capacity)
+        rows = self.priorities.rows([*pending, *held, *active], statics)
+        leaves = {r[LEAF] for r in rows[:len(pending)]} | {r[LEAF] for r in rows[len(pending) + len(held):]}
         shares = accounting.shares(leaves)
         fs = {k: s.fairshare for k, s in shares.items() if k[1]}
         self.model = PriorityModel(self.config.scheduler, self.partitions, self.qos, fs, *capacity)
-        # every job's priority as this pass sees it: pending, held and running alike (victims are
-        # ranked by it, and aircontrol show job and airq -o %Q show it)
-        priority = self.model.priorities([*pending, *held, *active], now)
+        priority = self.priorities.priorities(rows, fs, now)
+        order = self.priorities.order(pending)   # the pass's order, as schedule() sorts it
         blocked = self._blocked(pending, active, lookup, now)
         chains, quotas = accounting.account_chains()
         limits = scheduler.Limits(qos=self.qos, default_qos=self.config.scheduler.default_qos,
                                   account_chain=chains, account_max_gpus=quotas)
         s = self.config.scheduler
-        return dict(now=now, active=active, priority=priority, blocked=blocked, limits=limits,
+        return dict(order=order, now=now, active=active, priority=priority, blocked=blocked, limits=limits,
                     reservations=s.reservations, completing_release_s=self.config.controller.kill_wait_s,
                     preempt_grace_s=s.preempt_grace_s, max_pass_s=s.max_pass_s, timer=time.perf_counter)
 

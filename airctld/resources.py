@@ -23,15 +23,24 @@ class FreeNode:
     domains: dict[int, int] = field(default_factory=dict)   # GPU index -> NVLink domain
 
 
-def free_resources(nodes: Iterable[Node], active: Iterable[Job],
-                   switches: Mapping[str, str] | None = None) -> dict[str, FreeNode]:
-    """What each node has free, given the jobs that hold resources (running or completing)."""
+def free_resources(nodes: Iterable[Node], active: Iterable[Job], switches: Mapping[str, str] | None = None,
+                   memo: dict[int, tuple] | None = None) -> dict[str, FreeNode]:
+    """What each node has free, given the jobs that hold resources (running or completing). `memo`,
+    kept by the caller from pass to pass, keeps what a node's GPUs are (their indices and NVLink
+    domains, read from its GPU records), for as long as the node has the same records."""
     switches = switches or {}
+    nodes = list(nodes)
+    if memo is None:
+        memo = {}
+    elif len(memo) > 2 * len(nodes) + 100:   # nodes' records replaced since: start afresh
+        memo.clear()
     free = {}
     for n in nodes:
-        free[n.name] = FreeNode(n.name, n.state == NodeState.UP, sorted(n.gpu_indices), n.cpus,
-                                n.state == NodeState.DRAIN, switches.get(n.name) or n.name, len(n.gpus),
-                                {g.index: g.nvlink_domain for g in n.gpus})
+        known = memo.get(id(n.gpus))
+        if known is None or known[0] is not n.gpus:
+            known = memo[id(n.gpus)] = (n.gpus, sorted(n.gpu_indices), {g.index: g.nvlink_domain for g in n.gpus})
+        free[n.name] = FreeNode(n.name, n.state == NodeState.UP, list(known[1]), n.cpus,
+                                n.state == NodeState.DRAIN, switches.get(n.name) or n.name, len(n.gpus), known[2])
     for job in active:
         for a in job.allocation:
             node = free.get(a.node)

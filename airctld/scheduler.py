@@ -452,6 +452,12 @@ def _held_back(job: Job, blocked: Mapping[int, Reason], partitions: Mapping[str,
     return state.over_limit(job)
 
 
+def pass_order(pending: Iterable[Job], priority: Mapping[int, int]) -> list[Job]:
+    """The order a pass looks at jobs in: priority (highest first), then submit time, then id."""
+    pri_get = priority.get
+    return sorted(pending, key=lambda j: (-pri_get(j.job_id, j.priority), j.submit_time, j.job_id))
+
+
 def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapping[str, PartitionConfig], *,
              now: float = 0.0, active: Sequence[Job] = (), priority: Mapping[int, int] | None = None,
              blocked: Mapping[int, Reason] | None = None, limits: Limits | None = None,
@@ -459,14 +465,15 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
              preempt_grace_s: float = 30.0, backfill: bool = True,
              stopped_at: Mapping[int, float] | None = None,
              holds: Mapping[int, Iterable[str]] | None = None,
-             max_pass_s: float = 0.0, timer: Callable[[], float] | None = None) -> Plan:
+             max_pass_s: float = 0.0, timer: Callable[[], float] | None = None, in_order: bool = False) -> Plan:
     """Decide which pending jobs start now and why the others wait. `free` is updated in place.
 
     `priority` maps job ids (pending and running) to their priority (default: the job's own
     field); `blocked` gives jobs that wait for a reason decided outside the pass (dependencies);
     `active` are the running and completing jobs, whose time limits place reservations and whose
     QOS may make them victims; `stopped_at` says when each stopping job was asked to stop; `holds`
-    maps a pending preemptor to the nodes its victims free, held for it alone until it starts.
+    maps a pending preemptor to the nodes its victims free, held for it alone until it starts;
+    `in_order`: `pending` is in the pass's order already (as `pass_order` gives it).
 
     Backfill never delays a higher-priority job: each job that cannot start gets a reservation
     (the first `reservations` of them); once that many are made, a job that finds no room waits
@@ -490,14 +497,13 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     no_cache: dict[tuple, tuple[int, Reason]] = {}   # a shape that could not start, until resources change
     generation = 0
     waiting = plan.waiting
-    pri_get = priority.get
     stalled: set[str] = set()   # partitions where no later job may start
-    order = sorted(pending, key=lambda j: (-pri_get(j.job_id, j.priority), j.submit_time, j.job_id))
+    order = list(pending) if in_order else pass_order(pending, priority)
     held_for = place_holds(order, holds or {}, blocked, partitions, state, plan)
     reserved: dict[str, int] = {}   # reservations made, by group of partitions sharing nodes
     deadline = timer() + max_pass_s if timer is not None and max_pass_s > 0 else None
     for k, job in enumerate(order):
-        if deadline is not None and k and not k & 255 and timer() > deadline:
+        if deadline is not None and k and not k & 15 and timer() > deadline:   # a reservation may take ms
             plan.stopped_at = job.job_id
             break
         job_id = job.job_id

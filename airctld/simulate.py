@@ -4,6 +4,7 @@ and by the fairshare convergence test."""
 from __future__ import annotations
 
 import heapq
+import inspect
 import time
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ from airctld.config import PartitionConfig, QosConfig, SchedulerConfig
 from airctld.fairshare import Assoc
 from airctld.model import Job, Node, evolve
 from airctld.priority import PriorityModel, association
+from airctld.priority_cache import LEAF, PriorityCache
 from protos import air_pb2 as pb
 from protos.states import JobPhase, NodeState, Reason
 
@@ -74,7 +76,12 @@ def simulate(trace: list[TraceJob], nodes: list[Node], until: float, *, sched: S
     runs: dict[int, int] = {}
     stopping: dict[int, tuple[Job, float]] = {}   # preempted job -> (it, when its grace runs out)
     holds: dict[int, tuple[str, ...]] = {}
-    new_features = schedule is scheduler.schedule
+    # holds and stop times, to a scheduler that takes them (an older one, loaded by bench/, may not)
+    taken = inspect.signature(schedule).parameters
+    new_features = "holds" in taken
+    # this tree's scheduler gets priorities and order from the cache, an older one (--before in bench/)
+    # priorities computed from scratch every pass and sorts the queue itself, as their controllers did
+    kept = PriorityCache() if "in_order" in taken else None
     usage: dict[tuple[str, str], float] = {}
     result = Result()
     next_arrival = 0
@@ -107,19 +114,32 @@ def simulate(trace: list[TraceJob], nodes: list[Node], until: float, *, sched: S
         last_charge = now
         if pending:
             began = time.perf_counter()
-            tree = fairshare.complete_tree(assocs, {association(j) for j in pending.values()} | set(usage))
+            active = list(running.values()) + [j for j, _ in stopping.values()]
+            queue = list(pending.values())
+            if kept is not None:   # priorities and order kept from pass to pass, as the controller keeps them
+                statics = PriorityModel(sched, partitions, qos_map, {}, total_gpus, total_cpus)
+                rows = kept.rows([*queue, *active], statics)
+                leaves = {r[LEAF] for r in rows[:len(queue)]}
+            else:
+                leaves = {association(j) for j in queue}
+            tree = fairshare.complete_tree(assocs, leaves | set(usage))
             shares = fairshare.compute(tree, usage)
-            model = PriorityModel(sched, partitions, qos_map, {k: s.fairshare for k, s in shares.items() if k[1]},
-                                  total_gpus, total_cpus)
+            fs = {k: s.fairshare for k, s in shares.items() if k[1]}
+            if kept is not None:
+                priority = kept.priorities(rows, fs, now)
+                queue = kept.order(queue)
+            else:
+                priority = PriorityModel(sched, partitions, qos_map, fs, total_gpus, total_cpus).priorities(
+                    [*queue, *active], now)
             chains = {k[0]: tuple(fairshare.ancestors(tree, k[0])) for k in tree if not k[1]}
             quotas = {k[0]: a.max_gpus for k, a in tree.items() if not k[1] and a.max_gpus}
-            active = list(running.values()) + [j for j, _ in stopping.values()]
             free = scheduler.free_resources(nodes, active, switches)
-            priority = model.priorities([*pending.values(), *active], now)
             limits = scheduler.Limits(qos_map, sched.default_qos, chains, quotas)
             extra = dict(stopped_at={i: stop - sched.preempt_grace_s for i, (_, stop) in stopping.items()},
                          holds=dict(holds)) if new_features else {}
-            plan = schedule(list(pending.values()), free, partitions, now=now, active=active, priority=priority,
+            if kept is not None:
+                extra["in_order"] = True
+            plan = schedule(queue, free, partitions, now=now, active=active, priority=priority,
                             limits=limits, reservations=sched.reservations, backfill=backfill,
                             preempt_grace_s=sched.preempt_grace_s, **extra)
             result.pass_seconds.append(time.perf_counter() - began)
@@ -145,7 +165,7 @@ def simulate(trace: list[TraceJob], nodes: list[Node], until: float, *, sched: S
                                    now + sched.preempt_grace_s)
                     freed += [a.node for a in job.allocation]
                     result.preemptions[(preemptor, v)] = result.preemptions.get((preemptor, v), 0) + 1
-                held = plan.holds.get(preemptor) or tuple(freed)   # (an older scheduler gives no holds)
+                held = getattr(plan, "holds", {}).get(preemptor) or tuple(freed)   # (an older scheduler gives no holds)
                 holds[preemptor] = tuple(sorted(set(holds.get(preemptor, ())) | set(held)))
         now += pass_every
     for job in [*running.values(), *(j for j, _ in stopping.values())]:

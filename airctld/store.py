@@ -11,7 +11,7 @@ import contextlib
 import json
 import sqlite3
 import threading
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping
 
 import sqlite_utils
 
@@ -87,7 +87,14 @@ def _migrate_6(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX reports_job ON reports (job_id, time)")
 
 
-MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5, _migrate_6]
+def _migrate_7(db: sqlite_utils.Database) -> None:
+    """Preemption state a pass decides and later passes count on: the nodes held for each pending
+    preemptor, and when each stopping job was asked to stop (its grace runs from then)."""
+    db.execute("CREATE TABLE preempt_holds (job_id INTEGER PRIMARY KEY, nodes TEXT NOT NULL)")
+    db.execute("CREATE TABLE stop_times (job_id INTEGER PRIMARY KEY, time REAL NOT NULL)")
+
+
+MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5, _migrate_6, _migrate_7]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -256,6 +263,31 @@ class Store:
 
     def reports(self, job_id: int) -> list[str]:
         return [r for (r,) in self._rows("SELECT report FROM reports WHERE job_id = ? ORDER BY time", [job_id])]
+
+    # ------------------------------------------------------------ preemption: holds and stop times
+
+    def save_holds(self, holds: Mapping[int, Iterable[str]]) -> None:
+        """Set the nodes held for each preemptor given (replacing what it had)."""
+        self.db.conn.executemany("INSERT INTO preempt_holds (job_id, nodes) VALUES (?, ?) "
+                                 "ON CONFLICT(job_id) DO UPDATE SET nodes=excluded.nodes",
+                                 [(j, json.dumps(sorted(n))) for j, n in holds.items()])
+
+    def remove_holds(self, job_ids: Iterable[int]) -> None:
+        self.db.conn.executemany("DELETE FROM preempt_holds WHERE job_id = ?", [(j,) for j in job_ids])
+
+    def load_holds(self) -> dict[int, tuple[str, ...]]:
+        return {j: tuple(json.loads(n)) for j, n in self._rows("SELECT job_id, nodes FROM preempt_holds")}
+
+    def add_stop_times(self, times: Iterable[tuple[int, float]]) -> None:
+        """When jobs were asked to stop; a job that has a time keeps it (a stop asked again does not
+        restart its grace)."""
+        self.db.conn.executemany("INSERT OR IGNORE INTO stop_times (job_id, time) VALUES (?, ?)", list(times))
+
+    def remove_stop_times(self, job_ids: Iterable[int]) -> None:
+        self.db.conn.executemany("DELETE FROM stop_times WHERE job_id = ?", [(j,) for j in job_ids])
+
+    def load_stop_times(self) -> dict[int, float]:
+        return dict(self._rows("SELECT job_id, time FROM stop_times"))
 
     # ------------------------------------------------------------ accounts and usage
 

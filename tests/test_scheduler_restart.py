@@ -160,3 +160,58 @@ def test_a_preemptor_keeps_its_hold_while_user_held_or_fenced_and_loses_it_when_
     c._dirty = True
     c._schedule(clock.now)
     assert c._holds == {}
+
+
+@pytest.fixture
+def make_qos(tmp_path):
+    conf = cfg.parse({"controller": {"auth": "none", "state_dir": str(tmp_path), "min_job_age_s": 60},
+                      "scheduler": {"preempt_grace_s": 30},
+                      "qos": [{"name": "normal"}, {"name": "high", "priority": 10, "preempt": ["normal"]}],
+                      "nodes": [{"name": "n1", "address": "127.0.0.9", "gpus": "sim:4"}],
+                      "partitions": [{"name": "p", "nodes": "n1", "default": True}]})
+    clock = Clock()
+    made = []
+
+    def build(monkeypatch):
+        c = Controller(conf, Store(str(tmp_path / "air.db")), clock=clock)
+        made.append(c)
+        _four_gpus(c)
+        monkeypatch.setattr(c, "_launch", lambda job: None)
+        monkeypatch.setattr(c, "_send_signal", lambda *a, **kw: None)
+        return c
+    yield build, clock
+    for c in made:
+        c.stop()
+
+
+def test_a_preemptors_hold_and_its_victims_stop_time_survive_a_restart_until_they_end(make_qos, monkeypatch):
+    build, clock = make_qos
+    c = build(monkeypatch)
+    whole = dict(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=4, time_limit_s=3600)
+    victim, _ = c.submit(pb.JobRequest(**whole), ROOT)
+    c._schedule(clock.now)
+    assert c.jobs.get(victim).phase == JobPhase.RUNNING
+    asked = clock.now = clock.now + 10
+    boss, _ = c.submit(pb.JobRequest(qos="high", **whole), ROOT)
+    c._schedule(clock.now)
+    assert c.jobs.get(victim).phase == JobPhase.COMPLETING and c.jobs.get(victim).reason == Reason.PREEMPTED
+    assert c._holds == {boss: ("n1",)} and c._stopped_at == {victim: asked}
+    c.stop()
+
+    clock.now += 5   # restarted before the victim's grace ran out: the same hold, the same stop time
+    c = build(monkeypatch)
+    assert c._holds == {boss: ("n1",)} and c._stopped_at == {victim: asked}
+    other, _ = c.submit(pb.JobRequest(nice=-5000, **whole), ROOT)   # above the preemptor, asks for n1 too
+    c._schedule(clock.now)
+    assert c.planner.plan.preempt == {}
+    assert c.planner.plan.estimate()[boss].start == asked + 30 and c.planner.plan.estimate()[boss].nodes == ("n1",)
+    assert c.jobs.get(other).phase == JobPhase.PENDING
+
+    clock.now = asked + 30   # the victim is gone (requeued); the preemptor starts and gives the hold up
+    c._commit([(c.jobs.get(victim), events.finished(c.jobs.get(victim), clock.now, 0, 9))], clock.now, 0)
+    assert c._stopped_at == {}
+    c._schedule(clock.now)
+    assert c.jobs.get(boss).phase == JobPhase.RUNNING and c._holds == {}
+    c.stop()
+    c = build(monkeypatch)
+    assert c._holds == {} and c._stopped_at == {} and c.store.load_holds() == {} and c.store.load_stop_times() == {}

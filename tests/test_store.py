@@ -111,3 +111,37 @@ def test_newer_schema_is_refused(tmp_path):
     conn.close()
     with pytest.raises(StoreError, match="newer than this airctld knows"):
         Store(path)
+
+
+def test_preemption_holds_and_stop_times_round_trip_and_roll_back_with_their_transaction(store):
+    with store.transaction():
+        store.save_holds({7: ("n2", "n1"), 8: ("n3",)})
+        store.add_stop_times([(3, 50.0), (4, 60.0)])
+    with store.transaction():
+        store.save_holds({7: ("n1", "n2", "n4")})     # a second round of victims: the whole set again
+        store.add_stop_times([(3, 99.0)])             # asked again: the first time stays
+    assert store.load_holds() == {7: ("n1", "n2", "n4"), 8: ("n3",)}
+    assert store.load_stop_times() == {3: 50.0, 4: 60.0}
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            store.remove_holds([7, 8])
+            store.remove_stop_times([3])
+            raise RuntimeError("boom")
+    assert store.load_holds() == {7: ("n1", "n2", "n4"), 8: ("n3",)} and store.load_stop_times()[3] == 50.0
+    with store.transaction():
+        store.remove_holds([7])
+        store.remove_stop_times([3, 4])
+    assert store.load_holds() == {8: ("n3",)} and store.load_stop_times() == {}
+
+
+def test_a_store_of_schema_6_migrates_to_one_without_holds_or_stop_times(tmp_path):
+    path = str(tmp_path / "air.db")
+    s = Store(path)
+    s.db.execute("DROP TABLE preempt_holds")
+    s.db.execute("DROP TABLE stop_times")
+    s.db.execute("PRAGMA user_version = 6")
+    s.close()
+    s = Store(path)
+    assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert s.load_holds() == {} and s.load_stop_times() == {}
+    s.close()
