@@ -53,7 +53,11 @@ def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_
     events: queue.Queue = queue.Queue()
     followers = []
     for node in step.nodes:
-        stub = rpc.NodeAgentStub(signed(grpc.insecure_channel(node.address), auth, node.node))
+        # a daemon that restarts is back within seconds: retry the connection often, not after backoff
+        channel = grpc.insecure_channel(node.address, options=[("grpc.initial_reconnect_backoff_ms", 100),
+                                                               ("grpc.min_reconnect_backoff_ms", 100),
+                                                               ("grpc.max_reconnect_backoff_ms", 500)])
+        stub = rpc.NodeAgentStub(signed(channel, auth, node.node))
         follower = _Follower(node.node, stub, step, len(node.ranks), events, patience)
         followers.append(follower)
         threading.Thread(target=follower.run, daemon=True).start()
@@ -124,6 +128,7 @@ class _Follower:
         from protos import air_pb2 as pb
         attach, lost_since, problem = False, None, ""
         while True:
+            began = time.monotonic()
             with self.lock:
                 if self.cancelled:
                     return self.events.put(("end", ""))
@@ -148,6 +153,8 @@ class _Follower:
                     return self.events.put(("end", f"{self.node}: {e.details() or e.code().name}"))
                 problem = e.details() or e.code().name
             now = time.monotonic()
+            if now - began > 1.0:   # the call was up a while (a quiet step): this is a new loss
+                lost_since = None
             lost_since = lost_since or now
             if now - lost_since > self.patience:
                 return self.events.put(("end", f"{self.node}: {problem}"))

@@ -9,6 +9,7 @@ import os
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
 
 import argparse  # noqa: E402
+import fcntl
 import logging
 import signal
 import socket
@@ -61,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg.controller.service_uid()
     except Exception as e:  # ConfigError, or libmunge missing
         print(f"airnoded: error: {e}", file=sys.stderr)
+        return 2
+    try:   # one daemon per spool: a second would adopt (and kill) what the first watches
+        lock = os.open(node.spool / "airnoded.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        print(f"airnoded: error: another airnoded runs on spool {node.spool} ({e.strerror})", file=sys.stderr)
         return 2
     agent = Agent(cfg, node, gpus, auth)
     try:   # before the keeper is replaced and before any heartbeat: the runs an earlier daemon left

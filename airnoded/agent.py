@@ -16,7 +16,7 @@ from airnoded.cgroups import JobCgroups
 from airnoded.gpus import GpuBackend, GpuError
 from airnoded.health import HealthMonitor
 from airnoded.launcher import Launcher, StaleRun
-from airnoded.steps import StepError, StepLimit, StepRunner
+from airnoded.steps import StepError, StepLimit, StepRunner, Stopping
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
 from protos.credential import signed
@@ -158,9 +158,11 @@ class Agent:
             return
         acked = set(reply.acked)
         with self._lock:
-            for e in exits:
-                if e.job_id in acked:
-                    self._exits.pop((e.job_id, e.run), None)
+            done = [e for e in exits if e.job_id in acked]
+            for e in done:
+                self._exits.pop((e.job_id, e.run), None)
+        for e in done:   # the record of the run's end goes once the controller has it
+            self.remove_job_dir(e.job_id, e.run)
         for job_id in reply.kill:
             for j, run in runs:
                 if j == job_id:
@@ -200,8 +202,16 @@ class Agent:
     def adopt(self) -> None:
         """Take over what an earlier daemon on this node left running (its steps, then its batch scripts);
         what no one can watch any more is killed."""
-        stepped = self.steps.adopt(self.node.spool)
-        batch = self.launcher.adopt(keep=stepped)
+        stepped: set = set()
+        batch: list = []
+        try:
+            stepped = self.steps.adopt(self.node.spool)
+        except Exception:
+            log.exception("adopting steps failed")
+        try:   # (each run on its own: one that fails is killed, never left running unwatched)
+            batch = self.launcher.adopt(keep=stepped)
+        except Exception:
+            log.exception("adopting batch scripts failed")
         self.launcher.kill_leftover_cgroups(keep=stepped | set(batch))
 
     def start_spawner(self) -> None:
@@ -292,6 +302,8 @@ class AgentService:
             context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except StepLimit as e:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except Stopping as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except PermissionError as e:   # before OSError, of which it is one
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         except (OSError, ValueError) as e:

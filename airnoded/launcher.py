@@ -231,8 +231,6 @@ class Launcher:
         finally:
             os.close(status_w)
         pgid = herd.pids.get(0, 0)
-        if pgid:
-            jobfiles.write_root_file(jobdir, "pgid", f"{pgid}\n".encode(), 0o600)
         log.info("job %d started: pid %d, gpus %s", job.job_id, pgid, env["CUDA_VISIBLE_DEVICES"] or "-")
         return RunningJob(job.job_id, job.restart_count, herd, pgid, status_fd=status_r, cgroup=group)
 
@@ -264,7 +262,8 @@ class Launcher:
                                     peak_memory_bytes=peak,
                                     detail="stopped by the node's fence: no word from the controller"
                                     if running.fenced else ""))
-        jobfiles.remove_job_dir(self.spool, running.job_id, running.run)
+        # the folder, with the shepherd's record of the exit, stays until the controller has the exit
+        # (a daemon restarted before that reports it again); the agent removes it then
 
     @staticmethod
     def _start_status(running: RunningJob) -> str:
@@ -393,10 +392,10 @@ class Launcher:
                 return False
             return True
         if sig:
-            killpg(running.pgid, sig)
+            running.herd.kill_children(sig)
             return True
         running.killed = True
-        killpg(running.pgid, signal.SIGTERM)
+        running.herd.kill_children(signal.SIGTERM)
         threading.Thread(target=self._kill_after, args=(running, grace_s), daemon=True).start()
         return True
 
@@ -410,7 +409,7 @@ class Launcher:
         if not kill_in:
             self._kill_now(running)
             return
-        killpg(running.pgid, signal.SIGTERM)
+        running.herd.kill_children(signal.SIGTERM)
         threading.Thread(target=self._kill_after, args=(running, kill_in), daemon=True).start()
 
     def kill_run(self, job_id: int, run: int) -> bool:
@@ -423,13 +422,13 @@ class Launcher:
 
     def _kill_now(self, running: RunningJob) -> None:
         running.killed = True
-        killpg(running.pgid, signal.SIGKILL)
+        running.herd.kill_children()
         if running.cgroup is not None:
             self.cgroups.kill(running.cgroup)
 
     def _kill_after(self, running: RunningJob, grace_s: float) -> None:
         if not running.done.wait(grace_s):
-            killpg(running.pgid, signal.SIGKILL)
+            running.herd.kill_children()
             if running.cgroup is not None:
                 self.cgroups.kill(running.cgroup)
 

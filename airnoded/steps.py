@@ -45,6 +45,10 @@ class StepError(Exception):
     pass
 
 
+class Stopping(Exception):
+    """The daemon is stopping: the caller may try again once its successor is up."""
+
+
 class StepLimit(Exception):
     """Too many ranks, or too many steps at once: a bound a user hit."""
 
@@ -109,14 +113,18 @@ class StepRunner:
             return [k for k, n in self._streams.items() if n > 0 and self._groups.get(k)]
 
     def signal(self, job_id: int, run: int, sig: int) -> bool:
-        pgids = self.groups(job_id, run)
-        for pgid in pgids:
-            killpg(pgid, sig or signal.SIGKILL)
-        return bool(pgids)
+        with self._lock:
+            groups = [(g, t) for (j, r), gs in self._groups.items() if j == job_id and r <= run for g, t in gs.items()]
+        for pgid, began in groups:   # a rank reaped by its shepherd and not yet seen here: its number is not ours
+            if began is None or start_time(pgid) in (began, 0):
+                killpg(pgid, sig or signal.SIGKILL)
+        return bool(groups)
 
     def attach(self, job_id: int, step_id: int, uid: int) -> tuple[Iterator[pb.StepEvent], Callable[[], None]]:
         """Follow a step an earlier daemon started here (airrun again after a restart); once."""
         with self._lock:
+            if self.detaching.is_set():
+                raise Stopping(f"{self.node}'s daemon is stopping; try again")
             stream = self._adopted.get((job_id, step_id))
             if stream is None or stream.attached.is_set() or stream.stopped.is_set():
                 raise StepError(f"step {job_id}.{step_id} is not running on {self.node}")
@@ -131,7 +139,7 @@ class StepRunner:
         owner as the controller signed it, or root. Nothing is taken or counted before the checks."""
         with self._lock:
             if self.detaching.is_set():
-                raise StepLimit(f"{self.node}'s daemon is stopping; try again")
+                raise Stopping(f"{self.node}'s daemon is stopping; try again")
             step = self._prepared.get((job_id, step_id))
             if step is None:
                 raise StepError(f"step {job_id}.{step_id} is not prepared on {self.node}")
@@ -222,14 +230,17 @@ class StepRunner:
                 try:
                     step = pb.Step.FromString(jobfiles.read_root_file(folder, f"{tag}.pb", MAX_STEP_FILE))
                     index = next(i for i, n in enumerate(step.nodes) if n.node == self.node)
-                    if (step.job_id, step.run) != key or f"step{step.step_id}" != tag:
+                    if (step.job_id, step.run) != key or tag.split("-")[0] != f"step{step.step_id}":
                         raise ValueError("its record names another step")
-                except (OSError, ValueError, StopIteration, jobfiles.UnsafeFile) as e:
+                except Exception as e:   # (a record that does not parse, too): that step alone is killed
                     log.warning("%s/%s left by an earlier airnoded cannot be adopted: %s", entry.name, tag, e)
-                    shepherding.adopt(folder, tag).kill_children()
+                    herd = shepherding.adopt(folder, tag)
+                    herd.kill_children()
+                    herd.close()
                     continue
                 here = step.nodes[index]
                 stream = _Stream(self, step, key, len(here.ranks))
+                stream.tag = tag
                 with self._lock:
                     self._adopted[(step.job_id, step.step_id)] = stream
                     self._live.add(stream)
@@ -237,14 +248,16 @@ class StepRunner:
                     self._streams[key] = self._streams.get(key, 0) + 1
                     self._ranks += len(here.ranks)
                 stream.adopt(folder, index)
-                threading.Timer(ATTACH_WAIT_S, self._unclaimed, (stream,)).start()
+                timer = threading.Timer(ATTACH_WAIT_S, self._unclaimed, (stream,))
+                timer.daemon = True   # never keeps a stopping daemon alive
+                timer.start()
                 runs.add(key)
                 log.info("step %d.%d (run %d) adopted from an earlier airnoded: %d ranks running", step.job_id,
                          step.step_id, step.run, len(stream.herd.running()))
         return runs
 
     def _unclaimed(self, stream: "_Stream") -> None:
-        if not stream.attached.is_set() and not stream.stopped.is_set():
+        if not stream.attached.is_set() and not stream.stopped.is_set() and not self.detaching.is_set():
             log.warning("step %d.%d: airrun did not come back in %.0f s; killing its ranks", stream.key[0],
                         stream.step.step_id, ATTACH_WAIT_S)
             stream.stop()
@@ -262,7 +275,7 @@ class _Stream:
         self.step = step
         self.key = key
         self.ranks = ranks
-        self.tag = f"step{step.step_id}"
+        self.tag = f"step{step.step_id}-{os.urandom(4).hex()}"   # a step id reused (controller restart) never collides
         self.queue: queue.Queue = queue.Queue(maxsize=MAX_QUEUED)   # ranks that print faster than airrun reads wait
         self.stopped = threading.Event()
         self.attached = threading.Event()   # someone follows the events (set at once for a live start)
@@ -353,6 +366,7 @@ class _Stream:
             self.stopped.set()
         if not self.runner.detaching.is_set() and self.herd is not None:
             self.herd.kill_children()
+            self._forget_files()
         self.runner._ended(self.key, self.step.uid, list(self.herd.pids.values()) if self.herd else [], self.ranks,
                            self)
         while True:   # wake a reader waiting on a full queue: it ends at _END
@@ -364,6 +378,21 @@ class _Stream:
                     self.queue.get_nowait()
                 except queue.Empty:
                     pass
+
+    def _forget_files(self) -> None:
+        """The step's records in the run's folder: a later daemon has nothing of it to adopt."""
+        if self.runner.spool is None:
+            return
+        folder = jobfiles.job_dir(self.runner.spool, *self.key)
+        try:
+            names = [e.name for e in os.scandir(folder) if e.name.startswith(self.tag + ".")]
+        except OSError:
+            return
+        for name in names:
+            try:
+                os.unlink(folder / name)
+            except OSError:
+                pass
 
     def _put(self, event: pb.StepEvent) -> bool:
         """Queue an event unless the stream has ended (then nobody will read it)."""

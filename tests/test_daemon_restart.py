@@ -55,6 +55,7 @@ def test_daemon_restarts_keep_a_two_node_step_running(cluster):
     _restart(cluster, 0, signal.SIGKILL)          # node01: the batch script and ranks (a crash)
     time.sleep(1.0)
     assert ranks_before <= set(_pids_of(job_id)), "a restart killed processes of the job"
+    _restart(cluster, 1, signal.SIGTERM)          # node02 again, right after its adoption: it stops at once
     job = cluster.wait_state(job_id, "COMPLETED", timeout=40)
     assert job["exit_code"] == 0 and job["restart_count"] == 0
     lines = (cluster.work / f"air-{job_id}.out").read_text().splitlines()
@@ -111,3 +112,20 @@ def test_a_host_crash_during_a_step_requeues_the_job(cluster):
     job = cluster.wait_state(job_id, "COMPLETED", timeout=30)
     assert job["restart_count"] == 1 and job["last_stop_reason"] in ("JobLost", "NodeFail")
     assert "run 1" in (cluster.work / f"air-{job_id}.out").read_text()
+
+
+def test_an_exit_the_controller_has_not_heard_of_survives_a_daemon_restart(cluster):
+    """An upgrade: the controller is down when the script ends, then the node daemon restarts; the exit
+    it had not delivered is delivered by the next daemon, and the job is not run again."""
+    script = cluster.write_script("quiet.sh", "#!/bin/sh\nsleep 2 & wait\necho \"done run $AIR_RESTART_COUNT\"\n")
+    job_id = cluster.submit(script, "--gpus-per-node=1")
+    job = cluster.wait_state(job_id, "RUNNING")
+    index = int(job["nodes"][0][-2:]) - 1
+    cluster.kill_controller()
+    wait_for(lambda: not _pids_of(job_id), timeout=10, what="the script to end")
+    _restart(cluster, index, signal.SIGTERM)
+    time.sleep(1.0)
+    cluster.start_controller()
+    job = cluster.wait_state(job_id, "COMPLETED", timeout=20)
+    assert job["restart_count"] == 0
+    assert (cluster.work / f"air-{job_id}.out").read_text() == "done run 0\n"
