@@ -1,4 +1,4 @@
-"""A brute-force reference for small scheduling cases (up to 6 nodes, 8 pending jobs, integer times),
+"""A brute-force reference for tiny scheduling cases (up to 3 nodes, 5 pending jobs, integer times),
 for tests. It imports nothing from airctld and keeps no timeline, steps, spare or heaps: what a
 node holds at a moment is summed afresh from every slot, at every integer moment, and a job's
 earliest start is found by trying every integer time in turn.

@@ -1,4 +1,4 @@
-"""The scheduler against the brute-force reference (sched_brute.py) on small clusters (up to 6 nodes, 6 running and 8 pending jobs) with integer
+"""The scheduler against the brute-force reference (sched_brute.py) on tiny clusters with integer
 times: walking the queue in priority order, each job left waiting is reserved exactly its earliest
 start, counting what runs, the jobs started earlier in the same pass and the reservations above it;
 the jobs started below it (backfill) do not make that earliest start any later; and nothing the
@@ -22,13 +22,13 @@ NOW = 100
 
 @st.composite
 def instances(draw):
-    n = draw(st.integers(1, 6))
+    n = draw(st.integers(1, 3))
     nodes = [Node(name=f"n{i}", cpus=draw(st.sampled_from([2, 4])),
                   gpus=tuple(pb.Gpu(index=g) for g in range(draw(st.sampled_from([2, 4])))), state=NodeState.UP)
              for i in range(n)]
     left = {nd.name: [len(nd.gpus), nd.cpus] for nd in nodes}
     running = []
-    for job_id in range(100, 100 + draw(st.integers(0, 6))):
+    for job_id in range(100, 100 + draw(st.integers(0, 4))):
         node = draw(st.sampled_from(nodes))
         g, c = draw(st.integers(0, 2)), draw(st.integers(1, 2))
         if left[node.name][0] < g or left[node.name][1] < c:
@@ -44,7 +44,7 @@ def instances(draw):
     pending = [Job(job_id=k, uid=1, gid=1, user="u", name="p", partition="p", num_nodes=draw(st.integers(1, n)),
                    gpus_per_node=draw(st.sampled_from([0, 1, 1, 2, 2, 4])), cpus_per_node=draw(st.sampled_from([1, 1, 2, 3])),
                    time_limit_s=draw(st.sampled_from([0, 1, 2, 3, 4, 7])), submit_time=float(k), request=pb.JobRequest())
-               for k in range(1, draw(st.integers(1, 8)) + 1)]
+               for k in range(1, draw(st.integers(1, 5)) + 1)]
     priority = {j.job_id: draw(st.integers(0, 3)) for j in pending}
     return nodes, running, pending, priority
 
