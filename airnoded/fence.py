@@ -70,15 +70,6 @@ def lease(spool: Path) -> float | None:
     return value or None
 
 
-def start_time(pid: int) -> int | None:
-    """A process's start time (clock ticks after boot), to tell it from a later one with its number."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def mark_fenced(folder: Path) -> None:
     try:
         jobfiles.write_root_file(folder, FENCED, b"1\n", 0o600)

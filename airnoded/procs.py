@@ -28,7 +28,3 @@ def killpg(pgid: int, sig: int) -> None:
     except (ProcessLookupError, PermissionError):
         pass
 
-
-def exit_status(returncode: int) -> tuple[int, int]:
-    """Popen's returncode as (exit code, signal)."""
-    return (0, -returncode) if returncode < 0 else (returncode, 0)

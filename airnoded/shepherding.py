@@ -146,14 +146,18 @@ class Herd:
         if self.proc is not None:
             self.proc.wait()
 
+    def live_groups(self) -> list[int]:
+        """The process groups of the children that have not ended and still are theirs (the same start
+        time; or no leader left, only members of the group)."""
+        return [pgid for index, pgid in self.running().items() if start_time(pgid) in (self.starts.get(index), 0)]
+
     def kill_children(self, sig: int = signal.SIGKILL) -> None:
-        """Signal each child's process group that is still the child's (the same start time)."""
-        for index, pgid in self.running().items():
-            if start_time(pgid) in (self.starts.get(index), 0):
-                try:
-                    os.killpg(pgid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        """Signal each child's process group that is still the child's."""
+        for pgid in self.live_groups():
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -305,7 +309,7 @@ def live_groups(folder: Path) -> list[int]:
     for tag in tags(folder):
         herd = Herd(folder, tag, 0, 0, -1)
         herd._take(herd.record() + b"\n")
-        out += [pgid for i, pgid in herd.running().items() if start_time(pgid) in (herd.starts[i], 0)]
+        out += herd.live_groups()
     return out
 
 
