@@ -1,4 +1,4 @@
-"""A brute-force reference for tiny scheduling cases (up to 3 nodes, 5 pending jobs, integer times),
+"""A brute-force reference for small scheduling cases (up to 6 nodes, 8 pending jobs, integer times),
 for tests. It imports nothing from airctld and keeps no timeline, steps, spare or heaps: what a
 node holds at a moment is summed afresh from every slot, at every integer moment, and a job's
 earliest start is found by trying every integer time in turn.
@@ -10,7 +10,8 @@ changes. Checking each integer moment from t to the horizon is checking every mo
 The rule it states is the scheduler's own (docs/scheduling.md): a job waiting for room is reserved
 the earliest time from which enough nodes keep room for it at every later moment, beside what runs,
 what was started earlier in the pass and the reservations of the jobs above it; a job below it may
-start only where that earliest time stays the same.
+start only where the job above can still run from that time for as long as its limit (a job below
+may use a node after the reservation above it ends: that delays nobody).
 """
 from __future__ import annotations
 
@@ -45,6 +46,23 @@ def room_from(cap: dict[str, tuple[int, int]], slots: list[Slot], node: str, gpu
         if g + gpus > cap[node][0] or c + cpus > cap[node][1]:
             return False
     return True
+
+
+def room_during(cap: dict[str, tuple[int, int]], slots: list[Slot], node: str, gpus: int, cpus: int,
+                start: int, end: int | None, horizon: int) -> bool:
+    """Whether the node has room for gpus and cpus at every moment from start up to end (None: on)."""
+    last = horizon if end is None else min(end - 1, horizon)
+    for moment in range(start, last + 1):
+        g, c = held(slots, node, moment)
+        if g + gpus > cap[node][0] or c + cpus > cap[node][1]:
+            return False
+    return True
+
+
+def runs_at(cap: dict[str, tuple[int, int]], slots: list[Slot], nodes: int, gpus: int, cpus: int,
+            start: int, end: int | None, horizon: int) -> bool:
+    """Whether `nodes` nodes have room for the job from start up to end."""
+    return sum(room_during(cap, slots, node, gpus, cpus, start, end, horizon) for node in cap) >= nodes
 
 
 def earliest(cap: dict[str, tuple[int, int]], slots: list[Slot], nodes: int, gpus: int, cpus: int,
