@@ -49,14 +49,16 @@ def test_xid_79_drains_the_node_and_fails_the_job_on_that_gpu(cluster):
     assert job["reason"] == "NodeFail" and f"GPU 2 of {name}: XID 79" in job["reason_detail"]
     assert "drain" in cluster.cli("airinfo", "-N", "-h", "-o", "%N %t").stdout
     # no new job lands on the drained node
-    other = cluster.submit(cluster.write_script("one.sh", "#!/bin/sh\nsleep 2\n"), "--gpus-per-node=4")
+    # (it holds the other node for as long as the test needs: the next job can go only where we resume)
+    other = cluster.submit(cluster.write_script("one.sh", "#!/bin/sh\nsleep 60\n"), "--gpus-per-node=4")
     assert cluster.wait_state(other, "RUNNING")["nodes"] != [name]
     blocked = cluster.submit(cluster.write_script("two.sh", "#!/bin/sh\ntrue\n"), "--gpus-per-node=4")
     wait_for(lambda: cluster.job(blocked)["state"] == "PENDING" and cluster.job(blocked)["reason"] != "None",
              what="a job with nowhere to go")
     _resume(cluster, name)
     assert cluster.wait_state(blocked, "COMPLETED")["nodes"] == [name]
-    cluster.wait_state(other, "COMPLETED")
+    cluster.cli("aircancel", str(other))
+    cluster.wait_state(other, "CANCELLED")
 
 
 def test_application_xid_is_recorded_but_does_not_drain(cluster):
