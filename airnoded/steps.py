@@ -16,6 +16,7 @@ import select
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -38,6 +39,8 @@ MAX_PREPARED = 64  # steps of one job prepared here and not yet started
 MAX_STREAMS = 96   # steps streaming on this node at once, all users together (the server has 128 threads)
 MAX_STEP_FILE = 64 << 20
 ATTACH_WAIT_S = 60.0   # how long adopted ranks wait for their airrun to attach again
+DRAIN_S = 2.0      # how long a stopping daemon waits for airrun to take the output it has read
+MAX_REST = 8 << 20  # a rank's output read and not passed on when the daemon stopped, kept for the next one
 _END = object()    # put on a step's queue when the stream must end
 
 
@@ -208,12 +211,17 @@ class StepRunner:
             self.on_idle(*key)
 
     def detach(self) -> None:
-        """The daemon is stopping: streams end without killing their ranks (the next daemon adopts them)."""
+        """The daemon is stopping: streams end without killing their ranks (the next daemon adopts them).
+        What each has read goes to airrun first, for up to DRAIN_S; what airrun does not take then (and
+        an unfinished line) stays in the run's folder for the next daemon: a restart loses no output."""
         self.detaching.set()
         with self._lock:
             streams = list(self._live)
+        deadline = time.monotonic() + DRAIN_S
         for stream in streams:
-            stream.stop()
+            stream.drain(deadline)
+        for stream in streams:
+            stream.finish_drain(deadline)
 
     def adopt(self, spool: Path) -> set[RunKey]:
         """The steps an earlier daemon on this node started and whose ranks still run or ended unseen:
@@ -282,6 +290,12 @@ class _Stream:
         self.herd: Herd | None = None
         self.outputs: dict[int, tuple[int, int, bool]] = {}   # fd -> (child, rank, stderr)
         self.rank_of: list[int] = []                         # child -> global rank
+        self.rest: dict[int, bytes] = {}   # fd -> output an earlier daemon read and did not pass on
+        self.drain_by: float | None = None  # set when the daemon stops: the pump reads no more
+        self._unread: dict[tuple[int, bool], bytes] = {}   # (child, stderr) -> read and not queued, at a drain
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)   # ends the pump's wait
+        self._wake_lock = threading.Lock()
+        self._pump_thread: threading.Thread | None = None
         self._stop_lock = threading.Lock()
 
     def start(self, index: int) -> None:
@@ -326,7 +340,7 @@ class _Stream:
         for child, pgid in self.herd.pids.items():
             runner._started(self.key, pgid)
         self.attached.set()
-        threading.Thread(target=self._pump, name=f"step-{job_id}.{step.step_id}", daemon=True).start()
+        self._start_pump()
         log.info("step %d.%d (run %d): %d ranks started", job_id, step.step_id, run, len(self.herd.pids))
 
     def adopt(self, folder: Path, index: int) -> None:
@@ -336,12 +350,83 @@ class _Stream:
         self.herd = shepherding.adopt(folder, self.tag)
         for local_rank, rank in enumerate(here.ranks):
             for stream in ("out", "err"):
-                fd = shepherding.open_fifo(folder, f"{self.tag}.{local_rank}.{stream}")
+                name = f"{self.tag}.{local_rank}.{stream}"
+                fd = shepherding.open_fifo(folder, name)
                 if fd >= 0:
                     self.outputs[fd] = (local_rank, rank, stream == "err")
+                    try:   # what the earlier daemon had read and could not pass on: it goes first
+                        self.rest[fd] = jobfiles.read_root_file(folder, f"{name}.rest", MAX_REST)
+                        os.unlink(folder / f"{name}.rest")
+                    except FileNotFoundError:
+                        pass
+                    except (OSError, jobfiles.UnsafeFile) as e:
+                        log.warning("step %d.%d: %s.rest cannot be read: %s", self.key[0], self.step.step_id,
+                                    name, e)
         for child, pgid in self.herd.running().items():
             self.runner._started(self.key, pgid)
-        threading.Thread(target=self._pump, name=f"step-{self.key[0]}.{self.step.step_id}", daemon=True).start()
+        self._start_pump()
+
+    def _start_pump(self) -> None:
+        self._pump_thread = threading.Thread(target=self._pump, name=f"step-{self.key[0]}.{self.step.step_id}",
+                                             daemon=True)
+        self._pump_thread.start()
+
+    def drain(self, deadline: float) -> None:
+        """The daemon stops: read no more, pass on what was read until `deadline`, keep the rest."""
+        self.drain_by = deadline
+        with self._wake_lock:
+            if self._wake_w >= 0:
+                os.write(self._wake_w, b"x")
+
+    def _close_wake(self) -> None:
+        with self._wake_lock:
+            if self._wake_w >= 0:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_r = self._wake_w = -1
+
+    def finish_drain(self, deadline: float) -> None:
+        """After drain(): once airrun has taken the events queued, or at `deadline`, the stream ends;
+        the output it did not take, with what the pump read and did not queue, stays in the run's
+        folder (the exits go too: the next daemon has them from the shepherd's record)."""
+        if self._pump_thread is not None:
+            self._pump_thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+            if self._pump_thread.is_alive():
+                log.warning("step %d.%d: its output reader has not stopped; what it holds is lost",
+                            self.key[0], self.step.step_id)
+        while self.attached.is_set() and not self.queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        kept: dict[tuple[int, bool], list[bytes]] = {}
+        while True:
+            try:
+                event = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if event is not _END and event.data:
+                kept.setdefault((self.rank_of.index(event.rank), event.stderr), []).append(event.data)
+        for key, rest in self._unread.items():
+            kept.setdefault(key, []).append(rest)
+        self._keep(kept)
+        self.stop(deadline)
+
+    def _keep(self, kept: dict[tuple[int, bool], list[bytes]]) -> None:
+        if self.runner.spool is None:
+            return
+        folder = jobfiles.job_dir(self.runner.spool, *self.key)
+        for (child, is_err), pieces in kept.items():
+            rest = b"".join(pieces)
+            lost = max(0, len(rest) - MAX_REST)
+            try:
+                if rest:
+                    jobfiles.write_root_file(folder, f"{self.tag}.{child}.{'err' if is_err else 'out'}.rest",
+                                             rest[:MAX_REST], 0o600)
+            except OSError as e:
+                lost = len(rest)
+                log.warning("step %d.%d: cannot keep rank %d's output: %s", self.key[0], self.step.step_id,
+                            self.rank_of[child], e)
+            if lost:
+                log.warning("step %d.%d: %d bytes of rank %d's output are lost in the daemon's restart",
+                            self.key[0], self.step.step_id, lost, self.rank_of[child])
 
     def events(self) -> Iterator[pb.StepEvent]:
         remaining = self.ranks
@@ -356,19 +441,28 @@ class _Stream:
         finally:
             self.stop()
 
-    def stop(self) -> None:
+    def stop(self, deadline: float | None = None) -> None:
         """Kill the ranks and give back what the step held; once, whoever calls first (the stream's
         end, or gRPC when airrun went away). While the daemon itself stops, the ranks are left to
-        their shepherd for the next daemon to adopt: only the stream ends."""
+        their shepherd for the next daemon to adopt: only the stream ends (after the events queued,
+        if airrun takes them before `deadline`)."""
         with self._stop_lock:
             if self.stopped.is_set():
                 return
             self.stopped.set()
+        if self._pump_thread is None:
+            self._close_wake()
         if not self.runner.detaching.is_set() and self.herd is not None:
             self.herd.kill_children()
             self._forget_files()
         self.runner._ended(self.key, self.step.uid, list(self.herd.pids.values()) if self.herd else [], self.ranks,
                            self)
+        if deadline is not None:
+            try:
+                self.queue.put(_END, timeout=max(0.0, deadline - time.monotonic()))
+                return
+            except queue.Full:
+                pass
         while True:   # wake a reader waiting on a full queue: it ends at _END
             try:
                 self.queue.put_nowait(_END)
@@ -395,10 +489,13 @@ class _Stream:
                 pass
 
     def _put(self, event: pb.StepEvent) -> bool:
-        """Queue an event unless the stream has ended (then nobody will read it)."""
+        """Queue an event unless the stream has ended (then nobody will read it) or the daemon stops
+        and airrun has not taken the events before them in time."""
         while not self.stopped.is_set():
+            if self.drain_by is not None and (time.monotonic() > self.drain_by or not self.attached.is_set()):
+                return False
             try:
-                self.queue.put(event, timeout=0.5)
+                self.queue.put(event, timeout=0.2)
                 return True
             except queue.Full:
                 continue
@@ -409,9 +506,10 @@ class _Stream:
         the last of its output; then the FIFOs are closed."""
         herd = self.herd
         poller = select.poll()
-        partial: dict[int, bytes] = {}
+        partial: dict[int, bytes] = dict(self.rest)
         for fd in self.outputs:
             poller.register(fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         efd = herd.fd   # (herd.fd is -1 once it is closed)
         if not herd.ended:
             poller.register(efd, select.POLLIN)
@@ -419,7 +517,7 @@ class _Stream:
         try:
             for child in sorted(herd.exits):   # ended before this daemon saw them (adopted)
                 self._exited(child, partial, poller, done)
-            while len(done) < len(self.rank_of) and not self.stopped.is_set():
+            while len(done) < len(self.rank_of) and not self.stopped.is_set() and self.drain_by is None:
                 ready = poller.poll(500)
                 for fd, _ in ready:
                     if fd == efd:
@@ -431,16 +529,23 @@ class _Stream:
                     self._events(herd._end(), partial, poller, done)
                 if herd.ended:
                     _unregister(poller, efd)
-                if herd.ended:   # ranks the shepherd could not tell about: gone with it
+                if herd.ended and self.drain_by is None:   # ranks the shepherd could not tell about: gone with it
                     herd.kill_children()
                     for child in range(len(self.rank_of)):
                         if child not in done:
                             herd.exits.setdefault(child, signal.SIGKILL)
                             self._exited(child, partial, poller, done)
+        except Exception:   # ranks no one can follow are not left running
+            log.exception("step %d.%d: following its ranks failed; ending the step", self.key[0], self.step.step_id)
+            self.stop()
         finally:
+            if self.runner.detaching.is_set():   # read and not queued: finish_drain keeps it
+                self._unread = {self.outputs[fd][0::2]: rest for fd, rest in partial.items()
+                                if rest and fd in self.outputs}
             for fd in list(self.outputs):
                 os.close(fd)
             self.outputs.clear()
+            self._close_wake()
             herd.close()
             if herd.proc is not None and not self.runner.detaching.is_set():
                 try:   # its last child is gone or killed: the shepherd ends at once
@@ -455,7 +560,10 @@ class _Stream:
                 self._exited(child, partial, poller, done)
 
     def _read(self, fd: int, partial: dict[int, bytes], poller) -> bool:
-        """Read what a FIFO has now; False when it has nothing more (closed, or would block)."""
+        """Read what a FIFO has now; False when it has nothing more (closed, or would block), or when
+        what was read before could not be queued (the stream ends, or the daemon stops)."""
+        if len(partial.get(fd, b"")) >= MAX_LINE:
+            return False
         try:
             data = os.read(fd, 65536)
         except BlockingIOError:
@@ -466,19 +574,25 @@ class _Stream:
         if not data:
             _unregister(poller, fd)
             return False
-        buf = partial.get(fd, b"") + data
-        lines = buf.split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            while len(line) >= MAX_LINE:
-                self._put(pb.StepEvent(rank=rank, stderr=is_err, data=line[:MAX_LINE]))
-                line = line[MAX_LINE:]
-            self._put(pb.StepEvent(rank=rank, stderr=is_err, data=line + b"\n"))
-        while len(rest) >= MAX_LINE:
-            self._put(pb.StepEvent(rank=rank, stderr=is_err, data=rest[:MAX_LINE]))
-            rest = rest[MAX_LINE:]
-        partial[fd] = rest
+        partial[fd] = self._send(rank, is_err, partial.get(fd, b"") + data)
         return True
+
+    def _send(self, rank: int, is_err: bool, buf: bytes, flush: bool = False) -> bytes:
+        """Queue `buf` a line (or MAX_LINE bytes of one) at a time; returns what is left: an
+        unfinished line (unless `flush`), or everything from the first event that could not be queued."""
+        start = 0
+        while start < len(buf):
+            end = buf.find(b"\n", start, start + MAX_LINE)
+            if end >= 0:
+                end += 1
+            elif len(buf) - start >= MAX_LINE or flush:
+                end = min(len(buf), start + MAX_LINE)
+            else:
+                break
+            if not self._put(pb.StepEvent(rank=rank, stderr=is_err, data=buf[start:end])):
+                break
+            start = end
+        return buf[start:]
 
     def _exited(self, child: int, partial: dict[int, bytes], poller, done: set[int]) -> None:
         """A rank ended (its group is killed): its output up to now, then its exit."""
@@ -491,7 +605,9 @@ class _Stream:
             while reads < 1024 and self._read(fd, partial, poller):
                 reads += 1
             if partial.get(fd):
-                self._put(pb.StepEvent(rank=rank, stderr=self.outputs[fd][2], data=partial.pop(fd)))
+                partial[fd] = self._send(rank, self.outputs[fd][2], partial[fd], flush=True)
+                if partial[fd]:   # the daemon stops: the rest and the exit are the next daemon's to pass on
+                    return
             _unregister(poller, fd)
             os.close(fd)
             del self.outputs[fd]
@@ -504,6 +620,8 @@ class _Stream:
 
 
 def _unregister(poller, fd: int) -> None:
+    if fd < 0:   # (a herd closed, or ended before it was followed)
+        return
     try:
         poller.unregister(fd)
     except KeyError:

@@ -120,3 +120,59 @@ def test_signals_and_kills_name_a_run_and_never_reach_a_newer_one(runner):
     assert runner.has_ranks(1, 1)
     assert runner.signal(1, 1, 9) is True
     assert [e.exit_signal for e in _drain(events) if e.exited] == [9]
+
+
+def test_a_daemon_stopping_mid_output_leaves_every_byte_to_the_next(runner, monkeypatch):
+    """`systemctl restart airnoded` while a rank prints faster than airrun reads, in the middle of a
+    line: what the stopping daemon read and airrun did not take goes to the next daemon, which
+    passes it on before anything newer; airrun sees every byte once, in order."""
+    monkeypatch.setattr(steps, "DRAIN_S", 0.5)
+    monkeypatch.setattr(steps, "MAX_QUEUED", 8)
+    script = ('i=0; while [ $i -lt 3000 ]; do echo "line $i"; i=$((i+1)); done; printf "half a line"; '
+              'sleep 1.5; echo ", then the rest"; echo "the end" >&2')
+    runner.prepare(_step(argv=("sh", "-c", script)))
+    events, stop = runner.run(1, 0, OWNER)
+    got, slow_done = [], threading.Event()
+
+    def slow_airrun():
+        for event in events:
+            got.append(event)
+            time.sleep(0.002)
+        slow_done.set()
+    threading.Thread(target=slow_airrun, daemon=True).start()
+    time.sleep(0.5)
+    runner.detach()
+    assert slow_done.wait(5), "the stopping daemon's stream did not end"
+    assert not any(e.exited for e in got)
+    successor = StepRunner("n1", "127.0.0.1", spool=runner.spool, max_tasks_per_node=4)
+    assert successor.adopt(runner.spool) == {(1, 0)}
+    events, stop = successor.attach(1, 0, OWNER)
+    got += _drain(events)
+    out = b"".join(e.data for e in got if e.data and not e.stderr)
+    expected = "".join(f"line {i}\n" for i in range(3000)) + "half a line, then the rest\n"
+    assert out.decode() == expected
+    assert [e.data for e in got if e.stderr] == [b"the end\n"]
+    assert [(e.exited, e.exit_code) for e in got if e.exited] == [(True, 0)]
+
+
+def test_a_step_whose_shepherd_died_with_its_ranks_while_no_daemon_ran_ends_at_adoption(runner):
+    """A host-level kill of everything but the spool (ranks and shepherd) while the daemon was away:
+    the next daemon finds the step's records, reports its ranks gone and holds nothing for it."""
+    runner.prepare(_step(ranks=2, argv=("sleep", "30")))
+    events, stop = runner.run(1, 0, OWNER)
+    threading.Thread(target=lambda: list(events), daemon=True).start()
+    stream = next(iter(runner._live))
+    runner.detach()
+    shepherd, groups = stream.herd.pid, list(stream.herd.pids.values())
+    for pgid in groups:
+        os.killpg(pgid, 9)
+    os.kill(shepherd, 9)
+    deadline = time.monotonic() + 5
+    while any(os.path.exists(f"/proc/{p}") for p in [shepherd, *groups]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    successor = StepRunner("n1", "127.0.0.1", spool=runner.spool, max_tasks_per_node=4)
+    successor.adopt(runner.spool)
+    events, stop = successor.attach(1, 0, OWNER)
+    got = _drain(events, timeout=5)
+    assert sorted((e.rank, e.exit_signal) for e in got if e.exited) == [(0, 9), (1, 9)]
+    assert successor.runs() == [] and successor._ranks == 0 and not successor.has_ranks(1, 0)
