@@ -16,8 +16,9 @@ The spec: {"folder": path, "tag": name, "events": fd, "holds": [path, ...], "cgr
 "uid": int or null, "gid": int, "groups": [int, ...], "children": [{"argv": [...], "env": {...},
 "stdout": fd, "stderr": fd}, ...]}. fds are the shepherd's (passed by the daemon).
 
-Before it starts anything, the shepherd writes FOLDER/TAG.shepherd ("PID START": itself), so a
-daemon that dies at any point finds it. Each event is one line, appended to FOLDER/TAG.record
+Before it starts anything, the shepherd writes FOLDER/TAG.shepherd ("PID START BOOT": itself, and
+the kernel's boot id: pids and start times are those of one boot), so a daemon that dies at any
+point finds it. Each event is one line, appended to FOLDER/TAG.record
 (root's, in the run's root-owned folder) and then written to the events FIFO the daemon reads:
     pid I PID START     child I runs, as process PID (leader of its own session and process
                         group), START its start time in clock ticks after boot
@@ -40,6 +41,15 @@ IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.
 RESET = IGNORED + (signal.SIGXFSZ,)
 NO_CGROUP = 125    # the child's exit code when it cannot join the run's cgroup
 CANNOT_RUN = 126
+
+
+def boot_id():
+    """This boot's id (the kernel's random boot_id); "" if the kernel does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().strip().decode("ascii", "replace")
+    except OSError:
+        return ""
 
 
 def start_time(pid):
@@ -161,7 +171,7 @@ def record_own(folder, tag):
     tmp = os.path.join(folder, ".%s.shepherd.%d" % (tag, me))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, ("%d %d\n" % (me, start_time(me))).encode())
+        os.write(fd, ("%d %d %s\n" % (me, start_time(me), boot_id())).encode())
     finally:
         os.close(fd)
     os.replace(tmp, os.path.join(folder, tag + ".shepherd"))

@@ -3,13 +3,17 @@ started, and follow its events.
 
 In the run's folder (root's, 0711), for a shepherd named TAG ("batch", "step3"):
 
-    TAG.shepherd    "PID START": the shepherd, written before it is given its work
+    TAG.shepherd    "PID START BOOT": the shepherd, written before it is given its work
     TAG.record      its events, appended by the shepherd (the whole history)
     TAG.events      a FIFO: the same events as they happen; end of file once the shepherd is gone
 
 A daemon that adopts a shepherd opens the FIFO first and then reads the record: every event is in
 one or the other (the shepherd appends to the record before it writes to the FIFO), and the
 events are told apart by (kind, child), so one seen twice counts once.
+
+Pids and start times mean something only in the boot that wrote them: after a reboot (the spool
+survives it) a record's processes are all gone, whatever now runs under their numbers, and only the
+exits it holds count.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airnoded import jobfiles
-from airnoded.shepherd import start_time
+from airnoded.shepherd import boot_id, start_time
 
 log = logging.getLogger("airnoded")
 
@@ -58,6 +62,7 @@ class Herd:
     starts: dict[int, int] = field(default_factory=dict)  # child -> its start time
     exits: dict[int, int] = field(default_factory=dict)   # child -> raw wait status
     ended: bool = False                        # the shepherd is gone (end of file on the FIFO)
+    this_boot: bool = True                     # False: recorded before a reboot; none of its processes runs
     _partial: bytes = b""
 
     def fileno(self) -> int:
@@ -122,6 +127,8 @@ class Herd:
 
     def alive(self) -> bool:
         """The shepherd still runs (a zombie does not: it holds no descriptor any more)."""
+        if not self.this_boot:
+            return False
         try:
             with open(f"/proc/{self.pid}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
@@ -137,6 +144,8 @@ class Herd:
 
     def running(self) -> dict[int, int]:
         """child -> process group of the children that have not ended."""
+        if not self.this_boot:
+            return {}
         return {i: p for i, p in self.pids.items() if i not in self.exits}
 
     def wait(self) -> None:
@@ -282,12 +291,9 @@ def _kill(pid: int, started: int) -> None:
 def adopt(folder: Path, tag: str) -> Herd:
     """The shepherd an earlier daemon started for `tag` in this folder, with its events so far; ended
     (and with the exits its record holds) when it is no longer running."""
-    try:
-        pid, started = (int(x) for x in jobfiles.read_root_file(folder, f"{tag}.shepherd", 64).split())
-    except (OSError, ValueError, jobfiles.UnsafeFile):
-        pid, started = 0, 0
+    pid, started, this_boot = _shepherd_of(folder, tag)
     fd = -1
-    if pid > 1 and start_time(pid) == started:
+    if this_boot and pid > 1 and start_time(pid) == started:
         try:
             fd = os.open(folder / f"{tag}.events", _FIFO_FLAGS)
             if not stat.S_ISFIFO(os.fstat(fd).st_mode) or os.fstat(fd).st_uid != os.geteuid():
@@ -295,7 +301,7 @@ def adopt(folder: Path, tag: str) -> Herd:
                 fd = -1
         except OSError:
             fd = -1
-    herd = Herd(folder, tag, pid, started, fd)
+    herd = Herd(folder, tag, pid, started, fd, this_boot=this_boot)
     herd._take(herd.record() + b"\n")
     if fd < 0 or not herd.alive():
         herd._end()
@@ -307,10 +313,22 @@ def live_groups(folder: Path) -> list[int]:
     still are those children (the same start time), from the records alone: for the fence keeper."""
     out = []
     for tag in tags(folder):
-        herd = Herd(folder, tag, 0, 0, -1)
+        herd = Herd(folder, tag, 0, 0, -1, this_boot=_shepherd_of(folder, tag)[2])
         herd._take(herd.record() + b"\n")
         out += herd.live_groups()
     return out
+
+
+def _shepherd_of(folder: Path, tag: str) -> tuple[int, int, bool]:
+    """(pid, start time, whether it is of this boot) of the shepherd TAG.shepherd names; (0, 0, True)
+    when there is none that can be read. A record without a boot id (an earlier daemon's) is taken
+    as this boot's."""
+    try:
+        fields = jobfiles.read_root_file(folder, f"{tag}.shepherd", 128).split()
+        pid, started = int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError, jobfiles.UnsafeFile):
+        return 0, 0, True
+    return pid, started, len(fields) < 3 or fields[2].decode("ascii", "replace") == boot_id()
 
 
 def tags(folder: Path) -> list[str]:
