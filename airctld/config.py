@@ -137,6 +137,12 @@ class QosConfig:
     max_gpus_per_account: int = 0
     max_time_s: int = 0
     preempt: tuple = ()       # QOS names whose running jobs this one may preempt
+    users: tuple = ()         # who may use it (user names, @group), besides operators
+    accounts: tuple = ()      # jobs of these accounts may use it
+    # open to everyone when neither list is set, but a QOS that preempts others: operators only
+
+    def open_to_all(self) -> bool:
+        return not self.users and not self.accounts and not self.preempt
 
 
 @dataclass(frozen=True)
@@ -338,7 +344,8 @@ def _durations(where: str, raw: dict, keys: tuple[str, ...]) -> dict:
 
 
 def _qos(where: str, raw: dict) -> QosConfig:
-    _check_keys(where, raw, {"name", "priority", "max_gpus_per_user", "max_gpus_per_account", "max_time", "preempt"})
+    _check_keys(where, raw, {"name", "priority", "max_gpus_per_user", "max_gpus_per_account", "max_time", "preempt",
+                             "users", "accounts"})
     if "name" not in raw:
         raise ConfigError(f"{where} needs a name")
     rest = {k: v for k, v in raw.items() if k != "max_time"}

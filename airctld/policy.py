@@ -66,6 +66,15 @@ class Policy:
             raise Denied(f"job {job.job_id} belongs to {job.user} (uid {job.uid}); you may {doing} only "
                          "your own jobs")
 
+    def check_qos(self, who: Identity, qos, account: str) -> None:
+        """Whether the user may submit in the QOS, charging `account`: operators always; others where
+        the QOS is open to all, names them (or a group of theirs), or names the account. A QOS that
+        preempts others is never open to all: it must say who may use it."""
+        if qos.open_to_all() or self.is_operator(who) or _member(who, qos.users) or account in qos.accounts:
+            return
+        raise Denied(f"user {user_name(who.uid)} may not use QOS {qos.name}"
+                     + (f" with account {account}" if qos.accounts else "") + "; ask an administrator")
+
     def sees_all(self, who: Identity) -> bool:
         return not self.config.controller.private_jobs or self.is_operator(who)
 

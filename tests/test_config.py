@@ -59,3 +59,30 @@ def test_shipped_example_configuration_loads():
     cfg = load(str(Path(__file__).resolve().parent.parent / "etc" / "air.toml"))
     assert [n.name for n in cfg.nodes] == ["node01", "node02"] and cfg.partition("").max_time_s == 7 * 86400
     assert cfg.controller.auth == "munge" and [a.name for a in cfg.accounts] == ["ml-research", "vision"]
+
+
+def test_who_may_use_a_qos():
+    """A QOS is open to all unless it names users or accounts; one that preempts others must name
+    them (or only operators may use it): else any user could take any other's running job."""
+    import pwd
+    from airctld.errors import Denied
+    from airctld.policy import Policy
+    from protos.credential import Identity
+    cfg = parse({**GOOD,
+                 "qos": [{"name": "normal"}, {"name": "team", "users": ["nobody"]},
+                         {"name": "urgent", "preempt": ["normal"]},
+                         {"name": "paid", "preempt": ["normal"], "accounts": ["ml"]}]})
+    policy = Policy(cfg)
+    nobody = pwd.getpwnam("nobody")
+    user = Identity(uid=nobody.pw_uid, gid=nobody.pw_gid)
+    root = Identity(uid=0, gid=0)
+    allowed = {(q.name, account): True for q in cfg.qos for account in ("ml", "bio")}
+    for (name, account) in list(allowed):
+        try:
+            policy.check_qos(user, cfg.qos_named(name), account)
+        except Denied:
+            allowed[(name, account)] = False
+        policy.check_qos(root, cfg.qos_named(name), account)   # operators: always
+    assert allowed == {("normal", "ml"): True, ("normal", "bio"): True, ("team", "ml"): True,
+                       ("team", "bio"): True, ("urgent", "ml"): False, ("urgent", "bio"): False,
+                       ("paid", "ml"): True, ("paid", "bio"): False}

@@ -135,6 +135,9 @@ def test_limits_wait_with_their_reason_or_are_refused_at_submit(cluster):
     assert refused.returncode == 1 and "QOS 'gold' does not exist" in refused.stderr
     refused = cluster.cli("airbatch", "--nice=-100", str(script), user="nobody", check=False)
     assert refused.returncode == 1 and "only root and operators" in refused.stderr
+    # a QOS that preempts others says who may use it; this one names no one: operators only
+    refused = cluster.cli("airbatch", "--qos=high", "-A", "ml", str(script), user="nobody", check=False)
+    assert refused.returncode == 1 and "user nobody may not use QOS high" in refused.stderr
     _cancel_all(cluster)
 
 
