@@ -93,6 +93,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
             j: t for j, t in store.load_stop_times().items()
             if (job := self.jobs.get(j)) is not None and job.phase == JobPhase.COMPLETING}
         self._holds: dict[int, tuple[str, ...]] = store.load_holds()
+        self._preempted: dict[int, set[int]] = store.load_preemptions()   # preemptor -> its victims so far
         self._pass_seconds = 0.0
 
     # ------------------------------------------------------------ the loop
@@ -201,6 +202,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         qos = self.config.qos_named(qos_name)
         if qos is None:
             raise InvalidRequest(f"QOS {qos_name!r} does not exist; QOS: {', '.join(q.name for q in self.config.qos)}")
+        self.policy.check_qos(who, qos, account or "default")
         if req.nice < 0 and not self.policy.is_operator(who):
             raise Denied(f"--nice={req.nice}: only root and operators may raise a job's priority (a negative nice)")
         if qos.max_time_s and limit > qos.max_time_s:

@@ -58,16 +58,20 @@ class SchedulingPass:
             fenced = {j: max(w.values()) for j, w in self.fence_wait.items() if max(w.values()) > now}
             for job_id in set(self.fence_wait) - set(fenced):
                 del self.fence_wait[job_id]
-            if fenced:   # a job whose lost nodes may still run its ranks waits for their fence
-                pending = [j for j in pending if j.job_id not in fenced]
+            if fenced:   # a job whose lost nodes may still run its ranks waits for their fence (reserved)
                 self._due = min(self._due, min(fenced.values()))
             gone = [p for p in self._holds if (j := self.jobs.get(p)) is None or j.phase != JobPhase.PENDING]
-            if gone:   # started, or left the queue; held or fenced, it keeps its hold
+            ended = [p for p in self._preempted if (j := self.jobs.get(p)) is None or j.phase == JobPhase.DONE]
+            if gone or ended:   # started, or left the queue; held or fenced, it keeps its hold
                 with self.store.transaction():
                     self.store.remove_holds(gone)
+                    self.store.remove_preemptions(ended)
                 for preemptor in gone:
                     del self._holds[preemptor]
-            if not pending:
+                for preemptor in ended:   # (one that runs, or is requeued, still never takes a victim again)
+                    del self._preempted[preemptor]
+            held = self.jobs.held()
+            if not pending and not held:   # (held jobs alone: their priorities are still worked out)
                 return
             snapshot = {j.job_id: j for j in pending}
             epoch = self._epoch
@@ -77,14 +81,14 @@ class SchedulingPass:
             free = scheduler.free_resources(nodes, active, self.switches, self.planner.gpu_memo)
             capacity = (sum(len(n.gpus) for n in self.nodes.values()), sum(n.cpus for n in self.nodes.values()))
             stopped_at, holds = dict(self._stopped_at), dict(self._holds)
-            held = self.jobs.held()
+            preempted_before = {p: frozenset(v) for p, v in self._preempted.items()}
         # planned from the snapshot alone: requests change the job table meanwhile (dependencies on jobs
         # not in it are looked up as they are, in memory or in the store)
         began = time.perf_counter()
         inputs = self.planner.inputs(pending, held, active, self.accounting, capacity, now, self._dep_states)
         order = inputs.pop("order")
         plan = scheduler.schedule(order, free, self.partitions, stopped_at=stopped_at, holds=holds, in_order=True,
-                                  **inputs)
+                                  preempted=preempted_before, not_before=fenced, **inputs)
         self._pass_seconds = time.perf_counter() - began
         with self._lock:
             # a job released meanwhile was not in the plan: only jobs that rank above it may start
@@ -95,22 +99,24 @@ class SchedulingPass:
                 return self.jobs.get(job_id) is snapshot.get(job_id) and self._epoch == epoch and \
                     (floor is None or planned.get(job_id, 0) > floor)
 
-            preempted, new_holds = [], {}
+            preempted, new_holds, pairs = [], {}, []
             for preemptor, victims in plan.preempt.items():
                 if not unchanged(preemptor):
                     self._dirty = True
                     continue
                 stopping = [j for v in victims if (j := self.jobs.get(v)) is not None and j.phase == JobPhase.RUNNING]
                 preempted += [(j, events.preempted(j, now, preemptor)) for j in stopping]
+                pairs += [(preemptor, j.job_id) for j in stopping]
                 new_holds[preemptor] = plan.holds.get(preemptor, ())
             starts = []
             for job_id, alloc in plan.starts:
                 job = self.jobs.get(job_id)
                 if not unchanged(job_id) or any(self.nodes[a.node].state != NodeState.UP for a in alloc) or \
-                        not self.planner.still_free(job, self._dep_states):
+                        job_id in fenced or not self.planner.still_free(job, self._dep_states):
                     self._dirty = True
                     continue
-                starts.append((job, events.start(job, now, alloc)))
+                # started with the priority this pass gave it (shown by airq and kept across a restart)
+                starts.append((job, events.start(evolve(job, priority=planned.get(job_id, job.priority)), now, alloc)))
             reasons = [(i, r) for i, r in plan.waiting.items()
                        if (j := self.jobs.get(i)) is not None and j.phase == JobPhase.PENDING and not j.hold
                        and (j.reason != r or j.reason_detail != plan.details.get(i, ""))]
@@ -122,12 +128,15 @@ class SchedulingPass:
                     started = self._commit(starts, now, CONTROLLER_UID)
                     stopping = self._commit(preempted, now, CONTROLLER_UID)
                     self.store.save_holds(holds)
+                    self.store.add_preemptions(pairs)
                     self.store.remove_holds(ended)
                     self.store.set_pending_reasons(reasons)
             except Exception:
                 self._dirty = True   # the next pass plans again
                 raise
             self._holds.update(holds)
+            for preemptor, victim in pairs:
+                self._preempted.setdefault(preemptor, set()).add(victim)
             for preemptor in ended:
                 del self._holds[preemptor]
             for i, r in reasons:

@@ -84,11 +84,17 @@ def place_holds(order: list[Job], holds: Mapping[int, Iterable[str]], blocked: M
     """Reservations, made before any job is looked at, for each pending preemptor on the nodes held
     for it (its victims' and the free ones it counted): no other job, of any priority, takes them
     before it starts. When too few of them are left, it is reserved the earliest nodes elsewhere,
-    still ahead of every other job."""
+    still ahead of every other job. A preemptor that cannot start now whatever the nodes (held,
+    waiting for a dependency, its partition down or closed to its account, over a limit) holds
+    nothing this pass: nodes are never kept idle for a job that could not use them."""
     out = {}
     for job in (order if holds else ()):
         nodes = holds.get(job.job_id)
-        if nodes is None or job.hold or job.partition not in partitions or job.job_id in blocked:
+        if nodes is None or job.hold or job.job_id in blocked:
+            continue
+        part = partitions.get(job.partition)
+        if part is None or not part.up or (part.accounts and (job.request.account or "default") not in part.accounts) \
+                or state.over_limit(job) is not None:
             continue
         res = state.reserve(job, job.partition, only=nodes)
         if res is None:   # too few of its nodes are left: the earliest anywhere, still ahead of the queue

@@ -379,9 +379,11 @@ class _Pass:
         after = before[-1:] + [s for s in steps if s[0] > first]
         return min(g for _, g, _ in after), min(c for _, _, c in after)
 
-    def reserve(self, job: Job, part: str, only: Iterable[str] | None = None) -> Reservation | None:
-        """The earliest time at which the job's nodes are free for it, beside or after the reservations
-        made before it, and those nodes (among `only`, when given); the job holds them from then on."""
+    def reserve(self, job: Job, part: str, only: Iterable[str] | None = None, not_before: float = 0.0
+                ) -> Reservation | None:
+        """The earliest time (not before `not_before`) at which the job's nodes are free for it, beside or
+        after the reservations made before it, and those nodes (among `only`, when given); the job holds
+        them from then on. (A node with room from t on has room from any later time on.)"""
         n, g, c = job.num_nodes, job.gpus_per_node, job.cpus_per_node
         if only is not None:
             heap = [(self.available_from(name, g, c), name) for name in sorted(set(only))
@@ -411,7 +413,7 @@ class _Pass:
             heapq.heappush(heap, entry)
         if len(ready) < n:
             return None
-        start = ready[n - 1][0]
+        start = max(ready[n - 1][0], not_before)
         # of the nodes ready by then, those that are ready last: the ones free sooner stay for backfill
         chosen = sorted(ready, key=lambda tn: (-tn[0], tn[1]))[:n]
         return self.hold(job, tuple(sorted(name for _, name in chosen)), start)
@@ -465,6 +467,8 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
              preempt_grace_s: float = 30.0, backfill: bool = True,
              stopped_at: Mapping[int, float] | None = None,
              holds: Mapping[int, Iterable[str]] | None = None,
+             preempted: Mapping[int, Iterable[int]] | None = None,
+             not_before: Mapping[int, float] | None = None,
              max_pass_s: float = 0.0, timer: Callable[[], float] | None = None, in_order: bool = False) -> Plan:
     """Decide which pending jobs start now and why the others wait. `free` is updated in place.
 
@@ -472,7 +476,11 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     field); `blocked` gives jobs that wait for a reason decided outside the pass (dependencies);
     `active` are the running and completing jobs, whose time limits place reservations and whose
     QOS may make them victims; `stopped_at` says when each stopping job was asked to stop; `holds`
-    maps a pending preemptor to the nodes its victims free, held for it alone until it starts;
+    maps a pending preemptor to the nodes its victims free, held for it alone until it starts (while
+    it could start: not held, blocked or over a limit); `preempted` maps a preemptor to the jobs it
+    has preempted already, which it never preempts again; `not_before` maps a job to a time before
+    which it may not start (a requeued job whose last run's nodes may still run it, until their
+    fence): it is reserved from then, so nothing below it backfills past it meanwhile;
     `in_order`: `pending` is in the pass's order already (as `pass_order` gives it).
 
     Backfill never delays a higher-priority job: each job that cannot start gets a reservation
@@ -494,6 +502,8 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     state = _Pass(free, partitions, active, now, ends, limits, priority)
     victims_taken: set[int] = set()
     preemptable = None
+    preempted = preempted or {}
+    not_before = not_before or {}
     no_cache: dict[tuple, tuple[int, Reason]] = {}   # a shape that could not start, until resources change
     generation = 0
     waiting = plan.waiting
@@ -529,7 +539,8 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             continue
         cached = no_cache.get(shape)
         alloc = None
-        if cached is None or cached[0] != generation or preemptor or job_id in held_for:
+        later = not_before.get(job_id, 0.0)
+        if later <= now and (cached is None or cached[0] != generation or preemptor or job_id in held_for):
             cached = None
             if state.count_fitting(name, job.gpus_per_node) >= job.num_nodes:
                 alloc = state.place(job, name, end)
@@ -538,30 +549,33 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             plan.starts.append((job_id, alloc))
             generation += 1
             continue
-        if cached is not None:
-            reason = cached[1]
+        if later > now:
+            pass   # it keeps the reason it was requeued with
+        elif cached is not None:
+            waiting[job_id] = cached[1]
         else:
             reason = Reason.RESOURCES
             if state.res_start and state.count_fitting(name, job.gpus_per_node) >= job.num_nodes \
                     and state.place(job, name, end, respect=False) is not None:
                 reason = Reason.PRIORITY
             no_cache[shape] = (generation, reason)
-        waiting[job_id] = reason
+            waiting[job_id] = reason
         if not backfill:
             stalled.add(name)
         res = held_for.get(job_id)
         group = state.group[name]
         if res is None and (reserved.get(group, 0) < reservations or preemptor):
-            res = state.reserve(job, name)
+            res = state.reserve(job, name, not_before=later)
             if res is not None:
                 plan.reservations.append(res)
                 reserved[group] = reserved.get(group, 0) + 1
         elif res is None and backfill:
             stalled.update(state.sharing[name])   # no reservation left to protect it: pass nobody
-        if preemptor and (res is None or res.start > now + preempt_grace_s):
+        if preemptor and later <= now and (res is None or res.start > now + preempt_grace_s):
             if preemptable is None:
                 preemptable = [j for j in active if j.phase == JobPhase.RUNNING]
-            candidates = [v for v in preemptable if may_preempt(job, v, limits, priority)]
+            before = preempted.get(job_id, ())
+            candidates = [v for v in preemptable if v.job_id not in before and may_preempt(job, v, limits, priority)]
             chosen, nodes = victims(state, job, name, candidates, victims_taken, now + preempt_grace_s)
             if chosen:
                 plan.preempt[job_id] = chosen

@@ -94,7 +94,14 @@ def _migrate_7(db: sqlite_utils.Database) -> None:
     db.execute("CREATE TABLE stop_times (job_id INTEGER PRIMARY KEY, time REAL NOT NULL)")
 
 
-MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5, _migrate_6, _migrate_7]
+def _migrate_8(db: sqlite_utils.Database) -> None:
+    """Which jobs each preemptor has preempted: it never preempts the same job twice (a preemptor
+    held and released, or requeued, would otherwise take its victim again and again)."""
+    db.execute("CREATE TABLE preemptions (preemptor INTEGER NOT NULL, victim INTEGER NOT NULL, "
+               "PRIMARY KEY (preemptor, victim))")
+
+
+MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5, _migrate_6, _migrate_7, _migrate_8]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -277,6 +284,19 @@ class Store:
 
     def load_holds(self) -> dict[int, tuple[str, ...]]:
         return {j: tuple(json.loads(n)) for j, n in self._rows("SELECT job_id, nodes FROM preempt_holds")}
+
+    def add_preemptions(self, pairs: Iterable[tuple[int, int]]) -> None:
+        """(preemptor, victim) pairs, kept while the preemptor has not ended."""
+        self.db.conn.executemany("INSERT OR IGNORE INTO preemptions (preemptor, victim) VALUES (?, ?)", list(pairs))
+
+    def remove_preemptions(self, preemptors: Iterable[int]) -> None:
+        self.db.conn.executemany("DELETE FROM preemptions WHERE preemptor = ?", [(j,) for j in preemptors])
+
+    def load_preemptions(self) -> dict[int, set[int]]:
+        out: dict[int, set[int]] = {}
+        for preemptor, victim in self._rows("SELECT preemptor, victim FROM preemptions"):
+            out.setdefault(preemptor, set()).add(victim)
+        return out
 
     def add_stop_times(self, times: Iterable[tuple[int, float]]) -> None:
         """When jobs were asked to stop; a job that has a time keeps it (a stop asked again does not

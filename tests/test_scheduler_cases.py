@@ -160,3 +160,50 @@ def test_a_long_ladder_of_qos_is_checked_for_cycles_in_linear_time():
     ladder[39]["preempt"] = ["q0"]   # the bottom preempts the top: a cycle
     with pytest.raises(config.ConfigError, match="preemption cycle: q0 -> q1 -> .* -> q39 -> q0"):
         config.parse({**base, "qos": [{"name": "normal"}] + ladder})
+
+
+def test_a_preemptor_never_preempts_the_same_job_twice():
+    # job 1 preempted job 9 once; then it was held and released (or requeued), and job 9 ran again
+    victim = _running(9, "n1", qos="normal", limit=10 * HOUR)
+    plan = _plan(_nodes(["n1"]), [_job(1, qos="high")], [victim], now=60, limits=QOS, priority={1: 500, 9: 100},
+                 preempted={1: {9}})
+    assert plan.preempt == {} and plan.holds == {}
+    # another preemptor may still take it, and job 1 may take another victim
+    plan = _plan(_nodes(["n1"]), [_job(2, qos="high")], [victim], now=60, limits=QOS, priority={2: 500, 9: 100},
+                 preempted={1: {9}})
+    assert plan.preempt == {2: [9]}
+    other = _running(8, "n2", qos="normal", limit=10 * HOUR)
+    plan = _plan(_nodes(), [_job(1, qos="high")], [victim, other], now=60, limits=QOS,
+                 priority={1: 500, 8: 100, 9: 100}, preempted={1: {9}})
+    assert plan.preempt == {1: [8]}
+
+
+def test_a_preemptor_that_cannot_start_keeps_no_node_idle():
+    # the nodes its victim freed stay held for job 1 only while job 1 could use them
+    limits = scheduler.Limits(qos={**QOS.qos, "high": QosConfig("high", priority=10, preempt=("normal",),
+                                                              max_gpus_per_user=4)})
+    mine = _running(7, "n2", qos="high", limit=10 * HOUR)   # the user's other high job, started since
+    cases = {"over its QOS limit": dict(active=[mine], limits=limits),
+             "held": dict(active=[], limits=QOS, held=True),
+             "waiting for a dependency": dict(active=[], limits=QOS, blocked={1: Reason.DEPENDENCY})}
+    for what, case in cases.items():
+        preemptor = _job(1, qos="high", hold=case.get("held", False))
+        plan = _plan(_nodes(), [preemptor, _job(2)], case["active"], limits=case["limits"], priority={1: 10, 2: 900},
+                     holds={1: ("n1",)}, blocked=case.get("blocked"))
+        assert [s for s, _ in plan.starts] == [2] and plan.starts[0][1][0].node == "n1", what
+    # the control: free to start (no limit), it takes its node, and job 2 has none
+    plan = _plan(_nodes(), [_job(1, qos="high"), _job(2)], [mine], limits=QOS, priority={1: 10, 2: 900},
+                 holds={1: ("n1",)})
+    assert plan.starts == [(1, plan.starts[0][1])] and plan.starts[0][1][0].node == "n1"
+
+
+def test_a_requeued_job_waiting_for_its_fence_keeps_its_place():
+    # job 1 was requeued from a lost node: it may not start until t=40 (the node's fence); job 3, long
+    # and lower, would take the node it needs; job 4, short, ends before then and may use it
+    pending = [_job(1), _job(3, limit=10 * HOUR), _job(4, limit=30)]
+    plan = _plan(_nodes(["n1"]), pending, now=0, priority={1: 30, 3: 20, 4: 10}, not_before={1: 40})
+    assert [s for s, _ in plan.starts] == [4]
+    assert plan.estimate()[1].start == 40 and 1 not in plan.waiting   # it keeps the reason it was requeued with
+    # without a fence it starts at once
+    plan = _plan(_nodes(["n1"]), pending, now=0, priority={1: 30, 3: 20, 4: 10})
+    assert [s for s, _ in plan.starts] == [1]

@@ -1,6 +1,7 @@
 """The scheduler's decisions on a real local cluster (2 nodes x 4 GPUs), as a new user would try
-them: three held jobs released together, a preemptor that ranks below its victim, and a QOS
-configuration whose preemption goes round in a cycle."""
+them: three held jobs released together, a preemptor that ranks below its victim, the priority
+shown for held and running jobs (across a controller restart too), and a QOS configuration whose
+preemption goes round in a cycle."""
 import subprocess
 import sys
 
@@ -67,6 +68,27 @@ def test_a_preemptor_that_ranks_below_its_victim_does_not_preempt_it_and_says_wh
     assert "it ranks higher" in cluster.job(boss)["reason_detail"]
     assert all(cluster.job(v)["state"] == "RUNNING" for v in victims)
     assert cluster.job(boss)["state"] == "PENDING"
+    _cancel_all(cluster)
+
+
+def test_the_priority_shown_is_the_last_passes_for_a_held_job_alone_and_after_a_controller_restart(cluster):
+    script = cluster.write_script("sleep.sh", "#!/bin/sh\nsleep 300\n")
+
+    def shown(job_id):
+        return int(cluster.cli("airq", "-j", str(job_id), "-h", "-t", "all", "-o", "%Q").stdout.strip())
+    running = cluster.submit(script, "--gpus-per-node=4")    # started by the first pass that sees it
+    cluster.wait_state(running, "RUNNING")
+    before = shown(running)
+    assert before > 0
+    held = cluster.submit(script, "-H", "--gpus-per-node=4")   # the only job waiting: held
+    wait_for(lambda: shown(held) > 0, timeout=15, what="a held job alone to show its priority")
+    cluster.cli("aircancel", str(held))
+    cluster.wait_state(held, "CANCELLED")
+    cluster.kill_controller()   # nothing is pending: no pass works priorities out after the restart
+    cluster.start_controller()
+    after = shown(running)
+    assert after > 0 and abs(after - before) <= 1, (before, after)   # (its age may add a point meanwhile)
+    assert f"Priority={after}" in cluster.cli("aircontrol", "show", "job", str(running)).stdout
     _cancel_all(cluster)
 
 

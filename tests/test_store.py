@@ -139,9 +139,22 @@ def test_a_store_of_schema_6_migrates_to_one_without_holds_or_stop_times(tmp_pat
     s = Store(path)
     s.db.execute("DROP TABLE preempt_holds")
     s.db.execute("DROP TABLE stop_times")
+    s.db.execute("DROP TABLE preemptions")
     s.db.execute("PRAGMA user_version = 6")
     s.close()
     s = Store(path)
     assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert s.load_holds() == {} and s.load_stop_times() == {}
+    assert s.load_holds() == {} and s.load_stop_times() == {} and s.load_preemptions() == {}
     s.close()
+
+
+def test_who_preempted_whom_is_kept_until_the_preemptor_is_forgotten(tmp_path):
+    store = Store(str(tmp_path / "air.db"))
+    with store.transaction():
+        store.add_preemptions([(7, 3), (7, 4), (8, 3), (7, 3)])
+    store.close()
+    store = Store(str(tmp_path / "air.db"))   # a restarted controller
+    assert store.load_preemptions() == {7: {3, 4}, 8: {3}}
+    with store.transaction():
+        store.remove_preemptions([7])
+    assert store.load_preemptions() == {8: {3}}
