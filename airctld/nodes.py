@@ -11,7 +11,7 @@ from protos import air_pb2_grpc as rpc
 from protos.credential import signed
 
 CALL_TIMEOUT_S = 10.0
-SIGNAL_WAIT_S = 3.0
+SIGNAL_WAIT_S = 5.0   # a stop, for a daemon that restarts
 
 
 class NodeClients:
@@ -46,8 +46,10 @@ class NodeClients:
                reason: str = "") -> bool:
         reply = self._stub(address).Signal(pb.SignalRequest(job_id=job_id, run=run, signal=signal, grace_s=grace_s,
                                                             batch_only=batch_only, reason=reason),
-                                           # a daemon that restarts is back within a second or two: wait for it
-                                           # that long, no longer (a dead node must not hold the controller's
-                                           # action threads; the stops it missed go again when it registers)
-                                           timeout=SIGNAL_WAIT_S, wait_for_ready=True)
+                                           # a daemon that restarts is back within seconds: a stop waits for it
+                                           # a little (a dead node must not hold the controller's action
+                                           # threads; the stops it missed go again when it registers), a
+                                           # user's signal, sent once, as long as any call
+                                           timeout=SIGNAL_WAIT_S if signal == 0 else CALL_TIMEOUT_S,
+                                           wait_for_ready=True)
         return reply.found

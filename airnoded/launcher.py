@@ -23,6 +23,7 @@ import psutil
 from airnoded import fence, jobfiles, progress, shepherding
 from airnoded.cgroups import JobCgroups, memory_limit_bytes
 from airnoded.procs import as_owner, killpg
+from airnoded.shepherd import start_time
 from airnoded.shepherding import Child, Herd
 from protos import air_pb2 as pb
 from protos.states import REASON_NAMES, Reason
@@ -383,8 +384,8 @@ class Launcher:
             self._kill_now(stale)
         if running is None:
             return False
-        if sig and batch_only:
-            if not running.pgid or 0 in running.herd.exits:
+        if sig and batch_only:   # the script's shell, if it still is the one its shepherd started
+            if 0 not in running.herd.running() or start_time(running.pgid) != running.herd.starts.get(0):
                 return False
             try:
                 os.kill(running.pgid, sig)

@@ -172,6 +172,7 @@ def record_own(folder, tag):
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, ("%d %d %s\n" % (me, start_time(me), boot_id())).encode())
+        os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, os.path.join(folder, tag + ".shepherd"))

@@ -320,14 +320,15 @@ def live_groups(folder: Path) -> list[int]:
 
 
 def _shepherd_of(folder: Path, tag: str) -> tuple[int, int, bool]:
-    """(pid, start time, whether it is of this boot) of the shepherd TAG.shepherd names; (0, 0, True)
-    when there is none that can be read. A record without a boot id (an earlier daemon's) is taken
-    as this boot's."""
+    """(pid, start time, whether it is of this boot) of the shepherd TAG.shepherd names. One that
+    cannot be read (written whole and synced before the shepherd starts anything, so cut short only
+    by a power loss) is taken as another boot's: its processes are gone and nothing is signalled
+    under their numbers. A record without a boot id (an earlier daemon's) is taken as this boot's."""
     try:
         fields = jobfiles.read_root_file(folder, f"{tag}.shepherd", 128).split()
         pid, started = int(fields[0]), int(fields[1])
     except (OSError, ValueError, IndexError, jobfiles.UnsafeFile):
-        return 0, 0, True
+        return 0, 0, False
     return pid, started, len(fields) < 3 or fields[2].decode("ascii", "replace") == boot_id()
 
 

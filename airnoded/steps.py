@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
 import select
 import socket
@@ -22,6 +21,7 @@ from typing import Callable, Iterator
 
 from airctld.steps import rank_environment
 from airnoded import jobfiles, progress, shepherding
+from airnoded.outbox import Outbox
 from airnoded.cgroups import JobCgroups
 from airnoded.procs import as_owner, killpg
 from airnoded.shepherding import Child, Herd
@@ -34,14 +34,16 @@ log = logging.getLogger("airnoded")
 # it drops to the owner), after the cgroup gate when there is one.
 RANK_START = 'cd -- "$1" || exit 126; shift; exec "$@"'
 MAX_QUEUED = 4096  # output lines held for airrun per step on this node
+MAX_QUEUED_BYTES = 4 << 20   # and their bytes: ranks that print faster than airrun reads wait
 MAX_LINE = 64 * 1024
 MAX_PREPARED = 64  # steps of one job prepared here and not yet started
 MAX_STREAMS = 96   # steps streaming on this node at once, all users together (the server has 128 threads)
 MAX_STEP_FILE = 64 << 20
 ATTACH_WAIT_S = 60.0   # how long adopted ranks wait for their airrun to attach again
 DRAIN_S = 2.0      # how long a stopping daemon waits for airrun to take the output it has read
-MAX_REST = 8 << 20  # a rank's output read and not passed on when the daemon stopped, kept for the next one
-_END = object()    # put on a step's queue when the stream must end
+# a rank's output read and not passed on when the daemon stopped, kept for the next one: at most the
+# step's queued bytes and a rank's unfinished line and last read, so never cut short
+MAX_REST = MAX_QUEUED_BYTES + 2 * MAX_LINE + 65536
 
 
 class StepError(Exception):
@@ -168,9 +170,8 @@ class StepRunner:
             self._user_streams[step.uid] = self._user_streams.get(step.uid, 0) + 1
             self._streams[key] = self._streams.get(key, 0) + 1
             self._ranks += len(here.ranks)
-        stream = _Stream(self, step, key, len(here.ranks))
-        with self._lock:
-            self._live.add(stream)
+            stream = _Stream(self, step, key, len(here.ranks))
+            self._live.add(stream)   # with the check above: a daemon that stops now drains it too
         try:
             stream.start(index)
         except BaseException:
@@ -284,13 +285,13 @@ class _Stream:
         self.key = key
         self.ranks = ranks
         self.tag = f"step{step.step_id}-{os.urandom(4).hex()}"   # a step id reused (controller restart) never collides
-        self.queue: queue.Queue = queue.Queue(maxsize=MAX_QUEUED)   # ranks that print faster than airrun reads wait
+        self.outbox = Outbox(MAX_QUEUED, MAX_QUEUED_BYTES)   # ranks that print faster than airrun reads wait
         self.stopped = threading.Event()
         self.attached = threading.Event()   # someone follows the events (set at once for a live start)
         self.herd: Herd | None = None
         self.outputs: dict[int, tuple[int, int, bool]] = {}   # fd -> (child, rank, stderr)
         self.rank_of: list[int] = []                         # child -> global rank
-        self.rest: dict[int, bytes] = {}   # fd -> output an earlier daemon read and did not pass on
+        self.rest: dict[int, tuple[bytes, Path]] = {}   # fd -> output an earlier daemon read and did not pass on
         self.drain_by: float | None = None  # set when the daemon stops: the pump reads no more
         self._unread: dict[tuple[int, bool], bytes] = {}   # (child, stderr) -> read and not queued, at a drain
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)   # ends the pump's wait
@@ -355,8 +356,8 @@ class _Stream:
                 if fd >= 0:
                     self.outputs[fd] = (local_rank, rank, stream == "err")
                     try:   # what the earlier daemon had read and could not pass on: it goes first
-                        self.rest[fd] = jobfiles.read_root_file(folder, f"{name}.rest", MAX_REST)
-                        os.unlink(folder / f"{name}.rest")
+                        self.rest[fd] = (jobfiles.read_root_file(folder, f"{name}.rest", MAX_REST),
+                                         folder / f"{name}.rest")
                     except FileNotFoundError:
                         pass
                     except (OSError, jobfiles.UnsafeFile) as e:
@@ -367,9 +368,16 @@ class _Stream:
         self._start_pump()
 
     def _start_pump(self) -> None:
-        self._pump_thread = threading.Thread(target=self._pump, name=f"step-{self.key[0]}.{self.step.step_id}",
-                                             daemon=True)
-        self._pump_thread.start()
+        with self._wake_lock:
+            if self._wake_w < 0:   # stopped meanwhile (the daemon stops): the next daemon follows the ranks
+                for fd in self.outputs:
+                    os.close(fd)
+                self.outputs.clear()
+                self.herd.close()
+                return
+            self._pump_thread = threading.Thread(target=self._pump, daemon=True,
+                                                 name=f"step-{self.key[0]}.{self.step.step_id}")
+            self._pump_thread.start()
 
     def drain(self, deadline: float) -> None:
         """The daemon stops: read no more, pass on what was read until `deadline`, keep the rest."""
@@ -394,20 +402,16 @@ class _Stream:
             if self._pump_thread.is_alive():
                 log.warning("step %d.%d: its output reader has not stopped; what it holds is lost",
                             self.key[0], self.step.step_id)
-        while self.attached.is_set() and not self.queue.empty() and time.monotonic() < deadline:
+        while self.attached.is_set() and not self.outbox.empty() and time.monotonic() < deadline:
             time.sleep(0.01)
         kept: dict[tuple[int, bool], list[bytes]] = {}
-        while True:
-            try:
-                event = self.queue.get_nowait()
-            except queue.Empty:
-                break
-            if event is not _END and event.data:
+        for event in self.outbox.hand_over():   # the reader takes nothing from here on: no line out of order
+            if event.data:
                 kept.setdefault((self.rank_of.index(event.rank), event.stderr), []).append(event.data)
         for key, rest in self._unread.items():
             kept.setdefault(key, []).append(rest)
         self._keep(kept)
-        self.stop(deadline)
+        self.stop()
 
     def _keep(self, kept: dict[tuple[int, bool], list[bytes]]) -> None:
         if self.runner.spool is None:
@@ -432,8 +436,8 @@ class _Stream:
         remaining = self.ranks
         try:
             while remaining:
-                event = self.queue.get()
-                if event is _END:
+                event = self.outbox.get()
+                if event is None:
                     return
                 if event.exited:
                     remaining -= 1
@@ -441,37 +445,24 @@ class _Stream:
         finally:
             self.stop()
 
-    def stop(self, deadline: float | None = None) -> None:
+    def stop(self) -> None:
         """Kill the ranks and give back what the step held; once, whoever calls first (the stream's
         end, or gRPC when airrun went away). While the daemon itself stops, the ranks are left to
-        their shepherd for the next daemon to adopt: only the stream ends (after the events queued,
-        if airrun takes them before `deadline`)."""
+        their shepherd for the next daemon to adopt: only the stream ends."""
         with self._stop_lock:
             if self.stopped.is_set():
                 return
             self.stopped.set()
-        if self._pump_thread is None:
+        with self._wake_lock:
+            pumping = self._pump_thread is not None
+        if not pumping:
             self._close_wake()
         if not self.runner.detaching.is_set() and self.herd is not None:
             self.herd.kill_children()
             self._forget_files()
         self.runner._ended(self.key, self.step.uid, list(self.herd.pids.values()) if self.herd else [], self.ranks,
                            self)
-        if deadline is not None:
-            try:
-                self.queue.put(_END, timeout=max(0.0, deadline - time.monotonic()))
-                return
-            except queue.Full:
-                pass
-        while True:   # wake a reader waiting on a full queue: it ends at _END
-            try:
-                self.queue.put_nowait(_END)
-                return
-            except queue.Full:
-                try:
-                    self.queue.get_nowait()
-                except queue.Empty:
-                    pass
+        self.outbox.close()   # a reader ends after the events held
 
     def _forget_files(self) -> None:
         """The step's records in the run's folder: a later daemon has nothing of it to adopt."""
@@ -491,30 +482,33 @@ class _Stream:
     def _put(self, event: pb.StepEvent) -> bool:
         """Queue an event unless the stream has ended (then nobody will read it) or the daemon stops
         and airrun has not taken the events before them in time."""
-        while not self.stopped.is_set():
-            if self.drain_by is not None and (time.monotonic() > self.drain_by or not self.attached.is_set()):
-                return False
-            try:
-                self.queue.put(event, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
+        if self.stopped.is_set():
+            return False
+        return self.outbox.put(event, lambda: self.stopped.is_set() or (self.drain_by is not None and (
+            time.monotonic() > self.drain_by or not self.attached.is_set())))
 
     def _pump(self) -> None:
         """Every rank's output a line (or MAX_LINE bytes of one) at a time, and each rank's exit after
         the last of its output; then the FIFOs are closed."""
         herd = self.herd
         poller = select.poll()
-        partial: dict[int, bytes] = dict(self.rest)
-        for fd in self.outputs:
-            poller.register(fd, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
+        partial: dict[int, bytes] = {}
         efd = herd.fd   # (herd.fd is -1 once it is closed)
-        if not herd.ended:
-            poller.register(efd, select.POLLIN)
         done: set[int] = set()
         try:
+            for fd in self.outputs:
+                poller.register(fd, select.POLLIN)
+            poller.register(self._wake_r, select.POLLIN)
+            if not herd.ended:
+                poller.register(efd, select.POLLIN)
+            for fd, (rest, path) in self.rest.items():   # an earlier daemon's leftovers go first
+                _, rank, is_err = self.outputs[fd]
+                partial[fd] = self._send(rank, is_err, rest)
+                try:   # queued now (an unfinished line is kept with what the FIFO brings)
+                    os.unlink(path)
+                except OSError:
+                    pass
+            self.rest = {}
             for child in sorted(herd.exits):   # ended before this daemon saw them (adopted)
                 self._exited(child, partial, poller, done)
             while len(done) < len(self.rank_of) and not self.stopped.is_set() and self.drain_by is None:
@@ -562,8 +556,11 @@ class _Stream:
     def _read(self, fd: int, partial: dict[int, bytes], poller) -> bool:
         """Read what a FIFO has now; False when it has nothing more (closed, or would block), or when
         what was read before could not be queued (the stream ends, or the daemon stops)."""
-        if len(partial.get(fd, b"")) >= MAX_LINE:
-            return False
+        if len(partial.get(fd, b"")) >= MAX_LINE:   # try what waits again first
+            _, rank, is_err = self.outputs[fd]
+            partial[fd] = self._send(rank, is_err, partial[fd])
+            if len(partial[fd]) >= MAX_LINE:
+                return False
         try:
             data = os.read(fd, 65536)
         except BlockingIOError:

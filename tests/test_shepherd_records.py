@@ -56,3 +56,15 @@ def test_the_same_record_from_this_boot_is_followed(tmp_path, bystander):
     herd = shepherding.adopt(folder, "step0-ab")
     herd.kill_children(signal.SIGKILL)
     assert bystander.wait(timeout=5) == -signal.SIGKILL
+
+
+def test_a_record_whose_shepherd_file_was_cut_short_names_nothing_that_runs(tmp_path, bystander):
+    """The shepherd file is written whole and synced before anything starts: one that is empty or
+    cut short is from a boot that lost power, and its numbers are someone else's now."""
+    folder = tmp_path / "job7.0"
+    _records(folder, "batch", boot_id(), bystander.pid, start_time(bystander.pid))
+    (folder / "batch.shepherd").write_text("")
+    assert shepherding.live_groups(folder) == []
+    shepherding.adopt(folder, "batch").kill_children()
+    time.sleep(0.2)
+    assert bystander.poll() is None

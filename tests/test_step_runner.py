@@ -122,14 +122,21 @@ def test_signals_and_kills_name_a_run_and_never_reach_a_newer_one(runner):
     assert [e.exit_signal for e in _drain(events) if e.exited] == [9]
 
 
-def test_a_daemon_stopping_mid_output_leaves_every_byte_to_the_next(runner, monkeypatch):
+@pytest.mark.parametrize("queued,width,pause,again", [
+    (8, 5, 0.002, False),          # a short queue: most of what was read is not queued yet
+    (None, 95, 0.0005, False),     # the default queue, full of long lines: a leftover of hundreds of KiB
+    (None, 95, 0.0005, True),      # and the next daemon stops too before airrun is back
+])
+def test_a_daemon_stopping_mid_output_leaves_every_byte_to_the_next(runner, monkeypatch, queued, width, pause, again):
     """`systemctl restart airnoded` while a rank prints faster than airrun reads, in the middle of a
     line: what the stopping daemon read and airrun did not take goes to the next daemon, which
     passes it on before anything newer; airrun sees every byte once, in order."""
     monkeypatch.setattr(steps, "DRAIN_S", 0.5)
-    monkeypatch.setattr(steps, "MAX_QUEUED", 8)
-    script = ('i=0; while [ $i -lt 3000 ]; do echo "line $i"; i=$((i+1)); done; printf "half a line"; '
-              'sleep 1.5; echo ", then the rest"; echo "the end" >&2')
+    if queued:
+        monkeypatch.setattr(steps, "MAX_QUEUED", queued)
+    lines = 6000
+    script = (f'i=0; while [ $i -lt {lines} ]; do printf "line %0{width}d\\n" $i; i=$((i+1)); done; '
+              'printf "half a line"; sleep 1.5; echo ", then the rest"; echo "the end" >&2')
     runner.prepare(_step(argv=("sh", "-c", script)))
     events, stop = runner.run(1, 0, OWNER)
     got, slow_done = [], threading.Event()
@@ -137,7 +144,7 @@ def test_a_daemon_stopping_mid_output_leaves_every_byte_to_the_next(runner, monk
     def slow_airrun():
         for event in events:
             got.append(event)
-            time.sleep(0.002)
+            time.sleep(pause)
         slow_done.set()
     threading.Thread(target=slow_airrun, daemon=True).start()
     time.sleep(0.5)
@@ -146,11 +153,19 @@ def test_a_daemon_stopping_mid_output_leaves_every_byte_to_the_next(runner, monk
     assert not any(e.exited for e in got)
     successor = StepRunner("n1", "127.0.0.1", spool=runner.spool, max_tasks_per_node=4)
     assert successor.adopt(runner.spool) == {(1, 0)}
+    if again:   # stopped again before airrun attached: everything goes on to a third daemon
+        time.sleep(0.3)
+        successor.detach()
+        successor = StepRunner("n1", "127.0.0.1", spool=runner.spool, max_tasks_per_node=4)
+        assert successor.adopt(runner.spool) == {(1, 0)}
     events, stop = successor.attach(1, 0, OWNER)
-    got += _drain(events)
-    out = b"".join(e.data for e in got if e.data and not e.stderr)
-    expected = "".join(f"line {i}\n" for i in range(3000)) + "half a line, then the rest\n"
-    assert out.decode() == expected
+    got += _drain(events, timeout=20)
+    out = b"".join(e.data for e in got if e.data and not e.stderr).decode()
+    expected = "".join(f"line {i:0{width}d}\n" for i in range(lines)) + "half a line, then the rest\n"
+    if out != expected:
+        have = out.splitlines()
+        first = next(k for k, (a, b) in enumerate(zip(have, expected.splitlines())) if a != b)
+        raise AssertionError(f"{len(have)} lines; the first that differs, #{first}: {have[first - 1:first + 2]}")
     assert [e.data for e in got if e.stderr] == [b"the end\n"]
     assert [(e.exited, e.exit_code) for e in got if e.exited] == [(True, 0)]
 
@@ -164,9 +179,9 @@ def test_a_step_whose_shepherd_died_with_its_ranks_while_no_daemon_ran_ends_at_a
     stream = next(iter(runner._live))
     runner.detach()
     shepherd, groups = stream.herd.pid, list(stream.herd.pids.values())
+    os.kill(shepherd, 9)   # first: it records no exit of its ranks
     for pgid in groups:
         os.killpg(pgid, 9)
-    os.kill(shepherd, 9)
     deadline = time.monotonic() + 5
     while any(os.path.exists(f"/proc/{p}") for p in [shepherd, *groups]) and time.monotonic() < deadline:
         time.sleep(0.05)
