@@ -8,6 +8,7 @@ are not done and the recently done ones; the store holds all of them.
 from __future__ import annotations
 
 import logging
+import shlex
 import signal
 import threading
 import time
@@ -52,9 +53,10 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._actions = ThreadPoolExecutor(max_workers=16, thread_name_prefix="act")
         self._misses: dict[int, int] = {}
         self._launching: set[int] = set()
-        self._step_ids: dict[int, int] = {}
         now = clock()
         self.jobs = JobTable(store.load_jobs(now - config.controller.min_job_age_s))
+        # running job -> its last step's number (steps are numbered on, across restarts)
+        self._step_ids: dict[int, int] = store.last_step_ids(j.job_id for j in self.jobs.active())
         self._dirty = True   # something changed that may let a pending job start
         stored = {n.name: n for n in store.load_nodes()}
         self.nodes: dict[str, Node] = {}
@@ -373,7 +375,11 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 raise Conflict(f"airrun of run {caller_run} of job {job.job_id}, which is on run "
                                f"{job.restart_count} now: a stale run starts no step")
             nodes, world = steps.layout(job, spec, addresses)
-            step_id = self._step_ids[job.job_id] = self._step_ids.get(job.job_id, -1) + 1
+            step_id = self._step_ids.get(job.job_id, -1) + 1
+            with self.store.transaction():   # numbered once, for good, before any node hears of it
+                self.store.add_step(job.job_id, step_id, job.restart_count, self.clock(),
+                                    ",".join(n.node for n in nodes), world, shlex.join(spec.argv)[:1024])
+            self._step_ids[job.job_id] = step_id
         step = pb.Step(job_id=job.job_id, step_id=step_id, run=job.restart_count, uid=job.uid, gid=job.gid,
                        world_size=world,
                        master_addr=nodes[0].address.rsplit(":", 1)[0], nodes=nodes, spec=spec)
@@ -487,6 +493,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 self.fence_wait[new.job_id] = {
                     n: self.nodes[n].last_heartbeat + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s
                     for n in old.node_names if n in self.nodes}
+            if new.phase == JobPhase.DONE:
+                self._step_ids.pop(new.job_id, None)
             if new.phase == JobPhase.COMPLETING:
                 self._stopped_at.setdefault(new.job_id, now)
             else:

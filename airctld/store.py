@@ -101,7 +101,16 @@ def _migrate_8(db: sqlite_utils.Database) -> None:
                "PRIMARY KEY (preemptor, victim))")
 
 
-MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5, _migrate_6, _migrate_7, _migrate_8]
+def _migrate_9(db: sqlite_utils.Database) -> None:
+    """Each step of a job (airrun), written when it is created: its number is never given twice, a
+    controller restart included, and the job's history keeps it."""
+    db.execute("CREATE TABLE steps (job_id INTEGER NOT NULL, step_id INTEGER NOT NULL, run INTEGER NOT NULL, "
+               "created REAL NOT NULL, nodes TEXT NOT NULL, ntasks INTEGER NOT NULL, command TEXT NOT NULL, "
+               "PRIMARY KEY (job_id, step_id))")
+
+
+MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5, _migrate_6, _migrate_7, _migrate_8,
+              _migrate_9]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -284,6 +293,20 @@ class Store:
 
     def load_holds(self) -> dict[int, tuple[str, ...]]:
         return {j: tuple(json.loads(n)) for j, n in self._rows("SELECT job_id, nodes FROM preempt_holds")}
+
+    def add_step(self, job_id: int, step_id: int, run: int, created: float, nodes: str, ntasks: int,
+                 command: str) -> None:
+        self.db.conn.execute("INSERT INTO steps (job_id, step_id, run, created, nodes, ntasks, command) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?)", (job_id, step_id, run, created, nodes, ntasks, command))
+
+    def last_step_ids(self, job_ids: Iterable[int]) -> dict[int, int]:
+        """job_id -> the highest step number it was given, for those of the jobs that have steps."""
+        out = {}
+        for job_id in job_ids:
+            (last,), = self._rows("SELECT MAX(step_id) FROM steps WHERE job_id = ?", [job_id])
+            if last is not None:
+                out[job_id] = last
+        return out
 
     def add_preemptions(self, pairs: Iterable[tuple[int, int]]) -> None:
         """(preemptor, victim) pairs, kept while the preemptor has not ended."""

@@ -215,3 +215,22 @@ def test_a_preemptors_hold_and_its_victims_stop_time_survive_a_restart_until_the
     c.stop()
     c = build(monkeypatch)
     assert c._holds == {} and c._stopped_at == {} and c.store.load_holds() == {} and c.store.load_stop_times() == {}
+
+
+def test_step_numbers_go_on_after_a_restart(make):
+    """A job's steps are numbered 0, 1, ... and a restarted controller goes on from the last one: a
+    number is never given twice (a node may still run, or adopt, the step that had it)."""
+    build, clock = make
+    c = build()
+    c.clients = type("Nodes", (), {"prepare_step": lambda self, address, step: pb.PrepareStepReply(free_port=1)})()
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp"), ROOT)
+    job = c.jobs.get(job_id)
+    c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0,), 1),)))], clock.now, 0)
+    spec = pb.StepSpec(job_id=job_id, argv=["python", "train.py"])
+    assert [c.create_step(spec, ROOT).step_id for _ in range(2)] == [0, 1]
+    c.stop()
+    c = build()   # kill -9 and start again: what the store says
+    c.clients = type("Nodes", (), {"prepare_step": lambda self, address, step: pb.PrepareStepReply(free_port=1)})()
+    assert c.create_step(spec, ROOT).step_id == 2
+    assert c.store._rows("SELECT step_id, command FROM steps WHERE job_id = ?", [job_id]) == [
+        (0, "python train.py"), (1, "python train.py"), (2, "python train.py")]

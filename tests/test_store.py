@@ -140,6 +140,7 @@ def test_a_store_of_schema_6_migrates_to_one_without_holds_or_stop_times(tmp_pat
     s.db.execute("DROP TABLE preempt_holds")
     s.db.execute("DROP TABLE stop_times")
     s.db.execute("DROP TABLE preemptions")
+    s.db.execute("DROP TABLE steps")
     s.db.execute("PRAGMA user_version = 6")
     s.close()
     s = Store(path)
