@@ -228,8 +228,10 @@ class Store:
             rows.append([row[c] for c in cols] + [new.job_id])
             old_state, new_state = long_state(old.phase, old.result), long_state(new.phase, new.result)
             if old_state != new_state or old.phase != new.phase or old.hold != new.hold:
-                events.append((new.job_id, now, old_state, new_state, Reason(new.reason).name,
-                               new.reason_detail, who))
+                why = new.reason
+                if new.phase == JobPhase.PENDING and old.phase in (JobPhase.RUNNING, JobPhase.COMPLETING):
+                    why = new.last_stop_reason   # requeued: why its run stopped
+                events.append((new.job_id, now, old_state, new_state, Reason(why).name, new.reason_detail, who))
         self.db.conn.executemany(f"UPDATE jobs SET {', '.join(c + ' = ?' for c in cols)} WHERE id = ?", rows)
         self.db.conn.executemany("INSERT INTO events (job_id, time, old_state, new_state, reason, detail, who) "
                                  "VALUES (?, ?, ?, ?, ?, ?, ?)", events)

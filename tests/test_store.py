@@ -7,7 +7,7 @@ from airctld import events
 from airctld.model import Job, Node, NodeAlloc
 from airctld.store import SCHEMA_VERSION, Store, StoreError
 from protos import air_pb2 as pb
-from protos.states import JobPhase, JobResult, NodeState
+from protos.states import JobPhase, JobResult, NodeState, Reason
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -46,6 +46,19 @@ def test_update_writes_an_event_per_state_change(store):
     assert got.result == JobResult.COMPLETED and got.allocation == (NodeAlloc("node01", (0, 1), 1),)
     assert [(e["old_state"], e["new_state"]) for e in store.events(job_id)] == [
         ("", "PENDING"), ("PENDING", "RUNNING"), ("RUNNING", "COMPLETED")]
+
+
+def test_a_requeue_is_recorded_with_why_the_run_stopped(store):
+    with store.transaction():
+        job_id = store.insert_job(_job(), who=1000)
+    job = store.get_job(job_id)
+    started = events.start(job, 110.0, (NodeAlloc("node01", (0, 1), 1),))
+    again = events.requeued(started, 130.0, Reason.NODE_FAIL, "node01 stopped answering")
+    with store.transaction():
+        store.update_jobs([(job, started), (started, again)], 130.0, who=-1)
+    last = store.events(job_id)[-1]
+    assert (last["old_state"], last["new_state"], last["reason"]) == ("RUNNING", "PENDING", "NODE_FAIL")
+    assert last["detail"] == "node01 stopped answering"
 
 
 def test_failed_transaction_changes_nothing(store):
