@@ -107,6 +107,10 @@ class Controller(NodeReports, SchedulingPass, Launching):
             completing = self.jobs.in_phase(JobPhase.COMPLETING)
         for job in completing:  # a stop asked before a restart
             self._send_signal(job, 0)
+        try:
+            self.prime()
+        except Exception:   # (the first pass does it then)
+            log.exception("working out priorities at start failed")
         while not self._stopping.is_set():
             self._wake.wait(interval)
             self._wake.clear()

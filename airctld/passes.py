@@ -38,6 +38,18 @@ class SchedulingPass:
                 out.append((job.phase, job.result))
         return out
 
+    def _capacity(self) -> tuple[int, int]:
+        return sum(len(n.gpus) for n in self.nodes.values()), sum(n.cpus for n in self.nodes.values())
+
+    def prime(self) -> None:
+        """Every job's priority worked out once, at start, before the first pass: filling the priority
+        cache is the dearest part of a pass, so the first pass then costs what any later one does."""
+        with self._lock:
+            pending, held, active = self.jobs.schedulable(), self.jobs.held(), self.jobs.active()
+            capacity = self._capacity()
+        if pending or held or active:
+            self.planner.inputs(pending, held, active, self.accounting, capacity, self.clock(), self._dep_states)
+
     def _schedule(self, now: float) -> None:
         """Snapshot under the lock, plan without it, apply what still holds under it.
 
@@ -79,7 +91,7 @@ class SchedulingPass:
             active = self.jobs.active()
             nodes = [evolve(n, state=NodeState.DOWN) if n.name in self.suspect else n for n in self.nodes.values()]
             free = scheduler.free_resources(nodes, active, self.switches, self.planner.gpu_memo)
-            capacity = (sum(len(n.gpus) for n in self.nodes.values()), sum(n.cpus for n in self.nodes.values()))
+            capacity = self._capacity()
             stopped_at, holds = dict(self._stopped_at), dict(self._holds)
             preempted_before = {p: frozenset(v) for p, v in self._preempted.items()}
         # planned from the snapshot alone: requests change the job table meanwhile (dependencies on jobs

@@ -8,9 +8,10 @@
    with running jobs that have time limits, and the queue is a mix of 1- to 64-node jobs,
    so every pass makes reservations and backfills. Best of three passes on fresh copies, three
    ways: with the code of commit REV (--before, its airctld and protos taken from git and run in a
-   child process), then with this tree's first pass (its priority cache empty, as after a start),
-   and with this tree's pass 10 s of cluster time after another (the cache warm, as in a running
-   controller); every measured pass is at the same cluster time. `--sizes 10000x100000` picks sizes.
+   child process), then with this tree's pass with its priority cache empty (what filling it costs,
+   which a controller does once as it starts, before its first pass: airctld/passes.py prime), and
+   with this tree's pass 10 s of cluster time after another (the cache warm, as in a running
+   controller and in its first pass); every measured pass is at the same cluster time. `--sizes 10000x100000` picks sizes.
 2. GPU utilisation over a simulated day of a mixed trace (1- to 64-node jobs, runtimes from
    minutes to hours, time limits above the runtimes, 5% of them in a QOS that preempts the rest)
    on 256 nodes, with and without backfill, with this scheduler and with the one of commit REV

@@ -234,3 +234,16 @@ def test_step_numbers_go_on_after_a_restart(make):
     assert c.create_step(spec, ROOT).step_id == 2
     assert c.store._rows("SELECT step_id, command FROM steps WHERE job_id = ?", [job_id]) == [
         (0, "python train.py"), (1, "python train.py"), (2, "python train.py")]
+
+
+def test_a_started_controller_works_priorities_out_before_its_first_pass(make):
+    """The priority cache's first fill is the dearest part of a pass: a controller does it once as it
+    starts, so its first pass costs what a later one does (bench/bench_scheduler.py's later pass)."""
+    build, clock = make
+    c = build()
+    ids = [c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=k == 0), ROOT)[0] for k in range(3)]
+    c.stop()
+    c = build()
+    assert c.planner.priorities._rows == {}
+    c.prime()
+    assert sorted(c.planner.priorities._rows) == ids   # pending and held alike
