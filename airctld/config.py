@@ -139,10 +139,13 @@ class QosConfig:
     preempt: tuple = ()       # QOS names whose running jobs this one may preempt
     users: tuple = ()         # who may use it (user names, @group), besides operators
     accounts: tuple = ()      # jobs of these accounts may use it
-    # open to everyone when neither list is set, but a QOS that preempts others: operators only
+    # open to everyone when neither list is set, but a QOS that preempts others (not the default
+    # QOS): operators only
 
-    def open_to_all(self) -> bool:
-        return not self.users and not self.accounts and not self.preempt
+    def open_to_all(self, default: bool = False) -> bool:
+        """Open to every user: it names no one, and preempts nothing (or is the default QOS, which
+        every job without --qos is in)."""
+        return not self.users and not self.accounts and (not self.preempt or default)
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,10 @@ def parse(data: dict) -> Config:
             raise ConfigError(f"[[qos]] {q.name} preempt names {unknown[0]!r}, which no [[qos]] defines")
     _check_preempt_cycles(qos)
     account_names = {a.name for a in accounts}
+    for q in qos:   # (a QOS for accounts that do not exist would be open to whoever names one)
+        unknown = [a for a in q.accounts if a not in account_names]
+        if unknown:
+            raise ConfigError(f"[[qos]] {q.name} accounts names {unknown[0]!r}, which no [[accounts]] defines")
     for p in partitions:
         unknown = [a for a in p.accounts if a not in account_names]
         if unknown:

@@ -15,6 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
+import hostlist
+
 from airctld import arrays, deps, events, scheduler, steps
 from airctld.accounting import Accounting
 from airctld.config import Config
@@ -55,8 +57,9 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._launching: set[int] = set()
         now = clock()
         self.jobs = JobTable(store.load_jobs(now - config.controller.min_job_age_s))
-        # running job -> its last step's number (steps are numbered on, across restarts)
-        self._step_ids: dict[int, int] = store.last_step_ids(j.job_id for j in self.jobs.active())
+        # job -> its last step's number (steps are numbered on, across runs and restarts; from the store
+        # the first time a job asks after a start)
+        self._step_ids: dict[int, int] = {}
         self._dirty = True   # something changed that may let a pending job start
         stored = {n.name: n for n in store.load_nodes()}
         self.nodes: dict[str, Node] = {}
@@ -82,8 +85,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self.fence_wait: dict[int, dict[str, float]] = {}
         cc = config.controller
         gone_by = now + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s
-        for job in self.jobs.schedulable():   # after a restart: a requeued job's last run may be alive anywhere
-            if job.restart_count:
+        for job in [*self.jobs.schedulable(), *self.jobs.held()]:   # after a restart: a requeued job's last
+            if job.restart_count:                                      # run may be alive anywhere (held too)
                 self.fence_wait[job.job_id] = {n: gone_by for n in self.nodes}
         self._last_pass = 0.0
         self._due = float("inf")   # when a pending job's --begin time comes
@@ -379,10 +382,13 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 raise Conflict(f"airrun of run {caller_run} of job {job.job_id}, which is on run "
                                f"{job.restart_count} now: a stale run starts no step")
             nodes, world = steps.layout(job, spec, addresses)
-            step_id = self._step_ids.get(job.job_id, -1) + 1
+            if job.job_id not in self._step_ids:
+                self._step_ids[job.job_id] = self.store.last_step_ids([job.job_id]).get(job.job_id, -1)
+            step_id = self._step_ids[job.job_id] + 1
             with self.store.transaction():   # numbered once, for good, before any node hears of it
                 self.store.add_step(job.job_id, step_id, job.restart_count, self.clock(),
-                                    ",".join(n.node for n in nodes), world, shlex.join(spec.argv)[:1024])
+                                    hostlist.collect_hostlist([n.node for n in nodes]), world,
+                                    shlex.join(spec.argv)[:1024])
             self._step_ids[job.job_id] = step_id
         step = pb.Step(job_id=job.job_id, step_id=step_id, run=job.restart_count, uid=job.uid, gid=job.gid,
                        world_size=world,

@@ -68,9 +68,11 @@ class Policy:
 
     def check_qos(self, who: Identity, qos, account: str) -> None:
         """Whether the user may submit in the QOS, charging `account`: operators always; others where
-        the QOS is open to all, names them (or a group of theirs), or names the account. A QOS that
-        preempts others is never open to all: it must say who may use it."""
-        if qos.open_to_all() or self.is_operator(who) or _member(who, qos.users) or account in qos.accounts:
+        the QOS is open to all, names them (or a group of theirs), or names the account (one they
+        belong to: the caller checked it). A QOS that preempts others, but the default QOS, is never
+        open to all: it must say who may use it."""
+        default = qos.name == self.config.scheduler.default_qos
+        if qos.open_to_all(default) or self.is_operator(who) or _member(who, qos.users) or account in qos.accounts:
             return
         raise Denied(f"user {user_name(who.uid)} may not use QOS {qos.name}"
                      + (f" with account {account}" if qos.accounts else "") + "; ask an administrator")

@@ -80,7 +80,8 @@ def may_preempt(job: Job, victim: Job, limits: Limits, priority: Mapping[int, in
 
 
 def place_holds(order: list[Job], holds: Mapping[int, Iterable[str]], blocked: Mapping[int, Reason],
-                 partitions: Mapping[str, PartitionConfig], state: _Pass, plan: Plan) -> dict[int, Reservation]:
+                 partitions: Mapping[str, PartitionConfig], state: _Pass, plan: Plan,
+                 not_before: Mapping[int, float]) -> dict[int, Reservation]:
     """Reservations, made before any job is looked at, for each pending preemptor on the nodes held
     for it (its victims' and the free ones it counted): no other job, of any priority, takes them
     before it starts. When too few of them are left, it is reserved the earliest nodes elsewhere,
@@ -96,9 +97,10 @@ def place_holds(order: list[Job], holds: Mapping[int, Iterable[str]], blocked: M
         if part is None or not part.up or (part.accounts and (job.request.account or "default") not in part.accounts) \
                 or state.over_limit(job) is not None:
             continue
-        res = state.reserve(job, job.partition, only=nodes)
+        later = not_before.get(job.job_id, 0.0)   # (requeued: not before its fence)
+        res = state.reserve(job, job.partition, only=nodes, not_before=later)
         if res is None:   # too few of its nodes are left: the earliest anywhere, still ahead of the queue
-            res = state.reserve(job, job.partition)
+            res = state.reserve(job, job.partition, not_before=later)
         if res is not None:
             out[job.job_id] = res
             plan.reservations.append(res)

@@ -509,7 +509,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     waiting = plan.waiting
     stalled: set[str] = set()   # partitions where no later job may start
     order = list(pending) if in_order else pass_order(pending, priority)
-    held_for = place_holds(order, holds or {}, blocked, partitions, state, plan)
+    held_for = place_holds(order, holds or {}, blocked, partitions, state, plan, not_before)
     reserved: dict[str, int] = {}   # reservations made, by group of partitions sharing nodes
     deadline = timer() + max_pass_s if timer is not None and max_pass_s > 0 else None
     for k, job in enumerate(order):
@@ -588,7 +588,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
                 plan.reservations.append(state.hold(job, nodes, now + preempt_grace_s))
             else:
                 above = [v for v in preemptable if (v.request.qos or limits.default_qos) in qos.preempt
-                         and v.job_id not in {c.job_id for c in candidates}]
+                         and v.job_id not in {c.job_id for c in candidates} and v.job_id not in before]
                 if above:
                     v = max(above, key=lambda v: rank(v, limits, priority))
                     plan.details[job_id] = (f"may not preempt job {v.job_id}: it ranks higher (priority "

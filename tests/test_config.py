@@ -68,7 +68,7 @@ def test_who_may_use_a_qos():
     from airctld.errors import Denied
     from airctld.policy import Policy
     from protos.credential import Identity
-    cfg = parse({**GOOD,
+    cfg = parse({**GOOD, "accounts": [{"name": "ml"}, {"name": "bio"}],
                  "qos": [{"name": "normal"}, {"name": "team", "users": ["nobody"]},
                          {"name": "urgent", "preempt": ["normal"]},
                          {"name": "paid", "preempt": ["normal"], "accounts": ["ml"]}]})
@@ -86,3 +86,15 @@ def test_who_may_use_a_qos():
     assert allowed == {("normal", "ml"): True, ("normal", "bio"): True, ("team", "ml"): True,
                        ("team", "bio"): True, ("urgent", "ml"): False, ("urgent", "bio"): False,
                        ("paid", "ml"): True, ("paid", "bio"): False}
+
+
+def test_a_default_qos_that_preempts_stays_open_and_a_qos_names_only_real_accounts():
+    import pwd
+    from airctld.policy import Policy
+    from protos.credential import Identity
+    cfg = parse({**GOOD, "scheduler": {"default_qos": "normal"},
+                 "qos": [{"name": "normal", "preempt": ["scavenger"]}, {"name": "scavenger"}]})
+    nobody = pwd.getpwnam("nobody")
+    Policy(cfg).check_qos(Identity(nobody.pw_uid, nobody.pw_gid), cfg.qos_named("normal"), "default")
+    with pytest.raises(ConfigError, match="accounts names 'ml', which no"):
+        parse({**GOOD, "qos": [{"name": "normal"}, {"name": "paid", "preempt": ["normal"], "accounts": ["ml"]}]})

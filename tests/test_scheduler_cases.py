@@ -167,7 +167,7 @@ def test_a_preemptor_never_preempts_the_same_job_twice():
     victim = _running(9, "n1", qos="normal", limit=10 * HOUR)
     plan = _plan(_nodes(["n1"]), [_job(1, qos="high")], [victim], now=60, limits=QOS, priority={1: 500, 9: 100},
                  preempted={1: {9}})
-    assert plan.preempt == {} and plan.holds == {}
+    assert plan.preempt == {} and plan.holds == {} and 1 not in plan.details   # (it does not outrank it: no)
     # another preemptor may still take it, and job 1 may take another victim
     plan = _plan(_nodes(["n1"]), [_job(2, qos="high")], [victim], now=60, limits=QOS, priority={2: 500, 9: 100},
                  preempted={1: {9}})
@@ -207,3 +207,25 @@ def test_a_requeued_job_waiting_for_its_fence_keeps_its_place():
     # without a fence it starts at once
     plan = _plan(_nodes(["n1"]), pending, now=0, priority={1: 30, 3: 20, 4: 10})
     assert [s for s, _ in plan.starts] == [1]
+
+
+def test_a_preemptor_in_a_partition_closed_to_it_keeps_no_node_idle():
+    # its partition now refuses its account: it holds nothing, and the node goes to job 2 (in a
+    # partition open to it over the same nodes)
+    free = scheduler.free_resources(_nodes(), [])
+    parts = {"p": PartitionConfig("p", ("n1", "n2"), accounts=("other",)), "q": PartitionConfig("q", ("n1", "n2"))}
+    preemptor = _job(1, qos="high")
+    mine = Job(**{**_job(2).__dict__, "partition": "q"})
+    plan = scheduler.schedule([preemptor, mine], free, parts, now=0, limits=QOS, priority={1: 10, 2: 900},
+                              holds={1: ("n1",)})
+    assert [s for s, _ in plan.starts] == [2] and plan.starts[0][1][0].node == "n1"
+
+
+def test_a_fenced_preemptor_neither_preempts_nor_holds_before_its_fence():
+    victim = _running(9, "n1", qos="normal", limit=10 * HOUR)
+    plan = _plan(_nodes(["n1"]), [_job(1, qos="high")], [victim], now=60, limits=QOS, priority={1: 500, 9: 100},
+                 not_before={1: 600})
+    assert plan.preempt == {} and plan.estimate()[1].start == 10 * HOUR   # after its victim-to-be ends
+    plan = _plan(_nodes(["n1", "n2"]), [_job(1, qos="high"), _job(2, limit=60)], [], now=0, limits=QOS,
+                 priority={1: 500, 2: 100}, holds={1: ("n1",)}, not_before={1: 120})
+    assert plan.estimate()[1].start == 120 and [s for s, _ in plan.starts] == [2]

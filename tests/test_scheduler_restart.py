@@ -234,6 +234,15 @@ def test_step_numbers_go_on_after_a_restart(make):
     assert c.create_step(spec, ROOT).step_id == 2
     assert c.store._rows("SELECT step_id, command FROM steps WHERE job_id = ?", [job_id]) == [
         (0, "python train.py"), (1, "python train.py"), (2, "python train.py")]
+    # requeued (its node was lost), a restart while it waits, then its next run's steps go on too
+    job = c.jobs.get(job_id)
+    c._commit([(job, events.requeued(job, clock.now, Reason.NODE_FAIL))], clock.now, 0)
+    c.stop()
+    c = build()
+    c.clients = type("Nodes", (), {"prepare_step": lambda self, address, step: pb.PrepareStepReply(free_port=1)})()
+    job = c.jobs.get(job_id)
+    c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0,), 1),)))], clock.now, 0)
+    assert c.create_step(spec, ROOT).step_id == 3
 
 
 def test_a_started_controller_works_priorities_out_before_its_first_pass(make):
@@ -247,3 +256,18 @@ def test_a_started_controller_works_priorities_out_before_its_first_pass(make):
     assert c.planner.priorities._rows == {}
     c.prime()
     assert sorted(c.planner.priorities._rows) == ids   # pending and held alike
+
+
+def test_a_requeued_job_held_across_a_restart_still_waits_for_its_fence(make):
+    """Its last run may still be alive on a node that has not fenced itself yet: releasing it after
+    the restart does not let it start before that node's fence time."""
+    build, clock = make
+    c = build()
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp"), ROOT)
+    job = c.jobs.get(job_id)
+    started = c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0,), 1),)))], clock.now, 0)[0]
+    requeued = c._commit([(started, events.requeued(started, clock.now, Reason.NODE_FAIL))], clock.now, 0)[0]
+    c._commit([(requeued, events.held(requeued, True))], clock.now, 0)
+    c.stop()
+    c = build()
+    assert job_id in c.fence_wait
