@@ -21,6 +21,7 @@ name = "high"
 priority = 10
 preempt = ["normal"]
 EOF
+echo "users = [\"$(id -un)\"]   # who may use QOS high (a QOS that preempts names its users)" >> "$dir/qos.toml"
 aircontrol local up --nodes 2 --gpus-per-node 4 --dir "$dir/cluster" --base-address 127.0.0.1 \
     --extra-config "$dir/qos.toml"
 export AIR_CONF="$dir/cluster/air.toml"
