@@ -72,11 +72,12 @@ def test_preemption_requeues_or_ends_the_victims_and_starts_the_preemptor_within
 def test_dependency_chain_runs_in_order_and_a_broken_one_says_so(cluster):
     log = cluster.work / "chain.log"
     steps = []
-    for i in range(3):
-        script = cluster.write_script(f"chain{i}.sh", f"#!/bin/sh\nsleep 0.5\necho {i} >> {log}\n")
+    for i in range(3):   # the first runs long enough that the last is surely submitted before it ends
+        script = cluster.write_script(f"chain{i}.sh", f"#!/bin/sh\nsleep {5 if i == 0 else 0.5}\necho {i} >> {log}\n")
         after = ["--dependency", f"afterok:{steps[-1]}"] if steps else []
         steps.append(cluster.submit(script, *after))
-    assert cluster.job(steps[2])["reason"] == "Dependency" or cluster.job(steps[2])["state"] != "COMPLETED"
+    wait_for(lambda: cluster.job(steps[2])["reason"] == "Dependency", timeout=5, what="the last to wait, saying why")
+    assert cluster.job(steps[0])["state"] == "RUNNING"
     cluster.wait_state(steps[2], "COMPLETED", timeout=30)
     assert log.read_text().split() == ["0", "1", "2"]
     fails = cluster.submit(cluster.write_script("fails.sh", "#!/bin/sh\nexit 3\n"))
