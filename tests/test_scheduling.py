@@ -77,7 +77,6 @@ def test_dependency_chain_runs_in_order_and_a_broken_one_says_so(cluster):
         after = ["--dependency", f"afterok:{steps[-1]}"] if steps else []
         steps.append(cluster.submit(script, *after))
     wait_for(lambda: cluster.job(steps[2])["reason"] == "Dependency", timeout=5, what="the last to wait, saying why")
-    assert cluster.job(steps[0])["state"] == "RUNNING"
     cluster.wait_state(steps[2], "COMPLETED", timeout=30)
     assert log.read_text().split() == ["0", "1", "2"]
     fails = cluster.submit(cluster.write_script("fails.sh", "#!/bin/sh\nexit 3\n"))
