@@ -41,11 +41,7 @@ def held(slots: list[Slot], node: str, t: int) -> tuple[int, int]:
 def room_from(cap: dict[str, tuple[int, int]], slots: list[Slot], node: str, gpus: int, cpus: int,
               t: int, horizon: int) -> bool:
     """Whether the node has room for gpus and cpus at every moment from t on."""
-    for moment in range(t, horizon + 1):
-        g, c = held(slots, node, moment)
-        if g + gpus > cap[node][0] or c + cpus > cap[node][1]:
-            return False
-    return True
+    return room_during(cap, slots, node, gpus, cpus, t, None, horizon)
 
 
 def room_during(cap: dict[str, tuple[int, int]], slots: list[Slot], node: str, gpus: int, cpus: int,
