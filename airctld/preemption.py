@@ -3,11 +3,9 @@ preemptor takes (victims) and on which nodes it will start, and the holds on tho
 ahead of every other job at the start of each pass until the preemptor starts."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
-from airctld.config import PartitionConfig
 from airctld.model import Job
-from protos.states import Reason
 
 if TYPE_CHECKING:
     from airctld.scheduler import Limits, Plan, Reservation, _Pass
@@ -79,23 +77,18 @@ def may_preempt(job: Job, victim: Job, limits: Limits, priority: Mapping[int, in
     return rank(job, limits, priority) > rank(victim, limits, priority)
 
 
-def place_holds(order: list[Job], holds: Mapping[int, Iterable[str]], blocked: Mapping[int, Reason],
-                 partitions: Mapping[str, PartitionConfig], state: _Pass, plan: Plan,
-                 not_before: Mapping[int, float]) -> dict[int, Reservation]:
+def place_holds(order: list[Job], holds: Mapping[int, Iterable[str]], held_back: Callable[[Job], bool],
+                state: _Pass, plan: Plan, not_before: Mapping[int, float]) -> dict[int, Reservation]:
     """Reservations, made before any job is looked at, for each pending preemptor on the nodes held
     for it (its victims' and the free ones it counted): no other job, of any priority, takes them
     before it starts. When too few of them are left, it is reserved the earliest nodes elsewhere,
-    still ahead of every other job. A preemptor that cannot start now whatever the nodes (held,
-    waiting for a dependency, its partition down or closed to its account, over a limit) holds
-    nothing this pass: nodes are never kept idle for a job that could not use them."""
+    still ahead of every other job. A preemptor that cannot start now whatever the nodes
+    (`held_back`: held, waiting for a dependency, its partition down or closed to its account, over
+    a limit) holds nothing this pass: nodes are never kept idle for a job that could not use them."""
     out = {}
     for job in (order if holds else ()):
         nodes = holds.get(job.job_id)
-        if nodes is None or job.hold or job.job_id in blocked:
-            continue
-        part = partitions.get(job.partition)
-        if part is None or not part.up or (part.accounts and (job.request.account or "default") not in part.accounts) \
-                or state.over_limit(job) is not None:
+        if nodes is None or held_back(job):
             continue
         later = not_before.get(job.job_id, 0.0)   # (requeued: not before its fence)
         res = state.reserve(job, job.partition, only=nodes, not_before=later)

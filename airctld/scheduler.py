@@ -509,7 +509,8 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
     waiting = plan.waiting
     stalled: set[str] = set()   # partitions where no later job may start
     order = list(pending) if in_order else pass_order(pending, priority)
-    held_for = place_holds(order, holds or {}, blocked, partitions, state, plan, not_before)
+    held_for = place_holds(order, holds or {}, lambda j: _held_back(j, blocked, partitions, state) is not None,
+                           state, plan, not_before)
     reserved: dict[str, int] = {}   # reservations made, by group of partitions sharing nodes
     deadline = timer() + max_pass_s if timer is not None and max_pass_s > 0 else None
     for k, job in enumerate(order):
