@@ -383,7 +383,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
                                f"{job.restart_count} now: a stale run starts no step")
             nodes, world = steps.layout(job, spec, addresses)
             if job.job_id not in self._step_ids:
-                self._step_ids[job.job_id] = self.store.last_step_ids([job.job_id]).get(job.job_id, -1)
+                self._step_ids[job.job_id] = self.store.last_step_id(job.job_id)
             step_id = self._step_ids[job.job_id] + 1
             with self.store.transaction():   # numbered once, for good, before any node hears of it
                 self.store.add_step(job.job_id, step_id, job.restart_count, self.clock(),

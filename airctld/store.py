@@ -301,14 +301,10 @@ class Store:
         self.db.conn.execute("INSERT INTO steps (job_id, step_id, run, created, nodes, ntasks, command) "
                              "VALUES (?, ?, ?, ?, ?, ?, ?)", (job_id, step_id, run, created, nodes, ntasks, command))
 
-    def last_step_ids(self, job_ids: Iterable[int]) -> dict[int, int]:
-        """job_id -> the highest step number it was given, for those of the jobs that have steps."""
-        out = {}
-        for job_id in job_ids:
-            (last,), = self._rows("SELECT MAX(step_id) FROM steps WHERE job_id = ?", [job_id])
-            if last is not None:
-                out[job_id] = last
-        return out
+    def last_step_id(self, job_id: int) -> int:
+        """The highest step number the job was given; -1 if it has had no step."""
+        (last,), = self._rows("SELECT MAX(step_id) FROM steps WHERE job_id = ?", [job_id])
+        return -1 if last is None else last
 
     def add_preemptions(self, pairs: Iterable[tuple[int, int]]) -> None:
         """(preemptor, victim) pairs, kept while the preemptor has not ended."""
