@@ -50,6 +50,7 @@ class ControllerConfig:
     max_name_chars: int = 256            # job, account, QOS, partition names
     max_report_bytes: int = 64 * 1024    # one progress report of a rank
     max_steps_per_user: int = 16         # airrun streams one user may hold open on one node
+    max_steps_per_job: int = 40_000      # steps one job may start, all its runs together (Slurm's MaxStepCount)
 
     @property
     def fence_after_s(self) -> float:
@@ -228,7 +229,8 @@ def parse(data: dict) -> Config:
     if ":" not in controller.address:
         raise ConfigError(f"[controller] address = {controller.address!r}: give host:port")
     for key in ("heartbeat_interval_s", "node_timeout_s", "max_tasks_per_node", "max_array_tasks",
-                "max_dependencies", "max_name_chars", "max_report_bytes", "max_steps_per_user"):
+                "max_dependencies", "max_name_chars", "max_report_bytes", "max_steps_per_user",
+                "max_steps_per_job"):
         if getattr(controller, key) <= 0:
             raise ConfigError(f"[controller] {key} = {getattr(controller, key)!r}: must be above 0")
     if controller.node_timeout_s <= controller.heartbeat_interval_s:

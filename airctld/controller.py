@@ -385,6 +385,9 @@ class Controller(NodeReports, SchedulingPass, Launching):
             if job.job_id not in self._step_ids:
                 self._step_ids[job.job_id] = self.store.last_step_id(job.job_id)
             step_id = self._step_ids[job.job_id] + 1
+            if step_id >= self.config.controller.max_steps_per_job:   # each is a row kept with the job
+                raise Conflict(f"job {job.job_id} has started {step_id} steps, its limit "
+                               f"(max_steps_per_job = {self.config.controller.max_steps_per_job})")
             with self.store.transaction():   # numbered once, for good, before any node hears of it
                 self.store.add_step(job.job_id, step_id, job.restart_count, self.clock(),
                                     hostlist.collect_hostlist([n.node for n in nodes]), world,

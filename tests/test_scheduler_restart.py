@@ -271,3 +271,22 @@ def test_a_requeued_job_held_across_a_restart_still_waits_for_its_fence(make):
     c.stop()
     c = build()
     assert job_id in c.fence_wait
+
+
+def test_a_job_may_start_only_so_many_steps(make, tmp_path):
+    """Each step is a row kept with the job: a loop of airrun calls stops at max_steps_per_job."""
+    from airctld.errors import Conflict
+    build, clock = make
+    c = build()
+    c.config = cfg.parse({"controller": {"auth": "none", "state_dir": str(tmp_path), "max_steps_per_job": 2},
+                          "nodes": [{"name": "n1", "address": "127.0.0.9", "gpus": "sim:4"}],
+                          "partitions": [{"name": "p", "nodes": "n1", "default": True}]})
+    c.clients = type("Nodes", (), {"prepare_step": lambda self, address, step: pb.PrepareStepReply(free_port=1)})()
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp"), ROOT)
+    job = c.jobs.get(job_id)
+    c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0,), 1),)))], clock.now, 0)
+    spec = pb.StepSpec(job_id=job_id, argv=["true"])
+    assert [c.create_step(spec, ROOT).step_id for _ in range(2)] == [0, 1]
+    with pytest.raises(Conflict, match="has started 2 steps, its limit"):
+        c.create_step(spec, ROOT)
+    assert c.store.last_step_id(job_id) == 1
