@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 BIN = Path(sys.executable).parent
 
 
@@ -88,6 +90,35 @@ class LocalCluster:
         os.kill(pid, sig)
         _reap(pid)
         return pid
+
+    def crash_host(self, index: int, job_ids: list[int]) -> None:
+        """What a host crash does to these jobs on node0<index+1>: its daemon, their processes there and
+        the shepherds that watch them all die at once (SIGKILL), so nothing there can say how the runs
+        ended. Scans again until no such process is left (a rank may be starting as the scan runs)."""
+        name, wanted = f"node{index + 1:02d}", {str(j) for j in job_ids}
+        self.kill_node(index)
+        deadline = time.monotonic() + 10
+        while True:
+            victims = set()
+            for p in psutil.process_iter():
+                try:
+                    env = p.environ()
+                    if env.get("AIR_NODENAME") == name and env.get("AIR_JOB_ID") in wanted:
+                        victims.add(p)
+                        parent = p.parent()
+                        if parent is not None and "shepherd.py" in " ".join(parent.cmdline()):
+                            victims.add(parent)
+                except (psutil.Error, OSError):
+                    continue
+            if not victims:
+                return
+            assert time.monotonic() < deadline, f"processes of jobs {sorted(wanted)} on {name} outlive SIGKILL"
+            for p in victims:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(list(victims), timeout=2)
 
     def start_node(self, index: int) -> int:
         """Start node0<index+1>'s daemon again (after kill_node), as its unit would."""

@@ -2,6 +2,8 @@ import pytest
 
 from cluster import LocalCluster
 
+LOG_LINES = 40   # of each daemon's log, shown under a failed test that used a cluster
+
 
 @pytest.fixture(scope="module")
 def cluster(request):
@@ -10,3 +12,20 @@ def cluster(request):
     c = LocalCluster(base, node_timeout=getattr(request.module, "NODE_TIMEOUT", 6.0)).up()
     yield c
     c.down()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used a cluster shows the end of each daemon's log: on a CI machine the
+    cluster's folder is gone by the time anyone looks."""
+    outcome = yield
+    report = outcome.get_result()
+    c = item.funcargs.get("cluster") if hasattr(item, "funcargs") else None
+    if not report.failed or not isinstance(c, LocalCluster):
+        return
+    for log in sorted((c.dir / "log").glob("*.log")):
+        try:
+            lines = log.read_text(errors="replace").splitlines()[-LOG_LINES:]
+        except OSError as e:
+            lines = [f"(unreadable: {e})"]
+        report.sections.append((f"{log.name} (last {LOG_LINES} lines)", "\n".join(lines)))

@@ -107,12 +107,7 @@ def test_a_host_crash_during_a_step_requeues_the_job(cluster):
     job_id = cluster.submit(script, "-N", "2", "--gpus-per-node=1", "--ntasks-per-node=1")
     cluster.wait_state(job_id, "RUNNING")
     wait_for(lambda: len(_pids_of(job_id)) >= 3, what="the step to run")
-    victims = [psutil.Process(pid) for pid in _pids_of(job_id)
-               if psutil.Process(pid).environ().get("AIR_NODENAME") == "node01"]
-    victims += [p.parent() for p in victims if "shepherd.py" in " ".join(p.parent().cmdline())]
-    cluster.kill_node(0)
-    for p in victims:
-        p.kill()
+    cluster.crash_host(0, [job_id])
     cluster.start_node(0)
     job = cluster.wait_state(job_id, "COMPLETED", timeout=30)
     assert job["restart_count"] == 1 and job["last_stop_reason"] in ("JobLost", "NodeFail")
