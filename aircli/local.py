@@ -136,7 +136,12 @@ def _alive(pid: int) -> bool:
     try:  # a zombie child of this process counts as gone
         return os.waitpid(pid, os.WNOHANG) == (0, 0)
     except ChildProcessError:
-        return True
+        pass
+    try:  # and so does another process's zombie (a daemon a test restarted ends as its child)
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def down(directory: Path, wait_s: float = 10.0) -> int:
