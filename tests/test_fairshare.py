@@ -78,7 +78,7 @@ def test_priority_is_the_weighted_sum_of_factors():
 
 def test_shares_three_to_one_converge_to_gpu_hours_three_to_one():
     day = 86400.0
-    days = 10
+    days = 4   # the ratio is within 2% of 3:1 by then (the simulation is deterministic)
     trace = []
     job_id = 1
     runtimes = [3600, 5400, 7200, 9000, 4500]   # staggered, so nodes free up at different passes
