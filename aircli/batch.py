@@ -8,6 +8,8 @@ import click
 from aircli.client import CliError, entry
 from aircli.options import OPTIONS, OptionError, export_environment, from_environment, parse_directives
 
+SUBMIT_LINE_CHARS = 4096   # as airctld keeps it (validate.MAX_SUBMIT_LINE)
+
 
 def _read_script(path: str) -> str:
     try:
@@ -61,6 +63,14 @@ def _params() -> list[click.Parameter]:
     return params
 
 
+def submit_line() -> str:
+    """The command as typed, for history (SubmitLine); cut to what the controller keeps."""
+    import shlex
+    import sys
+    line = shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:])
+    return line if len(line) <= SUBMIT_LINE_CHARS else line[:SUBMIT_LINE_CHARS - 3] + "..."
+
+
 def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
     if wrap is not None:
         if script:
@@ -99,7 +109,8 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         array=values.get("array", ""), begin_time=values.get("begin", 0.0),
         mem_per_node_mb=values.get("mem", 0), mem_per_gpu_mb=values.get("mem_per_gpu", 0),
         hang_timeout_s=values.get("hang_timeout", 0),
-        no_requeue=bool(values.get("no_requeue")) and not values.get("requeue"), retries=values.get("retries", 0))
+        no_requeue=bool(values.get("no_requeue")) and not values.get("requeue"), retries=values.get("retries", 0),
+        submit_line=submit_line())
     if "switches" in values:
         req.switches, req.switches_wait_s = values["switches"]
     if "signal" in values:

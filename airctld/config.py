@@ -51,6 +51,7 @@ class ControllerConfig:
     max_report_bytes: int = 64 * 1024    # one progress report of a rank
     max_steps_per_user: int = 16         # airrun streams one user may hold open on one node
     max_steps_per_job: int = 40_000      # steps one job may start, all its runs together (Slurm's MaxStepCount)
+    history_page_jobs: int = 2_000       # jobs in one reply of job history (airacct asks for the next page)
 
     @property
     def fence_after_s(self) -> float:
@@ -230,7 +231,7 @@ def parse(data: dict) -> Config:
         raise ConfigError(f"[controller] address = {controller.address!r}: give host:port")
     for key in ("heartbeat_interval_s", "node_timeout_s", "max_tasks_per_node", "max_array_tasks",
                 "max_dependencies", "max_name_chars", "max_report_bytes", "max_steps_per_user",
-                "max_steps_per_job"):
+                "max_steps_per_job", "history_page_jobs"):
         if getattr(controller, key) <= 0:
             raise ConfigError(f"[controller] {key} = {getattr(controller, key)!r}: must be above 0")
     if controller.node_timeout_s <= controller.heartbeat_interval_s:

@@ -195,8 +195,10 @@ class Controller(NodeReports, SchedulingPass, Launching):
             if len(tasks) > self.config.controller.max_array_tasks:
                 raise InvalidRequest(f"--array={req.array} makes {len(tasks)} tasks; the limit is "
                                      f"{self.config.controller.max_array_tasks} (max_array_tasks)")
-        if account != req.account or len(env) != len(req.environment) or throttle != req.array_max_running:
-            req = _amended(req, account, env, throttle)
+        qos = req.qos or self.config.scheduler.default_qos   # recorded: history shows the QOS it ran under
+        if account != req.account or len(env) != len(req.environment) or throttle != req.array_max_running \
+                or qos != req.qos:
+            req = _amended(req, account, qos, env, throttle)
         job = Job(job_id=0, uid=who.uid, gid=who.gid, user=user_name(who.uid),
                   name=req.name or "batch", partition=part.name, num_nodes=nodes,
                   gpus_per_node=req.gpus_per_node, cpus_per_node=cpus, time_limit_s=limit,
@@ -450,6 +452,38 @@ class Controller(NodeReports, SchedulingPass, Launching):
         view.last_progress = self.last_progress.get(job_id, 0.0)
         return view
 
+    def history(self, req: pb.HistoryRequest, who: Identity) -> pb.HistoryReply:
+        """airacct: jobs from the store, one page at a time. A user sees their own jobs unless they ask
+        for others' (-u, -a, or job ids) and this cluster does not keep jobs private; root and operators
+        see everyone's by default. Never a script or environment; arguments, the submit line and step
+        commands only to a job's owner, root and operators."""
+        operator = self.policy.is_operator(who)
+        ask = pb.HistoryRequest()
+        ask.CopyFrom(req)
+        if not self.policy.sees_all(who):
+            if req.uids and who.uid not in req.uids:
+                return pb.HistoryReply()
+            ask.ClearField("uids")
+            ask.uids.append(who.uid)
+        elif not (req.uids or req.all_users or req.job_ids or req.array_tasks or operator):
+            ask.uids.append(who.uid)
+        page = self.config.controller.history_page_jobs
+        jobs, more = self.store.history(ask, min(req.max_jobs or page, page))
+        reply, size = pb.HistoryReply(truncated=more), 0
+        for i, entry in enumerate(jobs):
+            for name in ("script", "environment"):
+                entry.job.request.ClearField(name)
+            if entry.job.uid != who.uid and not operator:
+                _strip_private(entry.job)
+                for step in entry.steps:
+                    step.ClearField("command")
+            size += entry.ByteSize() + 8
+            if size > self.config.controller.max_message_bytes // 2 and i:   # the rest on the next page
+                reply.truncated = True
+                break
+            reply.jobs.append(entry)
+        return reply
+
     def pending_views(self, filt: pb.JobFilter, who: Identity) -> list[pb.PendingJob]:
         """airq --priority and --start: each pending job's factors and the last pass's estimate."""
         now = self.clock()
@@ -571,7 +605,7 @@ def _matches(job: Job, f: pb.JobFilter) -> bool:
 
 def _strip_private(view: pb.Job) -> None:
     """What only a job's owner, root and operators may read: the script, environment and arguments."""
-    for name in ("script", "environment", "argv"):
+    for name in ("script", "environment", "argv", "submit_line"):
         view.request.ClearField(name)
 
 
@@ -582,10 +616,11 @@ def _brief(job: Job) -> bytes:
     return p.SerializeToString()
 
 
-def _amended(req: pb.JobRequest, account: str, env: dict[str, str], throttle: int) -> pb.JobRequest:
+def _amended(req: pb.JobRequest, account: str, qos: str, env: dict[str, str], throttle: int) -> pb.JobRequest:
     out = pb.JobRequest()
     out.CopyFrom(req)
     out.account = account
+    out.qos = qos
     out.array_max_running = throttle
     out.environment.clear()
     out.environment.update(env)

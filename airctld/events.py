@@ -64,12 +64,14 @@ def exited(job: Job, now: float, exit_code: int, exit_signal: int, detail: str =
     return evolve(job, result=result, reason=reason, reason_detail=detail, **fields)
 
 
-def requeued(job: Job, now: float, reason: Reason, detail: str = "") -> Job:
-    """Back to the queue after a stop: the allocation is given up, the restart counted."""
+def requeued(job: Job, now: float, reason: Reason, detail: str = "", exit_code: int = 0,
+             exit_signal: int = 0) -> Job:
+    """Back to the queue after a stop: the allocation is given up, the restart counted. The exit of
+    the run that ended, where there was one, stays until the next run ends (history shows it)."""
     _require(job, JobPhase.RUNNING, JobPhase.COMPLETING, doing="requeue it")
     return evolve(job, phase=JobPhase.PENDING, result=JobResult.NONE, reason=Reason.NONE, reason_detail=detail,
                   allocation=(), start_time=0.0, end_time=0.0, restart_count=job.restart_count + 1,
-                  last_stop_reason=reason)
+                  last_stop_reason=reason, exit_code=exit_code, exit_signal=exit_signal)
 
 
 def launch_unanswered(job: Job, now: float, detail: str) -> Job:
@@ -113,19 +115,19 @@ def finished(job: Job, now: float, exit_code: int, exit_signal: int, detail: str
     """The batch script ended: back to the queue when a requeue was asked for, or when it failed on its
     own and has retries left (--retries); otherwise done."""
     if job.phase == JobPhase.COMPLETING and job.reason in REQUEUING and job.requeue_allowed:
-        return requeued(job, now, job.reason, job.reason_detail or "requeued on request")
+        return requeued(job, now, job.reason, job.reason_detail or "requeued on request", exit_code, exit_signal)
     if job.phase == JobPhase.RUNNING and exit_code == REQUEUE_EXIT and not exit_signal and job.requeue_allowed:
         # stopped cleanly for requeue on its own: at the time-limit warning (--signal), or told by a
         # signal the cluster did not send
         reason = Reason.TIME_LIMIT if warned else Reason.REQUEUE_REQUESTED
-        return requeued(job, now, reason, "checkpointed and stopped for requeue")
+        return requeued(job, now, reason, "checkpointed and stopped for requeue", exit_code)
     if job.phase == JobPhase.RUNNING and exit_code == NODE_LOST_EXIT and not exit_signal and job.requeue_allowed:
         # airrun lost a node of its step before the controller noticed the node was gone
-        return requeued(job, now, Reason.NODE_FAIL, "a node of the step stopped answering (airrun)")
+        return requeued(job, now, Reason.NODE_FAIL, "a node of the step stopped answering (airrun)", exit_code)
     done = exited(job, now, exit_code, exit_signal, detail, launch_failed, out_of_memory)
     if done.result == JobResult.FAILED and not launch_failed and job.restart_count < job.request.retries:
         return requeued(job, now, done.reason, f"exit {exit_code}:{exit_signal}; retry {job.restart_count + 1} "
-                                               f"of {job.request.retries}")
+                                               f"of {job.request.retries}", exit_code, exit_signal)
     return done
 
 

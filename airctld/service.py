@@ -87,6 +87,10 @@ class ControllerService:
         return pb.ReportsReply(reports=self.c.job_reports(request.job_id, who))
 
     @_handle
+    def History(self, request: pb.HistoryRequest, context, who):
+        return self.c.history(request, who)
+
+    @_handle
     def ListNodes(self, request, context, who):
         parts = [pb.Partition(name=p.name, nodes=p.nodes, default=p.default, up=p.up,
                               max_time_s=p.max_time_s, default_time_s=p.default_time_s)
@@ -181,6 +185,7 @@ def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
         "InjectFault": unary(cs.InjectFault, pb.FaultRequest.FromString, pb.FaultReply.SerializeToString),
         "GetNode": unary(cs.GetNode, pb.GetNodeRequest.FromString, pb.Node.SerializeToString),
         "Reports": unary(cs.Reports, pb.ReportsRequest.FromString, pb.ReportsReply.SerializeToString),
+        "History": unary(cs.History, pb.HistoryRequest.FromString, pb.HistoryReply.SerializeToString),
         "Pending": unary(cs.Pending, pb.JobFilter.FromString, pb.PendingReply.SerializeToString),
         "Shares": unary(cs.Shares, pb.SharesRequest.FromString, pb.SharesReply.SerializeToString),
         "UpdateAccount": unary(cs.UpdateAccount, pb.AccountRequest.FromString, pb.SharesReply.SerializeToString),

@@ -11,10 +11,12 @@ import contextlib
 import json
 import sqlite3
 import threading
+from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
 import sqlite_utils
 
+from airctld import history
 from airctld.errors import StoreFailed
 from airctld.fairshare import Assoc
 from airctld.model import Job, Node, NodeAlloc
@@ -109,8 +111,28 @@ def _migrate_9(db: sqlite_utils.Database) -> None:
                "PRIMARY KEY (job_id, step_id))")
 
 
+def _migrate_10(db: sqlite_utils.Database) -> None:
+    """Job history (airacct): the account and QOS of each job as columns to filter on, each earlier
+    run of a requeued job, and the indexes history's queries use (a user's or an account's jobs
+    that ended after a time)."""
+    db.execute("ALTER TABLE jobs ADD COLUMN account TEXT NOT NULL DEFAULT ''")
+    db.execute("ALTER TABLE jobs ADD COLUMN qos TEXT NOT NULL DEFAULT ''")
+    rows = db.execute("SELECT id, request FROM jobs").fetchall()
+    updates = []
+    for job_id, blob in rows:
+        req = pb.JobRequest.FromString(blob)
+        updates.append((req.account, req.qos, job_id))
+    db.conn.executemany("UPDATE jobs SET account = ?, qos = ? WHERE id = ?", updates)
+    db.execute("CREATE INDEX jobs_uid_end ON jobs (uid, end_time)")
+    db.execute("CREATE INDEX jobs_account_end ON jobs (account, end_time)")
+    db.execute("CREATE TABLE runs (job_id INTEGER NOT NULL, run INTEGER NOT NULL, start_time REAL NOT NULL, "
+               "end_time REAL NOT NULL, allocation TEXT NOT NULL, reason INTEGER NOT NULL, "
+               "detail TEXT NOT NULL, exit_code INTEGER NOT NULL, exit_signal INTEGER NOT NULL, "
+               "PRIMARY KEY (job_id, run))")
+
+
 MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5, _migrate_6, _migrate_7, _migrate_8,
-              _migrate_9]
+              _migrate_9, _migrate_10]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -125,6 +147,7 @@ def _failure(e: sqlite3.Error) -> str:
 class Store:
     def __init__(self, path: str):
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        self.path = path
         self.db = sqlite_utils.Database(conn)
         self._lock = threading.RLock()
         self._depth = 0
@@ -197,6 +220,34 @@ class Store:
             except sqlite3.Error:   # SQLite has rolled back by itself (it does on some I/O errors)
                 pass
 
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[sqlite3.Connection]:
+        """A read-only connection of its own, for long reads that must not hold the store's lock
+        (WAL: it sees the last commit and never blocks a writer). In memory: the one connection."""
+        if self.path == ":memory:":
+            with self._lock:
+                yield self.db.conn
+            return
+        conn = sqlite3.connect(Path(self.path).resolve().as_uri() + "?mode=ro", uri=True, timeout=30)
+        try:
+            conn.execute("BEGIN")   # one snapshot for the jobs and their details
+            yield conn
+        finally:
+            conn.close()
+
+    def history(self, req: pb.HistoryRequest, limit: int) -> tuple[list[pb.HistoryJob], bool]:
+        """Jobs for airacct (see airctld.history), each with its earlier runs, steps and canceller."""
+        with self.reader() as conn:
+            jobs, more = history.query(conn, req, ", ".join(_JOB_COLUMNS), _job_from_row, limit)
+            runs, steps, cancelled = history.details(conn, [j.job_id for j in jobs])
+        out = []
+        for job in jobs:
+            entry = pb.HistoryJob(job=job.to_proto(), runs=runs.get(job.job_id, ()), steps=steps.get(job.job_id, ()))
+            if job.job_id in cancelled:
+                entry.cancelled, entry.cancelled_by = True, cancelled[job.job_id]
+            out.append(entry)
+        return out, more
+
     def _rows(self, sql: str, params=()) -> list[tuple]:
         """A read, whole, under the store's lock: never in the middle of another thread's transaction
         (its writes not yet committed, or a rollback that would abort the read)."""
@@ -209,8 +260,9 @@ class Store:
         """Store a new job (its job_id is ignored) and return the id it was given."""
         row = _job_row(job)
         cur = self.db.execute(
-            f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) VALUES ({', '.join('?' * len(_JOB_COLUMNS))})",
-            [row[c] for c in _JOB_COLUMNS])
+            f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}, account, qos) "
+            f"VALUES ({', '.join('?' * (len(_JOB_COLUMNS) + 2))})",
+            [row[c] for c in _JOB_COLUMNS] + [job.request.account, job.request.qos])
         job_id = cur.lastrowid
         self._event(job_id, job.submit_time, "", long_state(job.phase, job.result), job.reason,
                     "submitted", who)
@@ -220,10 +272,14 @@ class Store:
         self.update_jobs([(old, new)], now, who)
 
     def update_jobs(self, changes: list[tuple[Job, Job]], now: float, who: int) -> None:
-        """Write jobs' new states, and an event row for each whose state changed."""
+        """Write jobs' new states, an event row for each whose state changed, and a run row for each
+        run that ended in a requeue (the job's row goes on with its next run)."""
         cols = [c for c in _JOB_COLUMNS if c != "request"]
-        rows, events = [], []
+        rows, events, runs = [], [], []
         for old, new in changes:
+            if new.restart_count > old.restart_count and old.start_time > 0:
+                runs.append((old.job_id, old.restart_count, old.start_time, now, _allocation_text(old),
+                             int(new.last_stop_reason), new.reason_detail, new.exit_code, new.exit_signal))
             row = _job_row(new, with_request=False)
             rows.append([row[c] for c in cols] + [new.job_id])
             old_state, new_state = long_state(old.phase, old.result), long_state(new.phase, new.result)
@@ -235,6 +291,8 @@ class Store:
         self.db.conn.executemany(f"UPDATE jobs SET {', '.join(c + ' = ?' for c in cols)} WHERE id = ?", rows)
         self.db.conn.executemany("INSERT INTO events (job_id, time, old_state, new_state, reason, detail, who) "
                                  "VALUES (?, ?, ?, ?, ?, ?, ?)", events)
+        self.db.conn.executemany("INSERT OR REPLACE INTO runs (job_id, run, start_time, end_time, allocation, "
+                                 "reason, detail, exit_code, exit_signal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
 
     def set_pending_reasons(self, changes: Iterable[tuple[int, Reason]]) -> None:
         """Pending reasons are display state: no event row for each scheduling pass."""
@@ -397,7 +455,7 @@ def _job_row(job: Job, with_request: bool = True) -> dict:
         "time_limit_s": job.time_limit_s, "submit_time": job.submit_time, "priority": job.priority,
         "phase": int(job.phase), "result": int(job.result), "reason": int(job.reason),
         "reason_detail": job.reason_detail, "hold": int(job.hold),
-        "allocation": json.dumps([[a.node, list(a.gpus), a.cpus] for a in job.allocation]) if job.allocation else "[]",
+        "allocation": _allocation_text(job),
         "start_time": job.start_time, "end_time": job.end_time, "exit_code": job.exit_code,
         "exit_signal": job.exit_signal, "restart_count": job.restart_count,
         "last_stop_reason": int(job.last_stop_reason), "array_job_id": job.array_job_id,
@@ -406,6 +464,10 @@ def _job_row(job: Job, with_request: bool = True) -> dict:
     if with_request:
         row["request"] = job.request.SerializeToString()
     return row
+
+
+def _allocation_text(job: Job) -> str:
+    return json.dumps([[a.node, list(a.gpus), a.cpus] for a in job.allocation]) if job.allocation else "[]"
 
 
 def _job_from_row(row) -> Job:

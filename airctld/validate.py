@@ -16,6 +16,7 @@ MAX_DEPENDENCY_CHARS = 64 * 1024
 MAX_ARGS = 1024
 MAX_ARGS_BYTES = 256 * 1024
 MAX_ENV_VARS = 4096
+MAX_SUBMIT_LINE = 4096
 ALWAYS_DROPPED = ("LD_PRELOAD", "LD_AUDIT")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -45,6 +46,9 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
         if len(value) > MAX_PATH or "\0" in value or "\n" in value:
             raise InvalidRequest(f"{field} {value[:40]!r}...: a path of at most {MAX_PATH} characters, "
                                  "without NUL or newline")
+    if len(req.submit_line) > MAX_SUBMIT_LINE or "\0" in req.submit_line:
+        raise InvalidRequest(f"submit line of {len(req.submit_line)} characters; the limit is {MAX_SUBMIT_LINE}, "
+                             "without NUL")
     if len(req.argv) > MAX_ARGS or sum(len(a) for a in req.argv) > MAX_ARGS_BYTES:
         raise InvalidRequest(f"{len(req.argv)} script arguments; the limit is {MAX_ARGS} "
                              f"and {MAX_ARGS_BYTES} bytes in all")

@@ -110,6 +110,11 @@ class ControllerStub:
                 request_serializer=protos_dot_air__pb2.ReportsRequest.SerializeToString,
                 response_deserializer=protos_dot_air__pb2.ReportsReply.FromString,
                 _registered_method=True)
+        self.History = channel.unary_unary(
+                '/air.v1.Controller/History',
+                request_serializer=protos_dot_air__pb2.HistoryRequest.SerializeToString,
+                response_deserializer=protos_dot_air__pb2.HistoryReply.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -210,6 +215,13 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def History(self, request, context):
+        """airacct: jobs from the store, the ones that have left the queue too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -287,6 +299,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.Reports,
                     request_deserializer=protos_dot_air__pb2.ReportsRequest.FromString,
                     response_serializer=protos_dot_air__pb2.ReportsReply.SerializeToString,
+            ),
+            'History': grpc.unary_unary_rpc_method_handler(
+                    servicer.History,
+                    request_deserializer=protos_dot_air__pb2.HistoryRequest.FromString,
+                    response_serializer=protos_dot_air__pb2.HistoryReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -695,6 +712,33 @@ class Controller:
             '/air.v1.Controller/Reports',
             protos_dot_air__pb2.ReportsRequest.SerializeToString,
             protos_dot_air__pb2.ReportsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def History(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/History',
+            protos_dot_air__pb2.HistoryRequest.SerializeToString,
+            protos_dot_air__pb2.HistoryReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,5 @@
 """Requeue and resume on a real cluster: the job ends where an uninterrupted run would have."""
+import json
 import os
 import signal
 import subprocess
@@ -86,6 +87,53 @@ def test_retries_requeue_a_failing_job(cluster):
     assert (cluster.work / f"air-{job_id}.out").read_text() == "try 0\ntry 1 NonZeroExitCode\n"
     once = cluster.submit(script)   # no --retries: a failure of its own is final
     assert cluster.wait_state(once, "FAILED")["restart_count"] == 0
+
+
+def _acct(cluster, *args: str, user: str | None = None) -> list[list[str]]:
+    out = cluster.cli("airacct", "-P", "-n", *args, user=user).stdout
+    return [line.split("|") for line in out.splitlines()]
+
+
+def test_history_shows_each_run_its_steps_and_who_cancelled(cluster):
+    """airacct, as sacct: a job that failed once and was retried is one record (two with -D), each
+    run followed by its batch step and its steps; a cancelled job says by whom; the queue forgets
+    neither once they have left it."""
+    script = cluster.write_script("twice.sh", "#!/bin/sh\nairrun -N 2 true\n"
+                                              "[ \"$AIR_RESTART_COUNT\" -ge 1 ] || exit 3\nairrun hostname\n")
+    job_id = cluster.submit(script, "-N", "2", "--retries=1", "--job-name=twice")
+    cluster.wait_state(job_id, "COMPLETED", timeout=40)
+    cancelled = cluster.submit(cluster.write_script("idle.sh", "#!/bin/sh\nsleep 60\n"), "--hold")
+    cluster.cli("aircancel", str(cancelled), user="nobody", check=False)   # not theirs: refused
+    cluster.cli("aircancel", str(cancelled))
+    cluster.wait_state(cancelled, "CANCELLED")
+
+    fields = "-o", "JobID,JobName,State,ExitCode,RestartCnt,NNodes,NTasks"
+    assert _acct(cluster, "-j", str(job_id), *fields) == [
+        [str(job_id), "twice", "COMPLETED", "0:0", "1", "2", ""],
+        [f"{job_id}.batch", "batch", "COMPLETED", "0:0", "", "1", "1"],
+        [f"{job_id}.1", "true", "COMPLETED", "0:0", "", "2", "2"],
+        [f"{job_id}.2", "hostname", "COMPLETED", "0:0", "", "2", "2"]]
+    assert _acct(cluster, "-j", str(job_id), "-D", "-X", "-o", "JobID,State,ExitCode") == [
+        [str(job_id), "REQUEUED", "3:0"], [str(job_id), "COMPLETED", "0:0"]]
+    assert _acct(cluster, "-j", str(cancelled), "-o", "JobID,State,Start,NodeList") == [
+        [str(cancelled), "CANCELLED by 0", "Unknown", "None assigned"]]
+    # the default window is today; -s narrows; root sees every user's jobs
+    mine = _acct(cluster, "-X", "-s", "CA", "-o", "JobID")
+    assert [str(cancelled)] in mine and [str(job_id)] not in mine
+    submitted = _acct(cluster, "-j", str(job_id), "-X", "-o", "SubmitLine,WorkDir,Account,QOS,Timelimit")
+    assert submitted[0][0].startswith("airbatch --parsable -N 2 --retries=1") and submitted[0][1] == str(cluster.work)
+    assert submitted[0][3] == "normal"
+    as_json = json.loads(cluster.cli("airacct", "-j", str(job_id), "--json").stdout)
+    assert set(as_json) == {"jobs", "meta", "errors", "warnings"}
+    assert [s["step"]["id"] for s in as_json["jobs"][0]["steps"]] == [f"{job_id}.batch", f"{job_id}.1",
+                                                                      f"{job_id}.2"]
+    # a user sees their own jobs unless they ask for others' (this cluster does not keep jobs private)
+    assert _acct(cluster, "-o", "JobID", user="nobody") == []
+    assert [str(job_id)] in _acct(cluster, "-a", "-X", "-o", "JobID", user="nobody")
+    bad = cluster.cli("airacct", "-S", "yesterday-ish", check=False)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "is not a time" in bad.stderr
+    bad = cluster.cli("airacct", "-o", "JobID,Bogus", check=False)
+    assert bad.returncode == 1 and "unknown field 'Bogus'" in bad.stderr
 
 
 def test_no_requeue_jobs_refuse_requeue(cluster):

@@ -154,11 +154,38 @@ def test_a_store_of_schema_6_migrates_to_one_without_holds_or_stop_times(tmp_pat
     s.db.execute("DROP TABLE stop_times")
     s.db.execute("DROP TABLE preemptions")
     s.db.execute("DROP TABLE steps")
+    _undo_schema_10(s)
     s.db.execute("PRAGMA user_version = 6")
     s.close()
     s = Store(path)
     assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert s.load_holds() == {} and s.load_stop_times() == {} and s.load_preemptions() == {}
+    s.close()
+
+
+def _undo_schema_10(s: Store) -> None:
+    for index in ("jobs_uid_end", "jobs_account_end"):
+        s.db.execute(f"DROP INDEX {index}")
+    s.db.execute("ALTER TABLE jobs DROP COLUMN account")
+    s.db.execute("ALTER TABLE jobs DROP COLUMN qos")
+    s.db.execute("DROP TABLE runs")
+
+
+def test_a_store_of_schema_9_gains_history_with_its_jobs_accounts_and_qos(tmp_path):
+    path = str(tmp_path / "air.db")
+    s = Store(path)
+    job = _job()
+    job.request.account, job.request.qos = "vision", "high"
+    with s.transaction():
+        job_id = s.insert_job(job, who=1000)
+    _undo_schema_10(s)
+    s.db.execute("PRAGMA user_version = 9")
+    s.close()
+    s = Store(path)
+    assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    found, _ = s.history(pb.HistoryRequest(accounts=["vision"], qos=["high"]), 10)
+    assert [e.job.job_id for e in found] == [job_id]
+    assert s.history(pb.HistoryRequest(accounts=["ml"]), 10) == ([], False)
     s.close()
 
 
