@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 
 import hostlist
 
-from airctld import arrays, deps, events, scheduler, steps
+from airctld import arrays, deps, events, history, scheduler, steps
 from airctld.accounting import Accounting
 from airctld.config import Config
 from airctld.fairshare import Assoc
@@ -468,7 +468,10 @@ class Controller(NodeReports, SchedulingPass, Launching):
         elif not (req.uids or req.all_users or req.job_ids or req.array_tasks or operator):
             ask.uids.append(who.uid)
         page = self.config.controller.history_page_jobs
-        jobs, more = self.store.history(ask, min(req.max_jobs or page, page))
+        try:
+            jobs, more = self.store.history(ask, min(req.max_jobs or page, page))
+        except history.TooMuch as e:
+            raise InvalidRequest(str(e)) from None
         reply, size = pb.HistoryReply(truncated=more), 0
         for i, entry in enumerate(jobs):
             for name in ("script", "environment"):

@@ -15,25 +15,86 @@ from airctld.model import Job
 from protos import air_pb2 as pb
 from protos.states import JobPhase, JobResult
 
-CHUNK = 500   # ids per IN (...) list: well under SQLite's limit on variables
+CHUNK = 500             # ids per IN (...) list: well under SQLite's limit on variables
+MAX_NAMED = 10_000      # job ids and array tasks one request may name
+MAX_MATCHED = 30_000    # jobs those may stand for, whole arrays counted
+MAX_VALUES = 1_000      # users, accounts, partitions, QOS, names or states in one request
 _CANCELLED = "CANCELLED"
 
 
-def query(conn: sqlite3.Connection, req: pb.HistoryRequest, columns: str, from_row, limit: int) -> tuple[list[Job], bool]:
+class TooMuch(ValueError):
+    """A request larger than history answers; the message names the limit."""
+
+
+def check(req: pb.HistoryRequest) -> None:
+    named = len(req.job_ids) + len(req.array_tasks)
+    if named > MAX_NAMED:
+        raise TooMuch(f"{named} jobs named; the limit is {MAX_NAMED}")
+    for field in ("uids", "accounts", "partitions", "qos", "names", "phases", "results"):
+        if len(getattr(req, field)) > MAX_VALUES:
+            raise TooMuch(f"{len(getattr(req, field))} {field} given; the limit is {MAX_VALUES}")
+
+
+def query(conn: sqlite3.Connection, req: pb.HistoryRequest, columns: str, from_row,
+          limit: int) -> tuple[list[Job], bool]:
     """Jobs matching `req` in job id order, at most `limit` of them, and whether more matched.
-    `columns` and `from_row` are the store's: how a job row is selected and read."""
+    `columns` and `from_row` are the store's: how a job row is selected and read.
+
+    Jobs named by id are looked up by id. Otherwise ended jobs come from the index that narrows
+    most (a user's, an account's, or all jobs by end time), jobs not ended from jobs_active, and
+    with neither (the whole history) a walk in id order that stops at the page's end."""
+    check(req)
     where, params = _conditions(req)
-    ended = ["phase = 4"] + where
-    if req.since:
-        ended.append("end_time >= ?")
-    active = ["phase != 4"] + where
-    sql = (f"SELECT id, {columns} FROM jobs WHERE {' AND '.join(ended)} "
-           f"UNION ALL SELECT id, {columns} FROM jobs WHERE {' AND '.join(active)} ORDER BY id LIMIT ?")
-    rows = conn.execute(sql, params + ([req.since] if req.since else []) + params + [limit + 1]).fetchall()
+    if req.job_ids or req.array_tasks:
+        ids = _named(conn, req)
+        rows = []
+        for i in range(0, len(ids), CHUNK):
+            chunk = ids[i:i + CHUNK]
+            rows += conn.execute(f"SELECT id, {columns} FROM jobs WHERE id IN ({', '.join('?' * len(chunk))})"
+                                 + "".join(f" AND {w}" for w in where) + (" AND (phase != 4 OR end_time >= ?)"
+                                                                          if req.since else ""),
+                                 chunk + params + ([req.since] if req.since else [])).fetchall()
+        rows.sort(key=lambda r: r[0])
+        rows = rows[:limit + 1]
+    else:
+        ended = ["phase = 4"] + where
+        hint = ""
+        if req.since:
+            ended.append("end_time >= ?")
+            hint = "INDEXED BY jobs_uid_end" if req.uids else "INDEXED BY jobs_account_end" if req.accounts \
+                else "INDEXED BY jobs_end"
+        sql = (f"SELECT id, {columns} FROM jobs {hint} WHERE {' AND '.join(ended)} "
+               f"UNION ALL SELECT id, {columns} FROM jobs INDEXED BY jobs_active WHERE phase != 4"
+               + "".join(f" AND {w}" for w in where) + " ORDER BY id LIMIT ?")
+        rows = conn.execute(sql, params + ([req.since] if req.since else []) + params + [limit + 1]).fetchall()
     return [from_row(r) for r in rows[:limit]], len(rows) > limit
 
 
+def _named(conn: sqlite3.Connection, req: pb.HistoryRequest) -> list[int]:
+    """The ids of the jobs a request names: each job id, every task of an array named by its id, and
+    single array tasks. Bounded by MAX_MATCHED."""
+    found = set()
+    ids = list(dict.fromkeys(req.job_ids))
+    for i in range(0, len(ids), CHUNK):
+        chunk = ids[i:i + CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        found.update(r for (r,) in conn.execute(f"SELECT id FROM jobs WHERE id IN ({marks})", chunk))
+        found.update(r for (r,) in conn.execute(
+            f"SELECT id FROM jobs INDEXED BY jobs_array WHERE array_job_id != 0 AND array_job_id IN ({marks})",
+            chunk))
+        if len(found) > MAX_MATCHED:
+            break
+    for t in req.array_tasks:
+        found.update(r for (r,) in conn.execute(
+            "SELECT id FROM jobs INDEXED BY jobs_array WHERE array_job_id != 0 AND array_job_id = ? "
+            "AND array_task_id = ?", [t.array_job_id, t.task_id]))
+    if len(found) > MAX_MATCHED:
+        raise TooMuch(f"the jobs named stand for over {MAX_MATCHED} jobs; name fewer")
+    return sorted(found)
+
+
 def _conditions(req: pb.HistoryRequest) -> tuple[list[str], list]:
+    """Every filter but the jobs named and the time since (those shape the query itself)."""
     where: list[str] = []
     params: list = []
 
@@ -43,17 +104,6 @@ def _conditions(req: pb.HistoryRequest) -> tuple[list[str], list]:
             where.append(f"{column} IN ({', '.join('?' * len(values))})")
             params.extend(values)
 
-    if req.job_ids or req.array_tasks:
-        ids = list(dict.fromkeys(req.job_ids))
-        parts = []
-        if ids:
-            marks = ", ".join("?" * len(ids))
-            parts.append(f"id IN ({marks}) OR array_job_id IN ({marks})")
-            params.extend(ids + ids)
-        for t in req.array_tasks:
-            parts.append("(array_job_id = ? AND array_task_id = ?)")
-            params.extend([t.array_job_id, t.task_id])
-        where.append("(" + " OR ".join(parts) + ")")
     among("uid", req.uids)
     among("account", req.accounts)
     among("partition", req.partitions)

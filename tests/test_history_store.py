@@ -186,3 +186,11 @@ def test_a_requeue_leaves_its_run_and_a_cancel_says_who(tmp_path):
     assert entry.cancelled and entry.cancelled_by == 1001
     assert entry.job.restart_count == 1 and entry.job.start_time == 160.0
     store.close()
+
+
+def test_a_request_too_large_is_refused_naming_its_limit(history):
+    store, _ = history
+    with pytest.raises(ValueError, match="10001 jobs named; the limit is 10000"):
+        store.history(pb.HistoryRequest(job_ids=range(1, 10_002)), 10)
+    with pytest.raises(ValueError, match="1001 uids given; the limit is 1000"):
+        store.history(pb.HistoryRequest(uids=range(1001)), 10)
