@@ -51,9 +51,15 @@ def show_node(name, config):
 
 
 @show.command("hostnames")
-@click.argument("hostlist_text", metavar="HOSTLIST")
+@click.argument("hostlist_text", metavar="[HOSTLIST]", required=False)
 def show_hostnames(hostlist_text):
+    """One name per line; with no list, the job's own ($SLURM_JOB_NODELIST, as scontrol does)."""
     import hostlist
+    import os
+    if hostlist_text is None:
+        hostlist_text = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("AIR_JOB_NODELIST")
+        if not hostlist_text:
+            raise CliError("no host list given, and none in $SLURM_JOB_NODELIST (not inside a job?)")
     try:
         click.echo("\n".join(hostlist.expand_hostlist(hostlist_text)))
     except hostlist.BadHostlist as e:
@@ -217,6 +223,30 @@ def account_remove(name, user, config):
     """Remove an account (with nothing under it), or a user from an account."""
     from protos import air_pb2 as pb
     _account_call(pb.ACCOUNT_OP_REMOVE, name, user, None, None, None, config)
+
+
+@command.group("slurm-commands")
+def slurm_commands():
+    """Slurm's command names (sbatch, srun, squeue, scancel, sinfo, sacct, scontrol) as front ends
+    to AIR's tools, written into a folder an admin picks; never installed by default."""
+
+
+@slurm_commands.command("install")
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="where to write them (e.g. /usr/local/bin)")
+@click.option("--force", is_flag=True, help="replace files of those names that are not AIR's")
+def slurm_install(directory, force):
+    from aircli import slurm
+    for path in slurm.install(directory, force):
+        click.echo(f"wrote {path}")
+
+
+@slurm_commands.command("uninstall")
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False, path_type=Path))
+def slurm_uninstall(directory):
+    from aircli import slurm
+    for path in slurm.uninstall(directory):
+        click.echo(f"removed {path}")
 
 
 @command.group()

@@ -136,6 +136,27 @@ def test_history_shows_each_run_its_steps_and_who_cancelled(cluster):
     assert bad.returncode == 1 and "unknown field 'Bogus'" in bad.stderr
 
 
+def test_slurm_command_names_drive_the_cluster(cluster, tmp_path):
+    """With the front ends installed (aircontrol slurm-commands install), a tool that calls sbatch,
+    squeue, scontrol, scancel and sacct drives AIR."""
+    cluster.cli("aircontrol", "slurm-commands", "install", "--dir", str(tmp_path))
+    env = dict(os.environ, AIR_CONF=str(cluster.config), PATH=f"{tmp_path}:{os.environ['PATH']}")
+
+    def run(*args: str) -> str:
+        proc = subprocess.run(list(args), capture_output=True, text=True, env=env, cwd=cluster.work, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    job_id = int(run("sbatch", "--parsable", "-N", "2", "--wrap", "scontrol show hostnames"))
+    cluster.wait_state(job_id, "COMPLETED")
+    assert (cluster.work / f"air-{job_id}.out").read_text().splitlines() == cluster.job(job_id)["nodes"]
+    held = int(run("sbatch", "--parsable", "--hold", "--wrap", "true").strip())
+    assert run("squeue", "-h", "-j", str(held), "-o", "%i %t").split() == [str(held), "PD"]
+    run("scancel", str(held))
+    assert run("sacct", "-j", f"{job_id},{held}", "-X", "-P", "-n", "-o", "JobID,State").splitlines() == [
+        f"{job_id}|COMPLETED", f"{held}|CANCELLED by 0"]
+
+
 def test_no_requeue_jobs_refuse_requeue(cluster):
     job_id = cluster.submit(cluster.write_script("nr.sh", "#!/bin/sh\nsleep 30\n"), "--no-requeue")
     cluster.wait_state(job_id, "RUNNING")

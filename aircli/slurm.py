@@ -1,0 +1,83 @@
+"""Slurm's command names as thin front ends over AIR's own tools, for the scripts and programs that
+call them (sbatch, squeue, sacct, ...). They are never on anyone's PATH by default, so that a site
+that also runs Slurm keeps it: an admin writes them into a folder of their choice with
+`aircontrol slurm-commands install --dir DIR` (docs/slurm.md).
+
+Each front end is the AIR tool itself under Slurm's name: the same options (those AIR's tools take
+are Slurm's), the same output, and errors that name the Slurm command."""
+from __future__ import annotations
+
+import importlib
+import os
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+from aircli.client import CliError, run
+
+# Slurm's name -> the AIR tool's module (its click command is `command`)
+FRONT_ENDS = {
+    "sbatch": "aircli.batch",
+    "srun": "aircli.run",
+    "squeue": "aircli.queue",
+    "scancel": "aircli.cancel",
+    "sinfo": "aircli.info",
+    "sacct": "aircli.acct",
+    "scontrol": "aircli.control",
+}
+MARK = "# A Slurm command name for AIR, written by: aircontrol slurm-commands install"
+
+
+def main(name: str) -> None:
+    """The entry of an installed front end."""
+    command = importlib.import_module(FRONT_ENDS[name]).command
+    sys.exit(run(command, name))
+
+
+def _ours(path: Path) -> bool:
+    """A regular file this installer wrote (read as the installer, never through a link)."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        with open(path, "rb") as f:
+            return MARK.encode() in f.read(4096)
+    except OSError:
+        return False
+
+
+def install(directory: Path, force: bool = False, python: str = sys.executable) -> list[Path]:
+    """Write every front end into `directory`; refuses, changing nothing, where a file of that name
+    is there and is not one of ours (Slurm's own sbatch, say) unless forced."""
+    if not directory.is_dir():
+        raise CliError(f"{directory} is not a directory")
+    foreign = [directory / n for n in FRONT_ENDS
+               if os.path.lexists(directory / n) and not _ours(directory / n)]
+    if foreign and not force:
+        raise CliError(f"{', '.join(map(str, foreign))} exist and are not AIR's (Slurm's own commands?); "
+                       "nothing was written; give --force to replace them")
+    written = []
+    for name, module in FRONT_ENDS.items():
+        text = f"#!{python}\n{MARK}\nfrom aircli.slurm import main\nmain({name!r})\n"
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, directory / name)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        written.append(directory / name)
+    return written
+
+
+def uninstall(directory: Path) -> list[Path]:
+    """Remove the front ends this installer wrote, and nothing else."""
+    removed = []
+    for name in FRONT_ENDS:
+        path = directory / name
+        if _ours(path):
+            path.unlink()
+            removed.append(path)
+    return removed
