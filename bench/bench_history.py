@@ -44,7 +44,10 @@ DAYS = 365
 
 def _cli(cfg: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, AIR_CONF=str(cfg), PATH=f"{BIN}:{os.environ['PATH']}")
-    return subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, text=True, env=env, check=True)
+    proc = subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, text=True, env=env)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(args)}: exit {proc.returncode}: {proc.stderr.strip()}")
+    return proc
 
 
 def _timed(cfg: Path, *args: str, runs: int = 5) -> tuple[float, int]:
@@ -137,7 +140,7 @@ def main() -> int:
                              capture_output=True).returncode != 0:
             assert time.monotonic() < deadline, "airctld did not start"
             time.sleep(0.2)
-        user = "user07"
+        user = "10007"   # a uid: these users exist only in the store
         week, week_lines = _timed(cfg, "airacct", "-u", user, "-S", "now-7days")
         lean, lean_lines = _timed(cfg, "airacct", "-u", user, "-S", "now-7days", "-X", "-P", "-n",
                                   "-o", "JobID,State,Elapsed")
