@@ -55,10 +55,12 @@ def command(jobs, users, allusers, accounts, partitions, qos, names, states, sin
         cols = acct_fields.columns(spec)
     except acct_fields.FormatError as e:
         raise CliError(f"--format: {e}") from None
+    if not delimiter:
+        raise CliError("--delimiter: give at least one character")
     now = time.time()
     from protos import air_pb2 as pb
     req = pb.HistoryRequest(all_users=allusers, accounts=_each(accounts), partitions=_each(partitions),
-                            qos=_each(qos), names=_each(names))
+                            qos=_each(qos), names=_each(names), no_steps=allocations and not as_json)
     tasks: list = []
     for text in jobs:
         req.job_ids.extend(job_ids(text, "-j", tasks))
@@ -71,7 +73,9 @@ def command(jobs, users, allusers, accounts, partitions, qos, names, states, sin
     try:
         if since:
             req.since = slurmtime.parse(since, now)
-        elif not jobs:   # sacct's default: today's jobs, or any time for the jobs named
+        elif states and not jobs:   # sacct: with -s and no -S, the jobs in those states now
+            req.since = now
+        elif not jobs:   # sacct's default: jobs since midnight, or any time for the jobs named
             req.since = slurmtime.parse("today", now)
         if until:
             req.until = slurmtime.parse(until, now)

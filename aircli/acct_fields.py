@@ -91,13 +91,21 @@ def _steps(entry: pb.HistoryJob, base: str, run: int, state: str, start: float, 
         if s.run != run:
             continue
         names = tuple(hostlist.expand_hostlist(s.nodes)) if s.nodes else ()
-        words = shlex.split(s.command) if s.command else []
-        name = words[0].rsplit("/", 1)[-1] if words else ""
+        name = _program(s.command)
         held = [a for a in allocation if a.node in names]
         out.append(Record(f"{base}.{s.step_id}", f"{job.job_id}.{s.step_id}", name, job, state,
                           "0:0", s.start_time, end, names, sum(a.cpus for a in held),
                           sum(len(a.gpus) for a in held), s.ntasks, run, step=True))
     return out
+
+
+def _program(command: str) -> str:
+    """The name sacct gives a step: its program's (the command is kept cut at 1 KiB, maybe mid-quote)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    return words[0].rsplit("/", 1)[-1] if words else ""
 
 
 def job_id(job: pb.Job) -> str:
@@ -200,7 +208,8 @@ FIELDS: dict[str, tuple[int, bool, Callable[[Record, float], object]]] = {
     "Elapsed": (10, True, lambda r, now: hms(r.elapsed(now))),
     "ElapsedRaw": (10, True, lambda r, now: r.elapsed(now)),
     "Timelimit": (10, True, _timelimit),
-    "TimelimitRaw": (12, True, lambda r, now: "" if r.step else (r.job.time_limit_s // 60 or "UNLIMITED")),
+    "TimelimitRaw": (12, True, lambda r, now: "" if r.step else
+                     (-(-r.job.time_limit_s // 60) if r.job.time_limit_s else "UNLIMITED")),   # minutes, up
     "NNodes": (8, True, lambda r, now: len(r.nodes) if r.nodes else (r.job.request.nodes or 1)),
     "NodeList": (15, True, _nodelist),
     "AllocCPUS": (10, True, lambda r, now: r.cpus),
@@ -278,8 +287,8 @@ def render(rows: list[Record], cols: list[Column], now: float, header: bool = Tr
         end = delimiter if trailing else ""
         if header:
             lines.append(delimiter.join(c.name for c in cols) + end)
-        for r in rows:
-            lines.append(delimiter.join(_clean(c.get(r, now)) for c in cols) + end)
+        for r in rows:   # a value never holds the delimiter (a hostile name would forge fields)
+            lines.append(delimiter.join(_clean(c.get(r, now)).replace(delimiter, "?") for c in cols) + end)
         return lines
     if header:
         lines.append(" ".join(_fit(c.name[:c.width], c.width, c.right) for c in cols))

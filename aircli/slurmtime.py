@@ -1,7 +1,8 @@
 """Points in time as sacct's -S/-E take them, and timestamps as Slurm prints them. Pure (the clock
 is an argument).
 
-Forms (from sacct(1)): HH:MM[:SS][AM|PM], MMDD[YY], MM/DD[/YY], MM.DD[.YY], YYYY-MM-DD[THH:MM[:SS]],
+Forms (from sacct(1)): HH:MM[:SS][AM|PM], MMDD[YY][-HH:MM[:SS]], MM/DD[/YY][-HH:MM[:SS]],
+MM.DD[.YY][-HH:MM[:SS]], YYYY-MM-DD[THH:MM[:SS]],
 today, midnight, noon, elevenses (11:00), fika (15:00), teatime (16:00), tomorrow, now, and
 now[{+|-}COUNT[seconds|minutes|hours|days|weeks]] (seconds when no unit is given)."""
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-FORMS = ("HH:MM[:SS][AM|PM], MMDD[YY], MM/DD[/YY], MM.DD[.YY], YYYY-MM-DD[THH:MM[:SS]], today, midnight, "
+FORMS = ("HH:MM[:SS][AM|PM], MMDD[YY][-HH:MM[:SS]], MM/DD[/YY][-HH:MM[:SS]], MM.DD[.YY][-HH:MM[:SS]], "
+         "YYYY-MM-DD[THH:MM[:SS]], today, midnight, "
          "noon, teatime, tomorrow, now or now[+|-]COUNT[seconds|minutes|hours|days|weeks]")
 _UNITS = {"": 1, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
           "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
@@ -57,12 +59,17 @@ def parse(text: str, now: float, tz: dt.tzinfo | None = None) -> float:
                     raise TimeError(f"hour {hour} with {half.upper()}")
                 hour = hour % 12 + (12 if half == "pm" else 0)
             return midnight.replace(hour=hour, minute=int(mi), second=int(s or 0)).timestamp()
-        if m := _DAY.match(spec):
-            mo, _, d, y = m.groups()
-            return _date(here, int(mo), int(d), y)
-        if m := _PACKED.match(spec):
-            mo, d, y = m.groups()
-            return _date(here, int(mo), int(d), y)
+        day, dash, clock = spec.partition("-")   # MM/DD[/YY]-HH:MM[:SS] and the other day forms
+        c = _CLOCK.match(clock) if dash else None
+        if dash and (c is None or c.group(4) or int(c.group(1)) > 23 or int(c.group(2)) > 59
+                     or int(c.group(3) or 0) > 59):
+            raise TimeError("not a time of day after the -")
+        if m := (_DAY.match(day) or _PACKED.match(day)):
+            mo, d, y = (m.group(1), m.group(3), m.group(4)) if m.re is _DAY else m.groups()
+            at = _date(here, int(mo), int(d), y)
+            if c:
+                at += int(c.group(1)) * 3600 + int(c.group(2)) * 60 + int(c.group(3) or 0)
+            return at
     except ValueError as e:   # a day or hour out of range
         raise TimeError(f"{text!r} is not a time: {e}") from None
     raise TimeError(f"{text!r} is not a time; give {FORMS}")

@@ -467,21 +467,23 @@ class Controller(NodeReports, SchedulingPass, Launching):
             ask.uids.append(who.uid)
         elif not (req.uids or req.all_users or req.job_ids or req.array_tasks or operator):
             ask.uids.append(who.uid)
-        page = self.config.controller.history_page_jobs
+        default_qos = self.config.scheduler.default_qos
+        if default_qos in ask.qos:   # jobs from before the QOS was recorded at submit have none
+            ask.qos.append("")
+        page, budget = self.config.controller.history_page_jobs, self.config.controller.max_message_bytes // 2
         try:
-            jobs, more = self.store.history(ask, min(req.max_jobs or page, page))
+            jobs, more = self.store.history(ask, min(req.max_jobs or page, page), budget)
         except history.TooMuch as e:
             raise InvalidRequest(str(e)) from None
         reply, size = pb.HistoryReply(truncated=more), 0
         for i, entry in enumerate(jobs):
-            for name in ("script", "environment"):
-                entry.job.request.ClearField(name)
+            entry.job.request.qos = entry.job.request.qos or default_qos
             if entry.job.uid != who.uid and not operator:
                 _strip_private(entry.job)
                 for step in entry.steps:
                     step.ClearField("command")
             size += entry.ByteSize() + 8
-            if size > self.config.controller.max_message_bytes // 2 and i:   # the rest on the next page
+            if size > budget and i:   # the rest on the next page
                 reply.truncated = True
                 break
             reply.jobs.append(entry)

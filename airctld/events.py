@@ -29,15 +29,15 @@ def _require(job: Job, *phases: JobPhase, doing: str) -> None:
 def start(job: Job, now: float, allocation: tuple[NodeAlloc, ...]) -> Job:
     _require(job, JobPhase.PENDING, doing="start it")
     return evolve(job, phase=JobPhase.RUNNING, reason=Reason.NONE, reason_detail="",
-                               allocation=allocation, start_time=now)
+                  allocation=allocation, start_time=now, exit_code=0, exit_signal=0)   # the last run's exit: gone
 
 
 def stop(job: Job, now: float, result: JobResult, reason: Reason, detail: str = "") -> Job:
     """Ask a job to end with the given result: a pending job ends now, a running one starts completing."""
     _require(job, JobPhase.PENDING, JobPhase.RUNNING, doing="cancel it")
-    if job.phase == JobPhase.PENDING:
+    if job.phase == JobPhase.PENDING:   # this run never ran: no exit of its own (not the last run's)
         return evolve(job, phase=JobPhase.DONE, result=result, reason=reason,
-                                   reason_detail=detail, end_time=now)
+                      reason_detail=detail, end_time=now, exit_code=0, exit_signal=0)
     return evolve(job, phase=JobPhase.COMPLETING, result=result, reason=reason,
                                reason_detail=detail)
 

@@ -19,6 +19,7 @@ CHUNK = 500             # ids per IN (...) list: well under SQLite's limit on va
 MAX_NAMED = 10_000      # job ids and array tasks one request may name
 MAX_MATCHED = 30_000    # jobs those may stand for, whole arrays counted
 MAX_VALUES = 1_000      # users, accounts, partitions, QOS, names or states in one request
+MAX_STEPS = 1_000       # steps shown of one job: its last ones (a job may have 40,000)
 _CANCELLED = "CANCELLED"
 
 
@@ -35,10 +36,10 @@ def check(req: pb.HistoryRequest) -> None:
             raise TooMuch(f"{len(getattr(req, field))} {field} given; the limit is {MAX_VALUES}")
 
 
-def query(conn: sqlite3.Connection, req: pb.HistoryRequest, columns: str, from_row,
-          limit: int) -> tuple[list[Job], bool]:
-    """Jobs matching `req` in job id order, at most `limit` of them, and whether more matched.
-    `columns` and `from_row` are the store's: how a job row is selected and read.
+def matching_ids(conn: sqlite3.Connection, req: pb.HistoryRequest, limit: int) -> tuple[list[int], bool]:
+    """The ids of the jobs matching `req`, in order, at most `limit` of them, and whether more matched.
+    Rows are read whole only afterwards, a few at a time (see Store.history): a job's request may
+    hold megabytes of script.
 
     Jobs named by id are looked up by id. Otherwise ended jobs come from the index that narrows
     most (a user's, an account's, or all jobs by end time), jobs not ended from jobs_active, and
@@ -46,16 +47,15 @@ def query(conn: sqlite3.Connection, req: pb.HistoryRequest, columns: str, from_r
     check(req)
     where, params = _conditions(req)
     if req.job_ids or req.array_tasks:
-        ids = _named(conn, req)
-        rows = []
-        for i in range(0, len(ids), CHUNK):
-            chunk = ids[i:i + CHUNK]
-            rows += conn.execute(f"SELECT id, {columns} FROM jobs WHERE id IN ({', '.join('?' * len(chunk))})"
-                                 + "".join(f" AND {w}" for w in where) + (" AND (phase != 4 OR end_time >= ?)"
-                                                                          if req.since else ""),
-                                 chunk + params + ([req.since] if req.since else [])).fetchall()
-        rows.sort(key=lambda r: r[0])
-        rows = rows[:limit + 1]
+        named = _named(conn, req)
+        ids = []
+        for i in range(0, len(named), CHUNK):
+            chunk = named[i:i + CHUNK]
+            ids += [r for (r,) in conn.execute(
+                f"SELECT id FROM jobs WHERE id IN ({', '.join('?' * len(chunk))})"
+                + "".join(f" AND {w}" for w in where) + (" AND (phase != 4 OR end_time >= ?)" if req.since else ""),
+                chunk + params + ([req.since] if req.since else []))]
+        ids.sort()
     else:
         ended = ["phase = 4"] + where
         hint = ""
@@ -63,11 +63,19 @@ def query(conn: sqlite3.Connection, req: pb.HistoryRequest, columns: str, from_r
             ended.append("end_time >= ?")
             hint = "INDEXED BY jobs_uid_end" if req.uids else "INDEXED BY jobs_account_end" if req.accounts \
                 else "INDEXED BY jobs_end"
-        sql = (f"SELECT id, {columns} FROM jobs {hint} WHERE {' AND '.join(ended)} "
-               f"UNION ALL SELECT id, {columns} FROM jobs INDEXED BY jobs_active WHERE phase != 4"
+        sql = (f"SELECT id FROM jobs {hint} WHERE {' AND '.join(ended)} "
+               "UNION ALL SELECT id FROM jobs INDEXED BY jobs_active WHERE phase != 4"
                + "".join(f" AND {w}" for w in where) + " ORDER BY id LIMIT ?")
-        rows = conn.execute(sql, params + ([req.since] if req.since else []) + params + [limit + 1]).fetchall()
-    return [from_row(r) for r in rows[:limit]], len(rows) > limit
+        ids = [r for (r,) in conn.execute(sql, params + ([req.since] if req.since else []) + params + [limit + 1])]
+    return ids[:limit], len(ids) > limit
+
+
+def rows(conn: sqlite3.Connection, ids: list[int], columns: str, chunk: int = 32):
+    """The rows of these jobs, in order, a few at a time."""
+    for i in range(0, len(ids), chunk):
+        part = ids[i:i + chunk]
+        yield from conn.execute(f"SELECT id, {columns} FROM jobs WHERE id IN ({', '.join('?' * len(part))}) "
+                                "ORDER BY id", part)
 
 
 def _named(conn: sqlite3.Connection, req: pb.HistoryRequest) -> list[int]:
@@ -130,8 +138,9 @@ def _conditions(req: pb.HistoryRequest) -> tuple[list[str], list]:
     return where, params
 
 
-def details(conn: sqlite3.Connection, job_ids: list[int]) -> tuple[dict, dict, dict]:
-    """For these jobs: their earlier runs, their steps, and who cancelled each cancelled one."""
+def details(conn: sqlite3.Connection, job_ids: list[int], with_steps: bool = True) -> tuple[dict, dict, dict]:
+    """For these jobs: their earlier runs, their last MAX_STEPS steps, and who cancelled each
+    cancelled one."""
     runs: dict[int, list[pb.HistoryRun]] = {}
     steps: dict[int, list[pb.HistoryStep]] = {}
     cancelled: dict[int, int] = {}
@@ -146,8 +155,10 @@ def details(conn: sqlite3.Connection, job_ids: list[int]) -> tuple[dict, dict, d
                 exit_signal=sig,
                 allocation=[pb.NodeAlloc(node=n, gpus=g, cpus=c) for n, g, c in json.loads(allocation)]))
         for job_id, step_id, run, created, nodes, ntasks, command in conn.execute(
-                "SELECT job_id, step_id, run, created, nodes, ntasks, command FROM steps "
-                f"WHERE job_id IN ({marks}) ORDER BY job_id, step_id", chunk):
+                "SELECT job_id, step_id, run, created, nodes, ntasks, command FROM (SELECT *, ROW_NUMBER() OVER "
+                "(PARTITION BY job_id ORDER BY step_id DESC) AS nth FROM steps "
+                f"WHERE job_id IN ({marks})) WHERE nth <= ? ORDER BY job_id, step_id",
+                chunk + [MAX_STEPS]) if with_steps else ():
             steps.setdefault(job_id, []).append(pb.HistoryStep(
                 step_id=step_id, run=run, start_time=created, nodes=nodes, ntasks=ntasks, command=command))
         for job_id, who in conn.execute(   # the first such event is the request; later ones, its end

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -117,12 +118,16 @@ def _migrate_10(db: sqlite_utils.Database) -> None:
     that ended after a time)."""
     db.execute("ALTER TABLE jobs ADD COLUMN account TEXT NOT NULL DEFAULT ''")
     db.execute("ALTER TABLE jobs ADD COLUMN qos TEXT NOT NULL DEFAULT ''")
-    rows = db.execute("SELECT id, request FROM jobs").fetchall()
-    updates = []
-    for job_id, blob in rows:
-        req = pb.JobRequest.FromString(blob)
-        updates.append((req.account, req.qos, job_id))
-    db.conn.executemany("UPDATE jobs SET account = ?, qos = ? WHERE id = ?", updates)
+    last = 0
+    while True:   # a thousand requests at a time: a request may hold megabytes of script
+        batch = db.execute("SELECT id, request FROM jobs WHERE id > ? ORDER BY id LIMIT 1000", [last]).fetchall()
+        if not batch:
+            break
+        updates = [(req.account, req.qos, job_id) for job_id, blob in batch
+                   if (req := pb.JobRequest.FromString(blob)).account or req.qos]
+        db.conn.executemany("UPDATE jobs SET account = ?, qos = ? WHERE id = ?", updates)
+        last = batch[-1][0]
+        del batch
     db.execute("CREATE INDEX jobs_uid_end ON jobs (uid, end_time)")
     db.execute("CREATE INDEX jobs_account_end ON jobs (account, end_time)")
     db.execute("CREATE TABLE runs (job_id INTEGER NOT NULL, run INTEGER NOT NULL, start_time REAL NOT NULL, "
@@ -147,7 +152,7 @@ def _failure(e: sqlite3.Error) -> str:
 class Store:
     def __init__(self, path: str):
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-        self.path = path
+        self.path = path if path == ":memory:" else os.path.abspath(path)
         self.db = sqlite_utils.Database(conn)
         self._lock = threading.RLock()
         self._depth = 0
@@ -228,18 +233,30 @@ class Store:
             with self._lock:
                 yield self.db.conn
             return
-        conn = sqlite3.connect(Path(self.path).resolve().as_uri() + "?mode=ro", uri=True, timeout=30)
+        conn = sqlite3.connect(Path(self.path).as_uri() + "?mode=ro", uri=True, timeout=30)
         try:
             conn.execute("BEGIN")   # one snapshot for the jobs and their details
             yield conn
         finally:
             conn.close()
 
-    def history(self, req: pb.HistoryRequest, limit: int) -> tuple[list[pb.HistoryJob], bool]:
-        """Jobs for airacct (see airctld.history), each with its earlier runs, steps and canceller."""
+    def history(self, req: pb.HistoryRequest, limit: int, max_bytes: int = 4 << 20) -> tuple[list[pb.HistoryJob], bool]:
+        """Jobs for airacct (see airctld.history), each with its earlier runs, steps and canceller,
+        never a script or environment; at most `limit` jobs and about `max_bytes` (at least one
+        job), and whether more matched."""
         with self.reader() as conn:
-            jobs, more = history.query(conn, req, ", ".join(_JOB_COLUMNS), _job_from_row, limit)
-            runs, steps, cancelled = history.details(conn, [j.job_id for j in jobs])
+            ids, more = history.matching_ids(conn, req, limit)
+            jobs, size = [], 0
+            for row in history.rows(conn, ids, ", ".join(_JOB_COLUMNS)):
+                job = _job_from_row(row)
+                for name in ("script", "environment"):
+                    job.request.ClearField(name)
+                size += job.request.ByteSize() + 256
+                if jobs and size > max_bytes:
+                    more = True
+                    break
+                jobs.append(job)
+            runs, steps, cancelled = history.details(conn, [j.job_id for j in jobs], with_steps=not req.no_steps)
         out = []
         for job in jobs:
             entry = pb.HistoryJob(job=job.to_proto(), runs=runs.get(job.job_id, ()), steps=steps.get(job.job_id, ()))

@@ -40,13 +40,16 @@ def at(*fields) -> float:
     ("11.20.2025", at(2025, 11, 20)),
     ("1120", at(2026, 11, 20)),
     ("112025", at(2025, 11, 20)),
+    ("11/20-08:30", at(2026, 11, 20, 8, 30)),
+    ("1120-08:30:05", at(2026, 11, 20, 8, 30, 5)),
+    ("11.20.25-23:59", at(2025, 11, 20, 23, 59)),
 ])
 def test_sacct_time_forms(text, expected):
     assert slurmtime.parse(text, NOW, UTC) == expected
 
 
 @pytest.mark.parametrize("text", ["yesterday-ish", "now-7fortnights", "2026-13-01", "25:00", "13:00pm", "",
-                                  "11/31", "now*2"])
+                                  "11/31", "now*2", "11/20-", "11/20-8:30pm", "11/20-25:00"])
 def test_a_bad_time_is_one_clear_error(text):
     with pytest.raises(slurmtime.TimeError) as e:
         slurmtime.parse(text, NOW, UTC)

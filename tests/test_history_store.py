@@ -50,6 +50,13 @@ def history(tmp_path_factory):
                 new = events.start(job, t + 5, (NodeAlloc("node01", (0,), 1),))
                 store.update_job(job, new, t + 5, 0)
                 job = new
+                if rng.random() < 0.2:   # requeued, then started again
+                    new = events.requeued(job, t + 6, Reason.PREEMPTED)
+                    store.update_job(job, new, t + 6, 0)
+                    job = new
+                    new = events.start(job, t + 7, (NodeAlloc("node02", (0,), 1),))
+                    store.update_job(job, new, t + 7, 0)
+                    job = new
             if fate > 0.3:
                 new = events.finished(job, t + rng.uniform(10, 5000), rng.choice((0, 1)), 0)
                 if rng.random() < 0.2:
@@ -124,9 +131,10 @@ def _random_request(rng, jobs) -> pb.HistoryRequest:
         req.results.extend(rng.sample(DONE, rng.randint(1, 2)))
         if JobPhase.DONE not in req.phases:
             req.phases.append(JobPhase.DONE)
-    if rng.random() < 0.6:
-        req.since = rng.choice(times)
-    if rng.random() < 0.3:
+    ends = sorted(j.end_time for j in jobs.values() if j.end_time)
+    if rng.random() < 0.6:   # an end time itself half the time: the bound is inclusive
+        req.since = rng.choice(times if rng.random() < 0.5 else ends)
+    if rng.random() < 0.3:   # a submit time itself: inclusive too
         req.until = rng.choice(times)
     return req
 

@@ -117,9 +117,10 @@ def test_history_shows_each_run_its_steps_and_who_cancelled(cluster):
         [str(job_id), "REQUEUED", "3:0"], [str(job_id), "COMPLETED", "0:0"]]
     assert _acct(cluster, "-j", str(cancelled), "-o", "JobID,State,Start,NodeList") == [
         [str(cancelled), "CANCELLED by 0", "Unknown", "None assigned"]]
-    # the default window is today; -s narrows; root sees every user's jobs
-    mine = _acct(cluster, "-X", "-s", "CA", "-o", "JobID")
+    # -s narrows (without -S, to the jobs in those states now, as sacct does); root sees every user's jobs
+    mine = _acct(cluster, "-X", "-s", "CA", "-S", "today", "-o", "JobID")
     assert [str(cancelled)] in mine and [str(job_id)] not in mine
+    assert [str(cancelled)] not in _acct(cluster, "-X", "-s", "CA", "-o", "JobID")
     submitted = _acct(cluster, "-j", str(job_id), "-X", "-o", "SubmitLine,WorkDir,Account,QOS,Timelimit")
     assert submitted[0][0].startswith("airbatch --parsable -N 2 --retries=1") and submitted[0][1] == str(cluster.work)
     assert submitted[0][3] == "normal"
@@ -130,6 +131,9 @@ def test_history_shows_each_run_its_steps_and_who_cancelled(cluster):
     # a user sees their own jobs unless they ask for others' (this cluster does not keep jobs private)
     assert _acct(cluster, "-o", "JobID", user="nobody") == []
     assert [str(job_id)] in _acct(cluster, "-a", "-X", "-o", "JobID", user="nobody")
+    assert _acct(cluster, "-j", str(job_id), "-o", "JobID,SubmitLine,JobName", user="nobody") == [   # not theirs
+        [str(job_id), "", "twice"], [f"{job_id}.batch", "", "batch"], [f"{job_id}.1", "", ""],
+        [f"{job_id}.2", "", ""]]
     bad = cluster.cli("airacct", "-S", "yesterday-ish", check=False)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "is not a time" in bad.stderr
     bad = cluster.cli("airacct", "-o", "JobID,Bogus", check=False)

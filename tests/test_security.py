@@ -190,3 +190,22 @@ def test_hold_and_release_are_the_owners_or_an_operators(cluster):
     cluster.cli("aircontrol", "release", str(held), user="airtest-op")
     cluster.wait_state(held, "RUNNING")
     cluster.cli("aircancel", str(held))
+
+
+def test_history_shows_a_user_only_their_own_jobs_where_jobs_are_private(cluster):
+    script = cluster.write_script("quick.sh", "#!/bin/sh\ntrue\n")
+    a_job = cluster.submit(script, "--job-name=secret-plan", user="airtest-a")
+    b_job = cluster.submit(script, user="airtest-b")
+    cluster.wait_state(a_job, "COMPLETED")
+    cluster.wait_state(b_job, "COMPLETED")
+
+    def ids(who, *args):
+        out = cluster.cli("airacct", "-P", "-n", "-X", "-o", "JobID", *args, user=who).stdout
+        return out.split()
+
+    assert str(b_job) in ids("airtest-b", "-a") and str(a_job) not in ids("airtest-b", "-a")
+    assert ids("airtest-b", "-j", str(a_job)) == [] and ids("airtest-b", "-u", "airtest-a") == []
+    assert str(a_job) in ids("airtest-op", "-a") and str(a_job) in ids("airtest-a")
+    for who in ("airtest-a", "airtest-op"):   # the owner and an operator see the command that submitted it
+        line = cluster.cli("airacct", "-P", "-n", "-X", "-j", str(a_job), "-o", "SubmitLine", user=who).stdout
+        assert line.startswith("airbatch --parsable --job-name=secret-plan"), (who, line)
