@@ -11,7 +11,6 @@ import json
 import sqlite3
 from typing import Iterable
 
-from airctld.model import Job
 from protos import air_pb2 as pb
 from protos.states import JobPhase, JobResult
 
