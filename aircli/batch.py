@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import click
 
@@ -110,7 +111,7 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         mem_per_node_mb=values.get("mem", 0), mem_per_gpu_mb=values.get("mem_per_gpu", 0),
         hang_timeout_s=values.get("hang_timeout", 0),
         no_requeue=bool(values.get("no_requeue")) and not values.get("requeue"), retries=values.get("retries", 0),
-        submit_line=submit_line())
+        submit_line=submit_line(), submit_host=socket.gethostname()[:255])
     if "switches" in values:
         req.switches, req.switches_wait_s = values["switches"]
     if "signal" in values:

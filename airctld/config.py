@@ -52,6 +52,7 @@ class ControllerConfig:
     max_steps_per_user: int = 16         # airrun streams one user may hold open on one node
     max_steps_per_job: int = 40_000      # steps one job may start, all its runs together (Slurm's MaxStepCount)
     history_page_jobs: int = 2_000       # jobs in one reply of job history (airacct asks for the next page)
+    cluster_name: str = "air"            # jobs see it as SLURM_CLUSTER_NAME
 
     @property
     def fence_after_s(self) -> float:

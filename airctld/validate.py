@@ -46,6 +46,8 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
         if len(value) > MAX_PATH or "\0" in value or "\n" in value:
             raise InvalidRequest(f"{field} {value[:40]!r}...: a path of at most {MAX_PATH} characters, "
                                  "without NUL or newline")
+    if len(req.submit_host) > 255 or any(c <= " " for c in req.submit_host):
+        raise InvalidRequest(f"submit host {req.submit_host[:40]!r}: a host name of at most 255 characters")
     if len(req.submit_line) > MAX_SUBMIT_LINE or "\0" in req.submit_line:
         raise InvalidRequest(f"submit line of {len(req.submit_line)} characters; the limit is {MAX_SUBMIT_LINE}, "
                              "without NUL")

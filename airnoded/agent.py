@@ -41,7 +41,7 @@ class Agent:
         self.gpus = gpus
         self.interval = config.controller.heartbeat_interval_s
         self.cgroups = JobCgroups(node.name)
-        self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups)
+        self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups, config.controller.cluster_name)
         cc = config.controller
         self.steps = StepRunner(node.name, node.address, self.cgroups, node.spool, cc.max_tasks_per_node,
                                 cc.max_steps_per_user, on_idle=self.remove_job_dir)

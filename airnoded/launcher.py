@@ -20,6 +20,7 @@ from typing import Callable
 import hostlist
 import psutil
 
+from airctld import arrays
 from airnoded import fence, jobfiles, progress, shepherding
 from airnoded.cgroups import JobCgroups, memory_limit_bytes
 from airnoded.procs import as_owner, killpg
@@ -81,8 +82,9 @@ class StaleRun(Exception):
     """A launch of a run older than one this node has seen."""
 
 
-def job_environment(job: pb.Job, node: str, spool: Path | None = None) -> dict[str, str]:
-    """The batch script's environment: the submitter's exported variables, then AIR_* and SLURM_*."""
+def job_environment(job: pb.Job, node: str, spool: Path | None = None, cluster: str = "") -> dict[str, str]:
+    """The batch script's environment: the submitter's exported variables, then AIR_* and SLURM_*
+    (what sbatch sets and tools such as submitit and Lightning read; see docs/slurm.md)."""
     req = job.request
     nodes = [a.node for a in job.allocation]
     here = next((a for a in job.allocation if a.node == node), None)
@@ -114,6 +116,7 @@ def job_environment(job: pb.Job, node: str, spool: Path | None = None) -> dict[s
         "SLURM_RESTART_COUNT": str(job.restart_count),
         "AIR_LAST_STOP_REASON": REASON_NAMES[Reason(job.last_stop_reason)] if job.restart_count else "",
     }
+    air.update(slurm_job_environment(job, here, cluster))
     if spool is not None:
         air.update(progress.environment(spool, job.job_id, job.restart_count))
     if job.array_job_id:
@@ -121,6 +124,40 @@ def job_environment(job: pb.Job, node: str, spool: Path | None = None) -> dict[s
             air[f"{prefix}_ARRAY_JOB_ID"] = str(job.array_job_id)
             air[f"{prefix}_ARRAY_TASK_ID"] = str(job.array_task_id)
     env.update(air)
+    return env
+
+
+def slurm_job_environment(job: pb.Job, here: pb.NodeAlloc | None, cluster: str) -> dict[str, str]:
+    """sbatch's other variables: tasks, CPUs, account, QOS, who and where from, and the array's shape."""
+    req = job.request
+    nodes = max(1, len(job.allocation))
+    per_node = req.ntasks_per_node or 1
+    env = {
+        "SLURM_NTASKS": str(nodes * per_node),
+        "SLURM_NPROCS": str(nodes * per_node),
+        "SLURM_NTASKS_PER_NODE": str(per_node),
+        "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})" if nodes > 1 else str(per_node),
+        "SLURM_CPUS_PER_TASK": str(req.cpus_per_task or 1),
+        "SLURM_JOB_USER": job.user,
+        "SLURM_JOB_UID": str(job.uid),
+        "SLURM_JOB_GID": str(job.gid),
+    }
+    if here is not None:
+        env["SLURM_CPUS_ON_NODE"] = str(here.cpus)
+    for key, value in (("SLURM_JOB_ACCOUNT", req.account), ("SLURM_JOB_QOS", req.qos),
+                       ("SLURM_SUBMIT_HOST", req.submit_host), ("SLURM_CLUSTER_NAME", cluster)):
+        if value:
+            env[key] = value
+    if job.array_job_id and req.array:
+        try:
+            tasks, _ = arrays.parse(req.array)
+        except ValueError:
+            tasks = []
+        if tasks:
+            steps = {b - a for a, b in zip(tasks, tasks[1:])}
+            env.update({"SLURM_ARRAY_TASK_COUNT": str(len(tasks)), "SLURM_ARRAY_TASK_MIN": str(tasks[0]),
+                        "SLURM_ARRAY_TASK_MAX": str(tasks[-1]),
+                        "SLURM_ARRAY_TASK_STEP": str(steps.pop() if len(steps) == 1 else 1)})
     return env
 
 
@@ -142,8 +179,10 @@ ExitCallback = Callable[[pb.JobExit], None]
 
 
 class Launcher:
-    def __init__(self, node: str, spool: Path, on_exit: ExitCallback, cgroups: JobCgroups | None = None):
+    def __init__(self, node: str, spool: Path, on_exit: ExitCallback, cgroups: JobCgroups | None = None,
+                 cluster: str = ""):
         self.node = node
+        self.cluster = cluster
         self.spool = spool
         self.on_exit = on_exit
         self.cgroups = cgroups or JobCgroups(node, mode="none")
@@ -212,7 +251,7 @@ class Launcher:
         out_path, err_path = output_paths(job, self.node)
         kwargs, owner_env = as_owner(job.uid, job.gid)
         progress.prepare(self.spool, job.job_id, job.restart_count, job.uid, job.gid)
-        env = {**job_environment(job, self.node, self.spool), **owner_env}
+        env = {**job_environment(job, self.node, self.spool, self.cluster), **owner_env}
         separate_err = err_path if err_path and err_path != out_path else ""
         here = next((a for a in job.allocation if a.node == self.node), None)
         group = self.cgroups.create(job.job_id, job.restart_count,

@@ -21,8 +21,31 @@ def test_batch_environment_golden():
         "SLURM_NODELIST": "node[03-05]", "SLURM_NNODES": "3", "SLURM_JOB_NUM_NODES": "3",
         "SLURM_SUBMIT_DIR": "/home/alice/run", "SLURM_JOB_PARTITION": "gpu", "SLURMD_NODENAME": "node03",
         "SLURM_GPUS_ON_NODE": "2", "AIR_RESTART_COUNT": "0", "SLURM_RESTART_COUNT": "0", "AIR_LAST_STOP_REASON": "",
+        "SLURM_NTASKS": "3", "SLURM_NPROCS": "3", "SLURM_NTASKS_PER_NODE": "1", "SLURM_TASKS_PER_NODE": "1(x3)",
+        "SLURM_CPUS_PER_TASK": "1", "SLURM_CPUS_ON_NODE": "4", "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "0",
+        "SLURM_JOB_GID": "0",
     }
     assert env["PATH"] == "/usr/bin"
+
+
+def test_what_sbatch_sets_for_tasks_accounts_and_arrays():
+    """As sbatch(1) documents them: 2 tasks a node on 3 nodes, an account, a QOS, the submit host, the
+    cluster's name, and a task of --array=1-9:4 (tasks 1, 5, 9)."""
+    job = _job()
+    job.uid, job.gid, job.array_job_id, job.array_task_id = 1000, 100, 40, 5
+    job.request.MergeFrom(pb.JobRequest(ntasks_per_node=2, cpus_per_task=6, account="ml", qos="high",
+                                        submit_host="login1", array="1-9:4%2"))
+    env = job_environment(job, "node04", cluster="big")
+    assert {k: env[k] for k in env if k.startswith("SLURM_") and k not in
+            ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_NNODES",
+             "SLURM_JOB_NUM_NODES", "SLURM_SUBMIT_DIR", "SLURM_JOB_PARTITION", "SLURM_GPUS_ON_NODE",
+             "SLURM_RESTART_COUNT")} == {
+        "SLURM_NTASKS": "6", "SLURM_NPROCS": "6", "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2(x3)",
+        "SLURM_CPUS_PER_TASK": "6", "SLURM_CPUS_ON_NODE": "4", "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "1000",
+        "SLURM_JOB_GID": "100", "SLURM_JOB_ACCOUNT": "ml", "SLURM_JOB_QOS": "high", "SLURM_SUBMIT_HOST": "login1",
+        "SLURM_CLUSTER_NAME": "big", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "5",
+        "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "9",
+        "SLURM_ARRAY_TASK_STEP": "4"}
 
 
 def test_submitter_cannot_override_the_job_variables():
