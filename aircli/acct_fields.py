@@ -225,6 +225,8 @@ FIELDS: dict[str, tuple[int, bool, Callable[[Record, float], object]]] = {
     "WorkDir": (20, True, lambda r, now: "" if r.step else r.job.request.workdir),
     "SubmitLine": (20, True, _submit_line),
     "Priority": (10, True, lambda r, now: "" if r.step else r.job.priority),
+    "Comment": (20, True, lambda r, now: "" if r.step else r.job.request.comment),
+    "WCKey": (10, True, lambda r, now: "" if r.step else r.job.request.wckey),
     "ArrayJobID": (12, True, lambda r, now: r.job.array_job_id or ""),
     "ArrayTaskID": (12, True, lambda r, now: r.job.array_task_id if r.job.array_job_id else ""),
 }

@@ -7,7 +7,8 @@ import socket
 import click
 
 from aircli.client import CliError, entry
-from aircli.options import OPTIONS, OptionError, export_environment, from_environment, parse_directives
+from aircli.options import (FLAG_KINDS, OPTIONS, OptionError, export_environment, from_environment,
+                            parse_directives, resolve_tasks)
 
 SUBMIT_LINE_CHARS = 4096   # as airctld keeps it (validate.MAX_SUBMIT_LINE)
 
@@ -39,7 +40,7 @@ def _cli_values(kwargs: dict) -> dict[str, object]:
         if raw is None or raw is False:
             continue
         try:
-            values[opt.dest] = convert(opt, None if opt.kind == "flag" else raw)
+            values[opt.dest] = convert(opt, None if opt.kind in FLAG_KINDS else raw)
         except OptionError as e:
             raise click.BadParameter(str(e), param_hint=opt.long) from None
     return values
@@ -49,7 +50,7 @@ def _params() -> list[click.Parameter]:
     params: list[click.Parameter] = []
     for opt in OPTIONS:
         decls = [opt.long] + ([opt.short] if opt.short else [])
-        if opt.kind == "flag":
+        if opt.kind in FLAG_KINDS:
             params.append(click.Option(decls, is_flag=True, default=None, help=opt.help))
         else:
             params.append(click.Option(decls, default=None, metavar="VALUE", help=opt.help))
@@ -90,6 +91,10 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         raise CliError(f"{script or '--wrap'}: {e}") from None
     values.update(_cli_values(kwargs))
     try:
+        values = resolve_tasks(values)
+    except OptionError as e:
+        raise CliError(str(e)) from None
+    try:
         env = export_environment(values.get("export", "ALL"), dict(os.environ))
     except OptionError as e:
         raise CliError(str(e)) from None
@@ -111,18 +116,40 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         mem_per_node_mb=values.get("mem", 0), mem_per_gpu_mb=values.get("mem_per_gpu", 0),
         hang_timeout_s=values.get("hang_timeout", 0),
         no_requeue=bool(values.get("no_requeue")) and not values.get("requeue"), retries=values.get("retries", 0),
-        submit_line=submit_line(), submit_host=socket.gethostname()[:255])
+        submit_line=submit_line(), submit_host=socket.gethostname()[:255], comment=values.get("comment", ""),
+        wckey=values.get("wckey", ""), mail_type=values.get("mail_type", ""), mail_user=values.get("mail_user", ""),
+        open_truncate=values.get("open_mode") == "truncate")
     if "switches" in values:
         req.switches, req.switches_wait_s = values["switches"]
     if "signal" in values:
         req.warn_signal, req.warn_time_s, req.warn_batch_only = values["signal"]
-    reply = Client(config).call("Submit", pb.SubmitRequest(job=req, test_only=test_only))
+    client = Client(config)
+    reply = client.call("Submit", pb.SubmitRequest(job=req, test_only=test_only))
     if test_only:
         click.echo(f"airbatch: job {reply.message}")
     elif parsable:
         click.echo(str(reply.job_id))
     else:
         click.echo(f"Submitted batch job {reply.job_id}")
+    if values.get("wait") and not test_only:
+        raise click.exceptions.Exit(_wait(client, reply.job_id))
+
+
+def _wait(client, job_id: int) -> int:
+    """--wait: poll until the job has ended (a requeued job is waited for to its real end); its exit
+    code, or 1 for a job that did not complete (as sbatch -W)."""
+    import time
+    from protos import air_pb2 as pb
+    from protos.states import JobPhase, JobResult
+    delay = 0.2
+    while True:
+        job = client.call("GetJob", pb.GetJobRequest(job_id=job_id))
+        if job.phase == JobPhase.DONE:
+            if job.result == JobResult.COMPLETED:
+                return 0
+            return job.exit_code or 1
+        time.sleep(delay)
+        delay = min(delay * 1.5, 5.0)
 
 
 command = click.Command(

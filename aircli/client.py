@@ -13,9 +13,9 @@ class CliError(click.ClickException):
 
 def run(command: click.Command, prog: str, argv: list[str] | None = None) -> int:
     """Run a click command, turning every failure into `prog: error: message` and exit 1."""
-    try:
-        command.main(args=argv, prog_name=prog, standalone_mode=False)
-        return 0
+    try:   # without standalone mode, click returns an Exit's code instead of raising it
+        code = command.main(args=argv, prog_name=prog, standalone_mode=False)
+        return code if isinstance(code, int) and not isinstance(code, bool) else 0
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.Abort:

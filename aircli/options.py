@@ -62,13 +62,31 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("requeue", "--requeue", None, "flag", help="may be requeued (the default)"),
     Opt("no_requeue", "--no-requeue", None, "flag", help="never requeue: a node failure ends the job"),
     Opt("retries", "--retries", None, "count", help="requeue after a failure of its own, up to N times"),
+    Opt("ntasks", "--ntasks", "-n", "count", env=("SBATCH_NTASKS",),
+        help="tasks in all, as many on each node (on one node unless --nodes)"),
+    Opt("gpus_per_task", "--gpus-per-task", None, "gpus", help="GPUs for each task ([type:]N)"),
+    Opt("gpus", "--gpus", "-G", "gpus", env=("SBATCH_GPUS",), help="GPUs in all ([type:]N), as many on each node"),
+    Opt("comment", "--comment", None, help="a comment kept with the job (airacct -o Comment)"),
+    Opt("wckey", "--wckey", None, env=("SBATCH_WCKEY",), help="a workload key kept with the job (airacct -o WCKey)"),
+    Opt("mail_type", "--mail-type", None, help="recorded with the job; AIR sends no mail"),
+    Opt("mail_user", "--mail-user", None, help="recorded with the job; AIR sends no mail"),
+    Opt("open_mode", "--open-mode", None, "open_mode", env=("SBATCH_OPEN_MODE",),
+        help="append (the default: each run adds to the output) or truncate (each run starts it empty)"),
+    Opt("wait", "--wait", "-W", "flag", help="return once the job has ended, with its exit code"),
+    Opt("exclusive", "--exclusive", None, "refused_flag", help="whole nodes for the job"),
+    Opt("constraint", "--constraint", "-C", "refused", help="node features"),
+    Opt("nodelist", "--nodelist", "-w", "refused", help="these nodes"),
+    Opt("exclude", "--exclude", "-x", "refused", help="not these nodes"),
 )
+FLAG_KINDS = ("flag", "refused_flag")
 BY_NAME = {o.long: o for o in OPTIONS} | {o.short: o for o in OPTIONS if o.short}
 DIRECTIVE = re.compile(r"^#(AIR|SBATCH)(\s|$)")
 
 
 def convert(opt: Opt, value: str | None) -> object:
     """The option's value from its text, or OptionError naming the option and the value."""
+    if opt.kind in ("refused", "refused_flag"):
+        raise OptionError(f"{opt.long} ({opt.help}) is not supported by AIR yet; see docs/slurm.md")
     if opt.kind == "flag":
         if value is not None:
             raise OptionError(f"{opt.long} takes no value (got {value!r})")
@@ -114,6 +132,10 @@ def convert(opt: Opt, value: str | None) -> object:
             return parse_duration(value)
         except ValueError as e:
             raise OptionError(f"{opt.long}: {e}") from None
+    if opt.kind == "open_mode":
+        if value not in ("append", "truncate"):
+            raise OptionError(f"{opt.long}={value!r}: give append or truncate")
+        return value
     if opt.kind in ("gpus", "gres"):
         text = value
         if opt.kind == "gres":
@@ -125,6 +147,41 @@ def convert(opt: Opt, value: str | None) -> object:
             raise OptionError(f"{opt.long}={value!r}: give a GPU count, such as 4 or h100:4")
         return int(count)
     return value
+
+
+def resolve_tasks(values: dict[str, object]) -> dict[str, object]:
+    """--ntasks, --gpus-per-task and --gpus in AIR's terms (nodes, tasks and GPUs on each node): AIR
+    puts the same number of tasks and GPUs on every node of a job, so totals must divide evenly."""
+    out = dict(values)
+    nodes = out.get("nodes", 1)
+    if "ntasks" in out:
+        ntasks = out.pop("ntasks")
+        if "nodes" not in values:   # as few nodes as can hold them: AIR's jobs have one layout, so one
+            nodes = out["nodes"] = 1
+        if ntasks % nodes:
+            raise OptionError(f"--ntasks={ntasks} over {nodes} nodes: AIR runs the same number of tasks on "
+                              "each node; give a multiple of --nodes")
+        per_node = ntasks // nodes
+        if out.get("ntasks_per_node", per_node) != per_node:
+            raise OptionError(f"--ntasks={ntasks} and --ntasks-per-node={out['ntasks_per_node']} over {nodes} "
+                              "nodes disagree")
+        out["ntasks_per_node"] = per_node
+    if "gpus_per_task" in out:
+        gpus = out.pop("gpus_per_task") * out.get("ntasks_per_node", 1)
+        if out.get("gpus_per_node", gpus) != gpus:
+            raise OptionError(f"--gpus-per-task gives {gpus} GPUs on each node, --gpus-per-node "
+                              f"{out['gpus_per_node']}")
+        out["gpus_per_node"] = gpus
+    if "gpus" in out:
+        total = out.pop("gpus")
+        if total % nodes:
+            raise OptionError(f"--gpus={total} over {nodes} nodes: AIR gives each node of a job the same number "
+                              "of GPUs; give a multiple of --nodes")
+        if out.get("gpus_per_node", total // nodes) != total // nodes:
+            raise OptionError(f"--gpus={total} over {nodes} nodes and --gpus-per-node={out['gpus_per_node']} "
+                              "disagree")
+        out["gpus_per_node"] = total // nodes
+    return out
 
 
 def parse_begin(value: str, now: float | None = None) -> float:
@@ -194,7 +251,7 @@ def parse_tokens(tokens: list[str]) -> dict[str, object]:
         opt = BY_NAME.get(name)
         if opt is None:
             raise OptionError(f"unknown option {name}")
-        if value is None and opt.kind != "flag":
+        if value is None and opt.kind not in FLAG_KINDS:
             if i + 1 >= len(tokens):
                 raise OptionError(f"{opt.long} needs a value")
             i += 1

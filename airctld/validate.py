@@ -17,6 +17,7 @@ MAX_ARGS = 1024
 MAX_ARGS_BYTES = 256 * 1024
 MAX_ENV_VARS = 4096
 MAX_SUBMIT_LINE = 4096
+MAX_COMMENT = 1024
 ALWAYS_DROPPED = ("LD_PRELOAD", "LD_AUDIT")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -48,6 +49,10 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
                                  "without NUL or newline")
     if len(req.submit_host) > 255 or any(c <= " " for c in req.submit_host):
         raise InvalidRequest(f"submit host {req.submit_host[:40]!r}: a host name of at most 255 characters")
+    for field in ("comment", "wckey", "mail_type", "mail_user"):
+        value = getattr(req, field)
+        if len(value) > MAX_COMMENT or any(c < " " for c in value):
+            raise InvalidRequest(f"--{field.replace('_', '-')}: at most {MAX_COMMENT} printable characters")
     if len(req.submit_line) > MAX_SUBMIT_LINE or "\0" in req.submit_line:
         raise InvalidRequest(f"submit line of {len(req.submit_line)} characters; the limit is {MAX_SUBMIT_LINE}, "
                              "without NUL")

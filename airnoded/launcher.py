@@ -45,10 +45,11 @@ MAX_JOB_FILE = 256 << 20
 # copy of the pipe is closed by the time the script runs, so the daemon reads EOF at exec.
 START_AS_OWNER = """exec 3>&1 0</dev/null
 { cd "$1"; } 2>&3 || exit 126
-{ exec >>"$2"; } 2>&3 || exit 126
-if [ -n "$3" ]; then { exec 4>>"$3"; } 2>&3 || exit 126; exec 2>&4 4>&-; else exec 2>&1; fi
+if [ "$4" = truncate ]; then { exec >"$2"; } 2>&3 || exit 126; else { exec >>"$2"; } 2>&3 || exit 126; fi
+if [ -n "$3" ] && [ "$4" = truncate ]; then { exec 4>"$3"; } 2>&3 || exit 126; exec 2>&4 4>&-
+elif [ -n "$3" ]; then { exec 4>>"$3"; } 2>&3 || exit 126; exec 2>&4 4>&-; else exec 2>&1; fi
 exec 3>&-
-shift 3
+shift 4
 exec "$@"
 """
 
@@ -259,7 +260,9 @@ class Launcher:
                                                        len(here.gpus) if here else 0))
         if group is not None:
             jobfiles.write_root_file(jobdir, fence.CGROUP, str(group).encode(), 0o600)
-        argv = ["/bin/sh", "-c", START_AS_OWNER, "air-job", req.workdir, out_path, separate_err, str(script), *req.argv]
+        mode = "truncate" if req.open_truncate else "append"
+        argv = ["/bin/sh", "-c", START_AS_OWNER, "air-job", req.workdir, out_path, separate_err, mode, str(script),
+                *req.argv]
         status_r, status_w = os.pipe()
         try:
             herd = shepherding.spawn(jobdir, BATCH, [Child(argv, env, status_w, status_w)],

@@ -93,3 +93,45 @@ def test_export_forms():
     assert export_environment("ALL,C=3", env) == {"A": "1", "B": "2", "C": "3"}
     with pytest.raises(OptionError):
         export_environment("NONE,1BAD", env)
+
+
+@pytest.mark.parametrize("given, expected", [
+    ({"ntasks": 4}, {"nodes": 1, "ntasks_per_node": 4}),
+    ({"ntasks": 8, "nodes": 2}, {"nodes": 2, "ntasks_per_node": 4}),
+    ({"ntasks": 8, "nodes": 2, "gpus_per_task": 1}, {"nodes": 2, "ntasks_per_node": 4, "gpus_per_node": 4}),
+    ({"ntasks_per_node": 2, "gpus_per_task": 3}, {"ntasks_per_node": 2, "gpus_per_node": 6}),
+    ({"gpus_per_task": 2}, {"gpus_per_node": 2}),
+    ({"gpus": 16, "nodes": 2}, {"nodes": 2, "gpus_per_node": 8}),
+    ({"gpus": 4}, {"gpus_per_node": 4}),
+    ({"ntasks": 2, "ntasks_per_node": 2, "gpus": 2, "gpus_per_node": 2},
+     {"nodes": 1, "ntasks_per_node": 2, "gpus_per_node": 2}),
+])
+def test_totals_become_amounts_on_each_node(given, expected):
+    """sbatch's totals (-n, -G) and per-task GPUs in AIR's terms, where every node of a job is alike."""
+    from aircli.options import resolve_tasks
+    assert resolve_tasks(given) == expected
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"ntasks": 3, "nodes": 2}, "--ntasks=3 over 2 nodes: AIR runs the same number of tasks on each node"),
+    ({"ntasks": 4, "nodes": 2, "ntasks_per_node": 1}, "disagree"),
+    ({"gpus": 3, "nodes": 2}, "--gpus=3 over 2 nodes"),
+    ({"gpus_per_task": 2, "ntasks_per_node": 2, "gpus_per_node": 2}, "--gpus-per-task gives 4 GPUs on each node"),
+])
+def test_totals_that_cannot_be_laid_out_evenly_are_refused(given, message):
+    from aircli.options import resolve_tasks
+    with pytest.raises(OptionError, match=message):
+        resolve_tasks(given)
+
+
+def test_sbatch_options_recorded_refused_or_checked():
+    values = parse_directives("#!/bin/sh\n#SBATCH -n 2 --gpus-per-task=1 --comment='a b' --wckey=w1\n"
+                              "#SBATCH --mail-type=END,FAIL --mail-user=a@b --open-mode=truncate -W\ntrue\n")
+    assert values == {"ntasks": 2, "gpus_per_task": 1, "comment": "a b", "wckey": "w1", "mail_type": "END,FAIL",
+                      "mail_user": "a@b", "open_mode": "truncate", "wait": True}
+    for tokens, name in ((["--exclusive"], "--exclusive"), (["-C", "h100"], "--constraint"),
+                         (["-w", "node01"], "--nodelist"), (["--exclude=node[01-02]"], "--exclude")):
+        with pytest.raises(OptionError, match=f"^{name} .* is not supported by AIR yet; see docs/slurm.md$"):
+            parse_tokens(tokens)
+    with pytest.raises(OptionError, match="give append or truncate"):
+        parse_tokens(["--open-mode=overwrite"])

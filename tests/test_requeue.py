@@ -160,6 +160,22 @@ def test_slurm_command_names_drive_the_cluster(cluster, tmp_path):
     assert run("sacct", "-j", f"{job_id},{held}", "-X", "-P", "-n", "-o", "JobID,State").splitlines() == [
         f"{job_id}|COMPLETED", f"{held}|CANCELLED by 0"]
 
+    # sbatch -W returns the job's exit; --open-mode=truncate starts each run's output afresh; -n and
+    # --gpus-per-task become tasks and GPUs on each node; --comment is kept; --exclusive is refused
+    waited = subprocess.run(["sbatch", "-W", "-n", "2", "--gpus-per-task=1", "--open-mode=truncate", "--retries=1",
+                             "--comment=two tries", "-o", "tries-%j.out", "--wrap",
+                             'echo "run $SLURM_RESTART_COUNT of $SLURM_NTASKS tasks on GPUs $CUDA_VISIBLE_DEVICES"; '
+                             'exit $((3 - SLURM_RESTART_COUNT))'],
+                            capture_output=True, text=True, env=env, cwd=cluster.work, timeout=90)
+    assert waited.returncode == 2, waited.stderr
+    tries = int(waited.stdout.split()[-1])
+    assert (cluster.work / f"tries-{tries}.out").read_text().startswith("run 1 of 2 tasks on GPUs ")
+    assert run("sacct", "-j", str(tries), "-X", "-P", "-n", "-o", "State,ExitCode,Comment,RestartCnt").split() == [
+        "FAILED|2:0|two", "tries|1"]
+    refused = subprocess.run(["sbatch", "--exclusive", "--wrap", "true"], capture_output=True, text=True, env=env,
+                             cwd=cluster.work, timeout=60)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "not supported by AIR" in refused.stderr
+
 
 def test_no_requeue_jobs_refuse_requeue(cluster):
     job_id = cluster.submit(cluster.write_script("nr.sh", "#!/bin/sh\nsleep 30\n"), "--no-requeue")

@@ -129,9 +129,11 @@ def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
 
 
 def test_time_limit_warning_checkpoints_requeues_and_finishes(cluster, tmp_path):
-    steps = 60   # 9 s of steps: more than a run has before the warning (8 s, less its start)
-    job, out = _tinygpt_job(cluster, "warned", steps, "--time=0:20", "--signal=TERM@12", every=1000,
-                            sleep=0.15, ranks=1, nodes=1)
+    # 21 s of steps: more than a run has before its warning (20 s, less its start), and about two runs'
+    # worth where starting takes up to 8 s (torch's import on a busy 2-core host)
+    steps = 84
+    job, out = _tinygpt_job(cluster, "warned", steps, "--time=0:32", "--signal=TERM@12", every=1000,
+                            sleep=0.25, ranks=1, nodes=1)
     done = cluster.wait_state(job, "COMPLETED", "FAILED", "TIMEOUT", timeout=240)
     text = (cluster.work / f"warned-{job}.out").read_text()
     assert done["state"] == "COMPLETED" and done["restart_count"] >= 1, (done["exit_code"], done["exit_signal"], done["reason_detail"], text[-2000:])
