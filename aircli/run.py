@@ -25,9 +25,16 @@ NODE_LOST_EXIT = 76  # a node of the step stopped answering: the controller requ
 @click.option("--kill-on-bad-exit/--no-kill-on-bad-exit", default=True, show_default=True,
               help="one rank failing ends the step")
 @click.option("--jobid", type=int, help="the job to run in (default: $AIR_JOB_ID)")
+@click.option("-n", "--ntasks", type=click.IntRange(1), help="ranks in all, as many on each node")
+@click.option("-o", "--output", "output", help="each rank's stdout to this file (%t rank, %j job, %s step, %N node, "
+              "%n node index, %A %a array, %u user, %x job name), appended")
+@click.option("-e", "--error", "error", help="each rank's stderr to this file (default: with --output)")
+@click.option("-u", "--unbuffered", is_flag=True, help="accepted: output is passed on line by line anyway")
 @click.option("--config", hidden=True)
 @click.argument("command", nargs=-1, required=True)
-def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_exit, jobid, config, command):
+@click.pass_context
+def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_exit, jobid, ntasks, output,
+            error, unbuffered, config, command):
     import grpc
     import hostlist
     from aircli.client import Client
@@ -41,6 +48,16 @@ def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_
         names = hostlist.expand_hostlist(nodelist) if nodelist else []
     except hostlist.BadHostlist as e:
         raise click.BadParameter(str(e), param_hint="'-w'") from None
+    count = len(names) or nodes or int(os.environ.get("AIR_NNODES", "0") or 0) or 1
+    if ntasks:
+        if ntasks % count:
+            raise CliError(f"--ntasks={ntasks} over {count} nodes: a step runs the same number of ranks on each "
+                           "node; give a multiple of the nodes")
+        if ntasks_per_node and ntasks_per_node != ntasks // count:
+            raise CliError(f"--ntasks={ntasks} and --ntasks-per-node={ntasks_per_node} disagree")
+        ntasks_per_node = ntasks // count
+    elif not ntasks_per_node and ctx.info_name == "srun":   # srun: the job's tasks, not one rank per GPU
+        ntasks_per_node = int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0) or None
     client = Client(config)
     spec = pb.StepSpec(job_id=job_id, nodes=nodes or 0, nodelist=names, ntasks_per_node=ntasks_per_node or 0,
                        gpus_per_task=gpus_per_task or 0, argv=list(command), environment=dict(os.environ),
@@ -63,6 +80,7 @@ def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_
         threading.Thread(target=follower.run, daemon=True).start()
 
     out, err = sys.stdout.buffer, sys.stderr.buffer
+    files = _RankFiles(step, output, error) if output or error else None
     remaining, first_bad, streams_left = step.world_size, 0, len(followers)
 
     def stopping(signum, frame):
@@ -93,7 +111,7 @@ def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_
                         err.write(f"airrun: rank {event.rank} exited with {code}; ending the step\n".encode())
                         break
                 continue
-            stream = err if event.stderr else out
+            stream = (files.stream(event.rank, event.stderr) if files else None) or (err if event.stderr else out)
             stream.write((f"{event.rank}: ".encode() if label else b"") + event.data)
             stream.flush()
     except KeyboardInterrupt:
@@ -101,8 +119,54 @@ def command(nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_
     finally:
         for follower in followers:
             follower.cancel()
+        if files:
+            files.close()
     if first_bad:
         sys.exit(first_bad)
+
+
+def expand(pattern: str, step, rank: int, env: dict[str, str]) -> str:
+    """srun's filename patterns for one rank's file."""
+    node_index = next((i for i, n in enumerate(step.nodes) if rank in n.ranks), 0)
+    job = env.get("AIR_JOB_ID", str(step.job_id))
+    values = {"t": str(rank), "j": job, "J": f"{job}.{step.step_id}", "s": str(step.step_id),
+              "N": step.nodes[node_index].node, "n": str(node_index), "u": env.get("USER", ""),
+              "x": env.get("AIR_JOB_NAME", ""), "A": env.get("SLURM_ARRAY_JOB_ID", job),
+              "a": env.get("SLURM_ARRAY_TASK_ID", "4294967294"), "%": "%"}
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern[i] == "%" and i + 1 < len(pattern) and pattern[i + 1] in values:
+            out.append(values[pattern[i + 1]])
+            i += 2
+        else:
+            out.append(pattern[i])
+            i += 1
+    return "".join(out)
+
+
+class _RankFiles:
+    """--output/--error: each rank's lines into its own file (opened on its first line, appended to;
+    ranks whose patterns name the same file share it)."""
+
+    def __init__(self, step, output: str | None, error: str | None):
+        self.step, self.output, self.error = step, output, error or output
+        self.open: dict[str, object] = {}
+
+    def stream(self, rank: int, stderr: bool):
+        pattern = self.error if stderr else self.output
+        if not pattern:
+            return None
+        path = expand(pattern, self.step, rank, dict(os.environ))
+        if path not in self.open:
+            try:
+                self.open[path] = open(path, "ab")
+            except OSError as e:
+                raise CliError(f"cannot open {path} for rank {rank}'s output: {e.strerror}") from None
+        return self.open[path]
+
+    def close(self) -> None:
+        for f in self.open.values():
+            f.close()
 
 
 class _Follower:

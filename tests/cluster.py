@@ -158,8 +158,8 @@ class LocalCluster:
         os.chmod(path, mode)
         return path
 
-    def submit(self, script: Path | str, *options: str, user: str | None = None) -> int:
-        out = self.cli("airbatch", "--parsable", *options, str(script), user=user).stdout
+    def submit(self, script: Path | str, *options: str, user: str | None = None, env: dict | None = None) -> int:
+        out = self.cli("airbatch", "--parsable", *options, str(script), user=user, env=env).stdout
         return int(out.strip())
 
     def job(self, job_id: int) -> dict:

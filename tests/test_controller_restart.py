@@ -19,8 +19,9 @@ def test_controller_kill9_during_a_two_node_step_keeps_the_step_and_its_output(c
     cluster.start_controller()
     assert cluster.job(job_id)["state"] == "RUNNING"
     job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=30)
-    assert job["state"] == "COMPLETED" and job["exit_code"] == 0 and job["restart_count"] == 0
     lines = out.read_text().splitlines()
+    assert job["state"] == "COMPLETED" and job["exit_code"] == 0 and job["restart_count"] == 0, \
+        (job["exit_code"], job["exit_signal"], job["reason_detail"], lines[-6:])
     for rank in ("0", "1"):
         assert [line.split()[1] for line in lines if line.split()[0] == rank] == [str(i) for i in range(1, 17)]
     assert cluster.cli("airq", "-j", str(job_id), "-h", "-t", "all", "-o", "%t").stdout.strip() == "CD"

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -74,6 +75,9 @@ def test_node_death_requeues_and_resumes_from_the_last_checkpoint(cluster, tmp_p
     assert details == [f"node {node} stopped responding"]
     job = cluster.wait_state(job_id, "COMPLETED", timeout=90)
     assert job["nodes"] != [node]
+    cluster.start_node(int(node[-2:]) - 1)   # the host is back, for the tests after this one
+    wait_for(lambda: "down" not in cluster.cli("airinfo", "-N", "-h", "-o", "%N %t").stdout, timeout=20,
+             what=f"{node} to be up again")
     final, base = torch.load(f"{out}.pt"), _baseline(tmp_path, 25)
     assert all(torch.equal(final[k], base[k]) for k in base)
 
@@ -175,6 +179,69 @@ def test_slurm_command_names_drive_the_cluster(cluster, tmp_path):
     refused = subprocess.run(["sbatch", "--exclusive", "--wrap", "true"], capture_output=True, text=True, env=env,
                              cwd=cluster.work, timeout=60)
     assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "not supported by AIR" in refused.stderr
+
+
+def test_submitit_runs_a_function_and_maps_an_array_through_the_slurm_commands(cluster, tmp_path, monkeypatch):
+    """submitit (1.5, its Slurm executor, unchanged) drives AIR through sbatch, srun, sacct and scancel."""
+    import submitit
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    cluster.cli("aircontrol", "slurm-commands", "install", "--dir", str(bindir))
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("AIR_CONF", str(cluster.config))
+    executor = submitit.AutoExecutor(folder=cluster.work / "submitit", cluster="slurm")
+    executor.update_parameters(timeout_min=5, slurm_array_parallelism=3)
+    job = executor.submit(pow, 2, 10)
+    assert job.result() == 1024   # read from its result file, written just before the job ends
+    wait_for(lambda: job.get_info().get("State") == "COMPLETED", timeout=20, interval=0.5, what="COMPLETED")
+    jobs = executor.map_array(abs, [-i for i in range(10)])
+    assert [j.result() for j in jobs] == list(range(10))
+    wait_for(lambda: {j.get_info().get("State") for j in jobs} == {"COMPLETED"}, timeout=20, interval=0.5,
+             what="every task COMPLETED in sacct")
+    array = jobs[0].job_id.split("_")[0]
+    assert jobs[3].job_id == f"{array}_3"
+    spans = [line.split("|") for line in cluster.cli("airacct", "-j", array, "-X", "-P", "-n", "-o",
+                                                     "ElapsedRaw,End").stdout.splitlines()]
+    runs = [(_epoch(end) - int(elapsed), _epoch(end)) for elapsed, end in spans]   # whole seconds
+    at_once = max(sum(s < t + 0.5 and t + 0.5 < e for s, e in runs) for t, _ in runs)
+    assert len(runs) == 10 and at_once <= 3, f"{at_once} tasks of a %3 array ran at once: {runs}"
+    slow = executor.submit(time.sleep, 60)
+    wait_for(lambda: slow.get_info().get("State") == "RUNNING", timeout=30, interval=0.5, what="the job to run")
+    slow.cancel()
+    wait_for(lambda: slow.get_info().get("State", "").startswith("CANCELLED"), timeout=30, interval=0.5,
+             what="submitit to see the job cancelled")
+
+
+def _epoch(stamp: str) -> float:
+    return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+
+
+LIGHTNING = """import json
+from lightning_fabric.plugins.environments import SLURMEnvironment as S
+e = S()
+print(json.dumps([S.detect(), e.global_rank(), e.local_rank(), e.node_rank(), e.world_size(), e.main_address,
+                  e.main_port]))
+"""
+
+
+def test_lightning_sees_each_rank_of_a_two_node_srun_step(cluster, tmp_path):
+    """Lightning's SLURMEnvironment inside a 2-node x 2-task srun step: detected, and each task's ranks,
+    world size, main address and port as torch.distributed will use them."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    cluster.cli("aircontrol", "slurm-commands", "install", "--dir", str(bindir))
+    (cluster.work / "lightning_env.py").write_text(LIGHTNING)
+    script = cluster.write_script("lightning.sh", f"#!/bin/sh\n#SBATCH -N 2 --ntasks-per-node=2\n"
+                                                  f"srun {sys.executable} lightning_env.py\n")
+    job_id = cluster.submit(script, env={"PATH": f"{bindir}:{os.environ['PATH']}"})
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=90)
+    out = (cluster.work / f"air-{job_id}.out").read_text()
+    assert job["state"] == "COMPLETED", out
+    rows = sorted(json.loads(line) for line in out.splitlines() if line.startswith("["))
+    address, port = rows[0][5], rows[0][6]
+    assert address.startswith("127.0.15.") and port > 0
+    assert rows == [[True, 0, 0, 0, 4, address, port], [True, 1, 1, 0, 4, address, port],
+                    [True, 2, 0, 1, 4, address, port], [True, 3, 1, 1, 4, address, port]]
 
 
 def test_no_requeue_jobs_refuse_requeue(cluster):
