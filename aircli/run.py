@@ -104,6 +104,8 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
             if event.exited:
                 remaining -= 1
                 code = event.exit_code or (128 + event.exit_signal if event.exit_signal else 0)
+                if event.fenced:   # its node lost the controller: the job's run is lost there, not failed
+                    code = NODE_LOST_EXIT
                 if code and not first_bad:
                     first_bad = code
                     # a rank that stopped cleanly for requeue is not a failure: the others follow

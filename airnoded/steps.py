@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from airctld.steps import rank_environment
-from airnoded import jobfiles, progress, shepherding
+from airnoded import fence, jobfiles, progress, shepherding
 from airnoded.outbox import Outbox
 from airnoded.cgroups import JobCgroups
 from airnoded.procs import as_owner, killpg
@@ -613,7 +613,9 @@ class _Stream:
             self.runner._reaped(self.key, pgid)
         status = self.herd.exits.get(child, signal.SIGKILL)
         code, sig = (0, os.WTERMSIG(status)) if os.WIFSIGNALED(status) else (os.WEXITSTATUS(status), 0)
-        self._put(pb.StepEvent(rank=rank, exited=True, exit_code=code, exit_signal=sig))
+        # a rank the node's fence stopped did not fail: its node lost the controller (airrun says so)
+        fenced = fence.was_fenced(jobfiles.job_dir(self.runner.spool, *self.key))
+        self._put(pb.StepEvent(rank=rank, exited=True, exit_code=code, exit_signal=sig, fenced=fenced))
 
 
 def _unregister(poller, fd: int) -> None:

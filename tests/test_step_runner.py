@@ -191,3 +191,18 @@ def test_a_step_whose_shepherd_died_with_its_ranks_while_no_daemon_ran_ends_at_a
     got = _drain(events, timeout=5)
     assert sorted((e.rank, e.exit_signal) for e in got if e.exited) == [(0, 9), (1, 9)]
     assert successor.runs() == [] and successor._ranks == 0 and not successor.has_ranks(1, 0)
+
+
+def test_a_rank_the_fence_stopped_says_so_and_one_that_was_killed_otherwise_does_not(runner):
+    """The node's fence marks a run before it signals it: the rank's exit says it was fenced, so airrun
+    ends with NODE_LOST_EXIT (a requeue), not with the rank's signal (a failure of the job's own)."""
+    from airnoded import fence, jobfiles
+    runner.prepare(_step(job_id=3, argv=("sleep", "30")))
+    events, stop = runner.run(3, 0, OWNER)
+    fence.mark_fenced(jobfiles.job_dir(runner.spool, 3, 0))
+    assert runner.signal(3, 0, 15)
+    assert [(e.exit_signal, e.fenced) for e in _drain(events) if e.exited] == [(15, True)]
+    runner.prepare(_step(job_id=4, argv=("sleep", "30")))
+    events, stop = runner.run(4, 0, OWNER)
+    assert runner.signal(4, 0, 15)
+    assert [(e.exit_signal, e.fenced) for e in _drain(events) if e.exited] == [(15, False)]
