@@ -108,7 +108,7 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         name=values.get("name") or name_default, script=text, argv=list(args),
         partition=values.get("partition", ""), account=values.get("account", ""),
         nodes=values.get("nodes", 1), gpus_per_node=values.get("gpus_per_node", 0),
-        ntasks_per_node=values.get("ntasks_per_node", 1), cpus_per_task=values.get("cpus_per_task", 1),
+        ntasks_per_node=values.get("ntasks_per_node", 0), cpus_per_task=values.get("cpus_per_task", 0),
         time_limit_s=values.get("time", 0), output=values.get("output", ""), error=values.get("error", ""),
         workdir=workdir, environment=env, hold=bool(values.get("hold")),
         dependency=values.get("dependency", ""), qos=values.get("qos", ""), nice=values.get("nice", 0),
@@ -123,6 +123,9 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         req.switches, req.switches_wait_s = values["switches"]
     if "signal" in values:
         req.warn_signal, req.warn_time_s, req.warn_batch_only = values["signal"]
+        # sbatch's meaning, when called so: without B: the steps' ranks only (the batch shell would die of
+        # a signal it does not expect); airbatch's own: the whole job
+        req.warn_steps_only = not req.warn_batch_only and click.get_current_context().info_name == "sbatch"
     client = Client(config)
     reply = client.call("Submit", pb.SubmitRequest(job=req, test_only=test_only))
     if test_only:
@@ -136,18 +139,23 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
 
 
 def _wait(client, job_id: int) -> int:
-    """--wait: poll until the job has ended (a requeued job is waited for to its real end); its exit
-    code, or 1 for a job that did not complete (as sbatch -W)."""
+    """--wait: poll until the job (every task of an array) has ended, riding out a controller that is
+    away a while; 0 if each completed, else the highest exit code (1 for one that had none), as sbatch -W."""
     import time
     from protos import air_pb2 as pb
     from protos.states import JobPhase, JobResult
-    delay = 0.2
+    delay, away_since = 0.2, None
     while True:
-        job = client.call("GetJob", pb.GetJobRequest(job_id=job_id))
-        if job.phase == JobPhase.DONE:
-            if job.result == JobResult.COMPLETED:
-                return 0
-            return job.exit_code or 1
+        try:
+            reply = client.call("ListJobs", pb.JobFilter(job_ids=[job_id], include_old=True))
+            away_since = None
+        except CliError as e:   # only a controller away (restarting) is waited out
+            away_since = away_since or time.monotonic()
+            if not ("cannot reach" in str(e) or "did not answer" in str(e)) or time.monotonic() - away_since > 300:
+                raise
+            reply = None
+        if reply is not None and reply.jobs and all(j.phase == JobPhase.DONE for j in reply.jobs):
+            return max((0 if j.result == JobResult.COMPLETED else j.exit_code or 1) for j in reply.jobs)
         time.sleep(delay)
         delay = min(delay * 1.5, 5.0)
 

@@ -234,7 +234,8 @@ def slurm_commands():
 @slurm_commands.command("install")
 @click.option("--dir", "directory", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="where to write them (e.g. /usr/local/bin)")
-@click.option("--force", is_flag=True, help="replace files of those names that are not AIR's")
+@click.option("--force", is_flag=True, help="replace files of those names that are not AIR's, or write into a "
+              "folder others may write to")
 def slurm_install(directory, force):
     from aircli import slurm
     for path in slurm.install(directory, force):

@@ -156,8 +156,11 @@ def resolve_tasks(values: dict[str, object]) -> dict[str, object]:
     nodes = out.get("nodes", 1)
     if "ntasks" in out:
         ntasks = out.pop("ntasks")
-        if "nodes" not in values:   # as few nodes as can hold them: AIR's jobs have one layout, so one
-            nodes = out["nodes"] = 1
+        if "nodes" not in values:   # as many nodes as --ntasks-per-node makes of them; else one
+            per = values.get("ntasks_per_node", ntasks)
+            if ntasks % per:
+                raise OptionError(f"--ntasks={ntasks} is not a multiple of --ntasks-per-node={per}")
+            nodes = out["nodes"] = ntasks // per
         if ntasks % nodes:
             raise OptionError(f"--ntasks={ntasks} over {nodes} nodes: AIR runs the same number of tasks on "
                               "each node; give a multiple of --nodes")

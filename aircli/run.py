@@ -30,11 +30,13 @@ NODE_LOST_EXIT = 76  # a node of the step stopped answering: the controller requ
               "%n node index, %A %a array, %u user, %x job name), appended")
 @click.option("-e", "--error", "error", help="each rank's stderr to this file (default: with --output)")
 @click.option("-u", "--unbuffered", is_flag=True, help="accepted: output is passed on line by line anyway")
+@click.option("--open-mode", type=click.Choice(["append", "truncate"]), envvar="AIRRUN_OPEN_MODE",
+              help="for --output/--error files (default: the job's, $SLURM_OPEN_MODE)")
 @click.option("--config", hidden=True)
 @click.argument("command", nargs=-1, required=True)
 @click.pass_context
 def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_exit, jobid, ntasks, output,
-            error, unbuffered, config, command):
+            error, unbuffered, open_mode, config, command):
     import grpc
     import hostlist
     from aircli.client import Client
@@ -56,13 +58,19 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
         if ntasks_per_node and ntasks_per_node != ntasks // count:
             raise CliError(f"--ntasks={ntasks} and --ntasks-per-node={ntasks_per_node} disagree")
         ntasks_per_node = ntasks // count
-    elif not ntasks_per_node and ctx.info_name == "srun":   # srun: the job's tasks, not one rank per GPU
-        ntasks_per_node = int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0) or None
+        nodes = nodes or (0 if names else count)
+    elif not ntasks_per_node and ctx.info_name == "srun":   # srun: the job's tasks (one a node unless it
+        # asked for more), not airrun's one rank per GPU
+        ntasks_per_node = int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0) or 1
     client = Client(config)
     spec = pb.StepSpec(job_id=job_id, nodes=nodes or 0, nodelist=names, ntasks_per_node=ntasks_per_node or 0,
                        gpus_per_task=gpus_per_task or 0, argv=list(command), environment=dict(os.environ),
                        workdir=os.getcwd())
     step = client.call("CreateStep", spec)
+    if open_mode is None:
+        open_mode = "truncate" if os.environ.get("SLURM_OPEN_MODE") == "t" else "append" \
+            if os.environ.get("SLURM_OPEN_MODE") == "a" else "truncate"   # srun's default
+    files = _RankFiles(step, output, error, open_mode == "append") if output or error else None
     auth = client.config.controller.authenticator()
     # a node daemon that restarts keeps the step's ranks; airrun follows them again once it is back,
     # for as long as the daemon's lease lasts (after that its node stops them)
@@ -80,7 +88,6 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
         threading.Thread(target=follower.run, daemon=True).start()
 
     out, err = sys.stdout.buffer, sys.stderr.buffer
-    files = _RankFiles(step, output, error) if output or error else None
     remaining, first_bad, streams_left = step.world_size, 0, len(followers)
 
     def stopping(signum, frame):
@@ -104,8 +111,11 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
             if event.exited:
                 remaining -= 1
                 code = event.exit_code or (128 + event.exit_signal if event.exit_signal else 0)
-                if event.fenced:   # its node lost the controller: the job's run is lost there, not failed
-                    code = NODE_LOST_EXIT
+                if event.fenced and code not in (0, REQUEUE_EXIT):
+                    # its node lost the controller and stopped it: the run is lost there, not failed; the
+                    # other ranks are left their grace to checkpoint and stop
+                    first_bad = first_bad or NODE_LOST_EXIT
+                    continue
                 if code and not first_bad:
                     first_bad = code
                     # a rank that stopped cleanly for requeue is not a failure: the others follow
@@ -130,7 +140,7 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
 def expand(pattern: str, step, rank: int, env: dict[str, str]) -> str:
     """srun's filename patterns for one rank's file."""
     node_index = next((i for i, n in enumerate(step.nodes) if rank in n.ranks), 0)
-    job = env.get("AIR_JOB_ID", str(step.job_id))
+    job = str(step.job_id)
     values = {"t": str(rank), "j": job, "J": f"{job}.{step.step_id}", "s": str(step.step_id),
               "N": step.nodes[node_index].node, "n": str(node_index), "u": env.get("USER", ""),
               "x": env.get("AIR_JOB_NAME", ""), "A": env.get("SLURM_ARRAY_JOB_ID", job),
@@ -147,24 +157,29 @@ def expand(pattern: str, step, rank: int, env: dict[str, str]) -> str:
 
 
 class _RankFiles:
-    """--output/--error: each rank's lines into its own file (opened on its first line, appended to;
-    ranks whose patterns name the same file share it)."""
+    """--output/--error: each rank's lines into its own file (ranks whose patterns name the same file
+    share it). Every file is opened before the first rank is followed: one that cannot be opened ends
+    airrun before it has anything to lose."""
 
-    def __init__(self, step, output: str | None, error: str | None):
-        self.step, self.output, self.error = step, output, error or output
+    def __init__(self, step, output: str | None, error: str | None, append: bool):
         self.open: dict[str, object] = {}
+        self.paths: dict[tuple[int, bool], str] = {}
+        env = dict(os.environ)
+        for rank in range(step.world_size):
+            for is_err, pattern in ((False, output), (True, error or output)):
+                if not pattern:
+                    continue
+                path = self.paths[(rank, is_err)] = expand(pattern, step, rank, env)
+                if path not in self.open:
+                    try:
+                        self.open[path] = open(path, "ab" if append else "wb")
+                    except OSError as e:
+                        self.close()
+                        raise CliError(f"cannot open {path} for rank {rank}'s output: {e.strerror}") from None
 
     def stream(self, rank: int, stderr: bool):
-        pattern = self.error if stderr else self.output
-        if not pattern:
-            return None
-        path = expand(pattern, self.step, rank, dict(os.environ))
-        if path not in self.open:
-            try:
-                self.open[path] = open(path, "ab")
-            except OSError as e:
-                raise CliError(f"cannot open {path} for rank {rank}'s output: {e.strerror}") from None
-        return self.open[path]
+        path = self.paths.get((rank, stderr))
+        return self.open[path] if path else None
 
     def close(self) -> None:
         for f in self.open.values():

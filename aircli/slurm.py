@@ -36,14 +36,30 @@ def main(name: str) -> None:
 
 
 def _ours(path: Path) -> bool:
-    """A regular file this installer wrote (read as the installer, never through a link)."""
+    """A regular file this installer wrote (read as the installer, never through a link, never
+    blocking on a FIFO put there meanwhile)."""
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return False
-        with open(path, "rb") as f:
-            return MARK.encode() in f.read(4096)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        return MARK.encode() in os.read(fd, 4096)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _unsafe_folder(directory: Path) -> str:
+    """Why commands root may run must not go in this folder, or "" (others could replace them)."""
+    st = os.stat(directory)
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{directory} belongs to uid {st.st_uid}"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        return f"{directory} is writable by its group or by others"
+    return ""
 
 
 def install(directory: Path, force: bool = False, python: str = sys.executable) -> list[Path]:
@@ -51,6 +67,10 @@ def install(directory: Path, force: bool = False, python: str = sys.executable) 
     is there and is not one of ours (Slurm's own sbatch, say) unless forced."""
     if not directory.is_dir():
         raise CliError(f"{directory} is not a directory")
+    unsafe = _unsafe_folder(directory)
+    if unsafe and not force:
+        raise CliError(f"{unsafe}: anyone who can write there could replace the commands; nothing was written; "
+                       "give --force to write there anyway")
     foreign = [directory / n for n in FRONT_ENDS
                if os.path.lexists(directory / n) and not _ours(directory / n)]
     if foreign and not force:
@@ -61,9 +81,9 @@ def install(directory: Path, force: bool = False, python: str = sys.executable) 
         text = f"#!{python}\n{MARK}\nfrom aircli.slurm import main\nmain({name!r})\n"
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
         try:
+            os.fchmod(fd, 0o755)   # through the descriptor: the name could be swapped for a link meanwhile
             with os.fdopen(fd, "w") as f:
                 f.write(text)
-            os.chmod(tmp, 0o755)
             os.replace(tmp, directory / name)
         except BaseException:
             os.unlink(tmp)

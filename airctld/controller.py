@@ -344,8 +344,10 @@ class Controller(NodeReports, SchedulingPass, Launching):
             raise Conflict(f"job {job.job_id} is {long_state(job.phase, job.result).lower()}; cannot cancel it")
         return [j for j in selected if j.phase in (JobPhase.PENDING, JobPhase.RUNNING)]
 
-    def _send_signal(self, job: Job, signal: int, grace: float | None = None, batch_only: bool = False) -> None:
-        """To every node of the job: the batch script and any step ranks there (or the batch shell only)."""
+    def _send_signal(self, job: Job, signal: int, grace: float | None = None, batch_only: bool = False,
+                     steps_only: bool = False) -> None:
+        """To every node of the job: the batch script and any step ranks there (or the batch shell only,
+        or the steps' ranks only)."""
         if grace is None:
             grace = self.config.scheduler.preempt_grace_s if job.reason == Reason.PREEMPTED \
                 else self.config.controller.kill_wait_s
@@ -354,13 +356,13 @@ class Controller(NodeReports, SchedulingPass, Launching):
         for node in nodes:
             if self.nodes[node].state in (NodeState.UP, NodeState.DRAIN):
                 self._actions.submit(self._deliver_signal, node, job.job_id, job.restart_count, signal, grace,
-                                     batch_only, why)
+                                     batch_only, why, steps_only)
 
     def _deliver_signal(self, node: str, job_id: int, run: int, signal: int, grace: float, batch_only: bool = False,
-                        why: str = "") -> None:
+                        why: str = "", steps_only: bool = False) -> None:
         """To one node, for one run of the job: a node never applies it to a newer run."""
         try:
-            self.clients.signal(self.nodes[node].address, job_id, run, signal, grace, batch_only, why)
+            self.clients.signal(self.nodes[node].address, job_id, run, signal, grace, batch_only, why, steps_only)
         except Exception as e:  # the node's liveness check ends the job if the node is gone
             log.warning("could not signal job %d on %s: %s", job_id, node, e)
 
@@ -571,7 +573,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
                                                         "time limit reached")) for j in over], now, CONTROLLER_UID)
         for job in warn:   # --signal: the warning before the limit, once a run
             self._warned.add(job.job_id)
-            self._send_signal(job, job.request.warn_signal, batch_only=job.request.warn_batch_only)
+            self._send_signal(job, job.request.warn_signal, batch_only=job.request.warn_batch_only,
+                              steps_only=job.request.warn_steps_only)
         for job in changed:
             self._send_signal(job, 0)
         for job in hung:   # stacks first (faulthandler on SIGUSR2 in the runtime), then the stop

@@ -43,9 +43,10 @@ class NodeClients:
         self._stub(address).InjectFault(fault, timeout=CALL_TIMEOUT_S)
 
     def signal(self, address: str, job_id: int, run: int, signal: int, grace_s: float, batch_only: bool = False,
-               reason: str = "") -> bool:
+               reason: str = "", steps_only: bool = False) -> bool:
         reply = self._stub(address).Signal(pb.SignalRequest(job_id=job_id, run=run, signal=signal, grace_s=grace_s,
-                                                            batch_only=batch_only, reason=reason),
+                                                            batch_only=batch_only, reason=reason,
+                                                            steps_only=steps_only and signal != 0),
                                            # a daemon that restarts is back within seconds: a stop waits for it
                                            # a little (a dead node must not hold the controller's action
                                            # threads; the stops it missed go again when it registers), a

@@ -74,6 +74,8 @@ def rank_environment(step: pb.Step, node_index: int, local_rank: int, base: dict
         "SLURM_NPROCS": str(step.world_size),
         "SLURM_NNODES": str(len(step.nodes)),              # srun's: the step's nodes and tasks on each
         "SLURM_NTASKS_PER_NODE": str(len(here.ranks)),
+        "SLURM_NODELIST": hostlist.collect_hostlist([n.node for n in step.nodes]),
+        "SLURM_TASKS_PER_NODE": _tasks_per_node([len(n.ranks) for n in step.nodes]),
         "SLURM_STEP_NUM_TASKS": str(step.world_size),
         "SLURM_STEP_NUM_NODES": str(len(step.nodes)),
         "SLURM_STEP_NODELIST": hostlist.collect_hostlist([n.node for n in step.nodes]),

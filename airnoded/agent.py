@@ -262,6 +262,8 @@ class AgentService:
         job_id, run = request.job_id, request.run
         if request.reason:
             progress.write_stop_reason(self.agent.node.spool, job_id, run, request.reason)
+        if request.steps_only and request.signal:   # sbatch's --signal without B: the steps' ranks, not the script
+            return pb.SignalReply(found=self.agent.steps.signal(job_id, run, request.signal))
         batch = self.agent.launcher.signal(job_id, run, request.signal, request.grace_s, request.batch_only)
         if request.batch_only:
             return pb.SignalReply(found=batch)

@@ -45,9 +45,9 @@ MAX_JOB_FILE = 256 << 20
 # copy of the pipe is closed by the time the script runs, so the daemon reads EOF at exec.
 START_AS_OWNER = """exec 3>&1 0</dev/null
 { cd "$1"; } 2>&3 || exit 126
-if [ "$4" = truncate ]; then { exec >"$2"; } 2>&3 || exit 126; else { exec >>"$2"; } 2>&3 || exit 126; fi
-if [ -n "$3" ] && [ "$4" = truncate ]; then { exec 4>"$3"; } 2>&3 || exit 126; exec 2>&4 4>&-
-elif [ -n "$3" ]; then { exec 4>>"$3"; } 2>&3 || exit 126; exec 2>&4 4>&-; else exec 2>&1; fi
+if [ "$4" = truncate ]; then { : >"$2"; } 2>&3 || exit 126; if [ -n "$3" ]; then { : >"$3"; } 2>&3 || exit 126; fi; fi
+{ exec >>"$2"; } 2>&3 || exit 126
+if [ -n "$3" ]; then { exec 4>>"$3"; } 2>&3 || exit 126; exec 2>&4 4>&-; else exec 2>&1; fi
 exec 3>&-
 shift 4
 exec "$@"
@@ -134,15 +134,18 @@ def slurm_job_environment(job: pb.Job, here: pb.NodeAlloc | None, cluster: str) 
     nodes = max(1, len(job.allocation))
     per_node = req.ntasks_per_node or 1
     env = {
-        "SLURM_NTASKS": str(nodes * per_node),
-        "SLURM_NPROCS": str(nodes * per_node),
-        "SLURM_NTASKS_PER_NODE": str(per_node),
         "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})" if nodes > 1 else str(per_node),
-        "SLURM_CPUS_PER_TASK": str(req.cpus_per_task or 1),
         "SLURM_JOB_USER": job.user,
         "SLURM_JOB_UID": str(job.uid),
         "SLURM_JOB_GID": str(job.gid),
     }
+    if req.ntasks_per_node:   # as sbatch: only when tasks were asked for (Lightning, for one, reads
+        # SLURM_NTASKS as "started by srun", and a script that runs python itself is not)
+        env.update({"SLURM_NTASKS": str(nodes * per_node), "SLURM_NPROCS": str(nodes * per_node),
+                    "SLURM_NTASKS_PER_NODE": str(per_node)})
+    if req.cpus_per_task:
+        env["SLURM_CPUS_PER_TASK"] = str(req.cpus_per_task)
+    env["SLURM_OPEN_MODE"] = "t" if req.open_truncate else "a"   # srun's files follow the job's
     if here is not None:
         env["SLURM_CPUS_ON_NODE"] = str(here.cpus)
     for key, value in (("SLURM_JOB_ACCOUNT", req.account), ("SLURM_JOB_QOS", req.qos),

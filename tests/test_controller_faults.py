@@ -67,7 +67,7 @@ class Clients:
         if len(self.launches) <= self.silent:
             raise Unanswered()
 
-    def signal(self, address, job_id, run, signal, grace, batch_only=False, why=""):
+    def signal(self, address, job_id, run, signal, grace, batch_only=False, why="", steps_only=False):
         self.signals.append((job_id, run, signal))
         return True
 

@@ -1,5 +1,8 @@
 """The batch script's environment and output paths, compared with expected values."""
-from airnoded.launcher import expand_pattern, job_environment, output_paths
+import os
+import subprocess
+
+from airnoded.launcher import START_AS_OWNER, expand_pattern, job_environment, output_paths
 from protos import air_pb2 as pb
 
 
@@ -21,10 +24,9 @@ def test_batch_environment_golden():
         "SLURM_NODELIST": "node[03-05]", "SLURM_NNODES": "3", "SLURM_JOB_NUM_NODES": "3",
         "SLURM_SUBMIT_DIR": "/home/alice/run", "SLURM_JOB_PARTITION": "gpu", "SLURMD_NODENAME": "node03",
         "SLURM_GPUS_ON_NODE": "2", "AIR_RESTART_COUNT": "0", "SLURM_RESTART_COUNT": "0", "AIR_LAST_STOP_REASON": "",
-        "SLURM_NTASKS": "3", "SLURM_NPROCS": "3", "SLURM_NTASKS_PER_NODE": "1", "SLURM_TASKS_PER_NODE": "1(x3)",
-        "SLURM_CPUS_PER_TASK": "1", "SLURM_CPUS_ON_NODE": "4", "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "0",
-        "SLURM_JOB_GID": "0",
-    }
+        "SLURM_TASKS_PER_NODE": "1(x3)", "SLURM_CPUS_ON_NODE": "4", "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "0",
+        "SLURM_JOB_GID": "0", "SLURM_OPEN_MODE": "a",
+    }   # no SLURM_NTASKS without a task count asked for: Lightning would take the script for an srun task
     assert env["PATH"] == "/usr/bin"
 
 
@@ -45,7 +47,7 @@ def test_what_sbatch_sets_for_tasks_accounts_and_arrays():
         "SLURM_JOB_GID": "100", "SLURM_JOB_ACCOUNT": "ml", "SLURM_JOB_QOS": "high", "SLURM_SUBMIT_HOST": "login1",
         "SLURM_CLUSTER_NAME": "big", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "5",
         "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "9",
-        "SLURM_ARRAY_TASK_STEP": "4"}
+        "SLURM_ARRAY_TASK_STEP": "4", "SLURM_OPEN_MODE": "a"}
 
 
 def test_submitter_cannot_override_the_job_variables():
@@ -70,3 +72,20 @@ def test_restart_count_and_last_stop_reason():
     job.restart_count, job.last_stop_reason = 2, pb.REASON_NODE_FAIL
     env = job_environment(job, "node03")
     assert (env["AIR_RESTART_COUNT"], env["SLURM_RESTART_COUNT"], env["AIR_LAST_STOP_REASON"]) == ("2", "2", "NodeFail")
+
+
+def _start(tmp_path, out, err, mode):
+    script = tmp_path / "s.sh"
+    script.write_text("#!/bin/sh\necho out1\necho err1 >&2\necho out2\n")
+    os.chmod(script, 0o755)
+    subprocess.run(["/bin/sh", "-c", START_AS_OWNER, "air-job", str(tmp_path), str(out), str(err), mode, str(script),
+                    "arg"], check=True, timeout=10)
+
+
+def test_open_mode_truncate_empties_then_appends_so_one_file_under_two_names_keeps_both_streams(tmp_path):
+    out = tmp_path / "o.log"
+    out.write_text("the last run's\n")
+    _start(tmp_path, out, tmp_path / "." / "o.log", "truncate")
+    assert sorted(out.read_text().splitlines()) == ["err1", "out1", "out2"]
+    _start(tmp_path, out, tmp_path / "." / "o.log", "append")
+    assert sorted(out.read_text().splitlines()) == ["err1", "err1", "out1", "out1", "out2", "out2"]

@@ -97,6 +97,7 @@ def test_export_forms():
 
 @pytest.mark.parametrize("given, expected", [
     ({"ntasks": 4}, {"nodes": 1, "ntasks_per_node": 4}),
+    ({"ntasks": 8, "ntasks_per_node": 4}, {"nodes": 2, "ntasks_per_node": 4}),
     ({"ntasks": 8, "nodes": 2}, {"nodes": 2, "ntasks_per_node": 4}),
     ({"ntasks": 8, "nodes": 2, "gpus_per_task": 1}, {"nodes": 2, "ntasks_per_node": 4, "gpus_per_node": 4}),
     ({"ntasks_per_node": 2, "gpus_per_task": 3}, {"ntasks_per_node": 2, "gpus_per_node": 6}),
@@ -114,6 +115,7 @@ def test_totals_become_amounts_on_each_node(given, expected):
 
 @pytest.mark.parametrize("given, message", [
     ({"ntasks": 3, "nodes": 2}, "--ntasks=3 over 2 nodes: AIR runs the same number of tasks on each node"),
+    ({"ntasks": 6, "ntasks_per_node": 4}, "--ntasks=6 is not a multiple of --ntasks-per-node=4"),
     ({"ntasks": 4, "nodes": 2, "ntasks_per_node": 1}, "disagree"),
     ({"gpus": 3, "nodes": 2}, "--gpus=3 over 2 nodes"),
     ({"gpus_per_task": 2, "ntasks_per_node": 2, "gpus_per_node": 2}, "--gpus-per-task gives 4 GPUs on each node"),

@@ -212,6 +212,52 @@ def test_submitit_runs_a_function_and_maps_an_array_through_the_slurm_commands(c
              what="submitit to see the job cancelled")
 
 
+COUNTER = """import os
+import time
+
+import submitit
+
+
+class Counter(submitit.helpers.Checkpointable):
+    # counts half-seconds up to a target; the count is kept in its checkpoint (the pickled object)
+
+    def __init__(self):
+        self.count, self.runs = 0, []
+
+    def __call__(self, target):
+        self.runs.append(int(os.environ["SLURM_RESTART_COUNT"]))
+        while self.count < target:
+            time.sleep(0.5)
+            self.count += 1
+        return self.count, self.runs
+"""
+
+
+def test_a_submitit_checkpointable_job_signalled_before_its_limit_requeues_itself_and_finishes(
+        cluster, tmp_path, monkeypatch):
+    """submitit's timeout path, as on Slurm: sbatch's --signal=USR2@50 reaches the task under srun (not the
+    batch shell), which checkpoints, calls scontrol requeue, and the next run goes on from the checkpoint."""
+    import submitit
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    cluster.cli("aircontrol", "slurm-commands", "install", "--dir", str(bindir))
+    (cluster.work / "counting.py").write_text(COUNTER)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("AIR_CONF", str(cluster.config))
+    monkeypatch.setenv("PYTHONPATH", str(cluster.work))
+    monkeypatch.syspath_prepend(str(cluster.work))
+    from counting import Counter
+    executor = submitit.AutoExecutor(folder=cluster.work / "submitit-ckpt", cluster="slurm")
+    executor.update_parameters(timeout_min=1, slurm_signal_delay_s=50)   # the warning 10 s after each start
+    job = executor.submit(Counter(), 24)                                # 12 s of counting, besides its start
+    count, runs = job.result()
+    assert count == 24 and runs[0] == 0 and len(runs) >= 2 and runs == sorted(runs), runs
+    wait_for(lambda: cluster.cli("airacct", "-j", job.job_id, "-X", "-P", "-n", "-o", "State").stdout.strip()
+             == "COMPLETED", timeout=20, what="the job to complete")
+    restarts = cluster.cli("airacct", "-j", job.job_id, "-X", "-P", "-n", "-o", "RestartCnt").stdout.strip()
+    assert int(restarts) == len(runs) - 1
+
+
 def _epoch(stamp: str) -> float:
     return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
 

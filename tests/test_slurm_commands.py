@@ -59,3 +59,15 @@ def test_a_slurm_already_there_is_never_replaced_unless_forced(tmp_path, kind):
     assert (tmp_path / "sbatch").exists() and real.read_text() == "#!/bin/sh\necho slurm\n"
     assert _aircontrol("slurm-commands", "install", "--dir", str(tmp_path), "--force").returncode == 0
     assert slurm._ours(tmp_path / "sbatch") and real.read_text() == "#!/bin/sh\necho slurm\n"
+
+
+def test_a_folder_others_may_write_to_is_refused_unless_forced(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)   # no sticky bit: anyone could swap the commands root runs
+    proc = _aircontrol("slurm-commands", "install", "--dir", str(shared))
+    assert proc.returncode == 1 and "writable by its group or by others" in proc.stderr
+    assert list(shared.iterdir()) == []
+    os.chmod(shared, 0o1777)  # sticky: only the owner of a file may replace it
+    assert _aircontrol("slurm-commands", "install", "--dir", str(shared)).returncode == 0
+    assert all(os.stat(shared / n).st_mode & 0o777 == 0o755 for n in NAMES)

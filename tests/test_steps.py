@@ -95,11 +95,13 @@ def test_layout_and_rank_environment():
                                 "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "AIR_STEP_ID",
                                 "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
                                 "SLURM_STEP_ID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES",
-                                "SLURM_STEP_TASKS_PER_NODE", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "PATH")} == {
+                                "SLURM_STEP_TASKS_PER_NODE", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "SLURM_NODELIST",
+                                "SLURM_TASKS_PER_NODE", "PATH")} == {
         "RANK": "3", "LOCAL_RANK": "1", "NODE_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
         "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "CUDA_VISIBLE_DEVICES": "6,7", "AIR_STEP_ID": "2",
         "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NTASKS": "4",
         "SLURM_STEP_ID": "2", "SLURM_STEP_NODELIST": "a,b", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NUM_NODES": "2",
-        "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "2", "PATH": "/bin"}
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODELIST": "a,b",
+        "SLURM_TASKS_PER_NODE": "2(x2)", "PATH": "/bin"}
     nodes, world = layout(_job([NodeAlloc("a", (), 1)]), pb.StepSpec(), {"a": "x:1"})
     assert world == 1 and list(nodes[0].gpu_sets) == [""]
