@@ -26,9 +26,10 @@ def signal_number(text: str) -> int:
 @click.option("-t", "--state", "states", help="only jobs in these states (PD, R)")
 @click.option("-n", "--name", help="only jobs with this name")
 @click.option("-s", "--signal", "sig", help="send this signal instead of cancelling")
+@click.option("-b", "--batch", is_flag=True, help="with -s: signal the batch shell only, not the steps")
 @click.option("-v", "--verbose", is_flag=True, help="say which jobs were acted on")
 @click.option("--config", hidden=True)
-def command(ids, user, states, name, sig, verbose, config):
+def command(ids, user, states, name, sig, batch, verbose, config):
     from aircli.client import Client
     from protos import air_pb2 as pb
     filt = pb.JobFilter()
@@ -47,7 +48,10 @@ def command(ids, user, states, name, sig, verbose, config):
     if not (filt.job_ids or filt.array_tasks or filt.uids or filt.names or states):
         raise CliError("no job given: aircancel ID... or -u USER, -n NAME, -t STATES")
     number = signal_number(sig) if sig else 0
-    reply = Client(config).call("Cancel", pb.CancelRequest(filter=filt, signal=number), timeout=120)
+    if batch and not number:
+        raise CliError("-b/--batch signals the batch shell: give the signal with -s (scancel -b -s USR1 ID)")
+    reply = Client(config).call("Cancel", pb.CancelRequest(filter=filt, signal=number, batch_only=batch),
+                                timeout=120)
     if verbose:
         for job_id in reply.job_ids:
             click.echo(f"aircancel: {'signalled' if number else 'cancelled'} job {job_id}")

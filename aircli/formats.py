@@ -45,6 +45,35 @@ def compile_format(fmt: str, fields: dict[str, tuple[str, Callable]]) -> list:
     return items
 
 
+# squeue -O/--Format names and the %-field each is
+LONG_FIELDS = {
+    "jobid": "i", "jobarrayid": "i", "arrayjobid": "F", "arraytaskid": "K", "qos": "q", "partition": "P",
+    "name": "j", "username": "u", "userid": "U", "account": "a", "statecompact": "t", "state": "T",
+    "timeused": "M", "timelimit": "l", "numnodes": "D", "numcpus": "C", "reasonlist": "R", "reason": "r",
+    "nodelist": "N", "tres-per-node": "b", "priority": "Q", "prioritylong": "Q", "submittime": "V",
+    "starttime": "S", "endtime": "e", "workdir": "Z",
+}
+
+
+def long_format(spec: str) -> str:
+    """squeue -O: NAME[:[.]SIZE],... (20 wide, left-aligned unless the size starts with a dot) as a
+    %-field format."""
+    out = []
+    for part in filter(None, spec.split(",")):
+        name, _, size = part.partition(":")
+        code = LONG_FIELDS.get(name.strip().lower())
+        if code is None:
+            raise FormatError(f"unknown -O field {name!r}; known: {', '.join(sorted(LONG_FIELDS))}")
+        right = size.startswith(".")
+        width = size.lstrip(".") or "20"
+        if not width.isdigit():
+            raise FormatError(f"-O {part!r}: the size after : is a number")
+        out.append(f"%{'.' if right else ''}{width}{code}")
+    if not out:
+        raise FormatError("-O names no field")
+    return " ".join(out)
+
+
 def _printf(items: list) -> str:
     """The items as one %-format string: `%-9.9s` (left) or `%9.9s` (right) for a field of width 9."""
     parts = []

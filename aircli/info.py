@@ -14,8 +14,9 @@ from aircli.client import entry
 @click.option("-h", "--noheader", is_flag=True, help="no header line")
 @click.option("-o", "--format", "fmt", help="sinfo-style %-field format")
 @click.option("--json", "as_json", is_flag=True, help="JSON for programs")
+@click.option("-p", "--partition", "partitions", help="only these partitions (comma-separated)")
 @click.option("--config", hidden=True)
-def command(per_node, noheader, fmt, as_json, config):
+def command(per_node, noheader, fmt, as_json, partitions, config):
     from aircli import formats
     from aircli.client import Client
     from protos import air_pb2 as pb
@@ -25,6 +26,22 @@ def command(per_node, noheader, fmt, as_json, config):
     except formats.FormatError as e:
         raise click.BadParameter(str(e), param_hint="'-o'") from None
     reply = Client(config).call("ListNodes", pb.ListNodesRequest())
+    if partitions:
+        wanted = {p for p in partitions.split(",") if p}
+        unknown = wanted - {p.name for p in reply.partitions}
+        if unknown:
+            raise click.BadParameter(f"no partition {', '.join(sorted(unknown))}", param_hint="'-p'")
+        kept = [p for p in reply.partitions if p.name in wanted]
+        names = {n for p in kept for n in p.nodes}
+        nodes = [n for n in reply.nodes if n.name in names]
+        for n in nodes:   # a node in several partitions shows under those asked for only
+            kept_parts = [x for x in n.partitions if x in wanted]
+            del n.partitions[:]
+            n.partitions.extend(kept_parts)
+        del reply.partitions[:]
+        reply.partitions.extend(kept)
+        del reply.nodes[:]
+        reply.nodes.extend(nodes)
     if as_json:
         nodes = [{"name": n.name, "address": n.address, "state": formats.node_state(n),
                   "reason": n.reason, "cpus": n.cpus, "cpus_alloc": n.cpus_alloc, "memory_mb": n.memory_mb,

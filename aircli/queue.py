@@ -67,6 +67,8 @@ def state_filter(text: str, option: str) -> tuple[list[int], list[int]]:
 @click.option("-n", "--name", "names", help="only jobs with these names")
 @click.option("-h", "--noheader", is_flag=True, help="no header line")
 @click.option("-o", "--format", "fmt", help="squeue-style %-field format")
+@click.option("-O", "--Format", "long_fmt", help="squeue's field names: JobID,Name:30,State,...")
+@click.option("-p", "--partition", "partitions", help="only jobs in these partitions (comma-separated)")
 @click.option("--json", "as_json", is_flag=True, help="JSON for programs")
 @click.option("-r", "--array", "expand_arrays", is_flag=True, help="one line per array task")
 @click.option("-l", "--long", "long_", is_flag=True,
@@ -75,8 +77,8 @@ def state_filter(text: str, option: str) -> tuple[list[int], list[int]]:
               help="pending jobs' priority factors, weighted (as sprio shows them)")
 @click.option("--start", "show_start", is_flag=True, help="pending jobs' estimated start times")
 @click.option("--config", hidden=True)
-def command(users, me, states, jobs, names, noheader, fmt, as_json, expand_arrays, long_, show_priority, show_start,
-            config):
+def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions, as_json, expand_arrays, long_,
+            show_priority, show_start, config):
     from aircli.client import Client
     from aircli import formats
     from protos import air_pb2 as pb
@@ -96,10 +98,12 @@ def command(users, me, states, jobs, names, noheader, fmt, as_json, expand_array
         filt.phases.extend(phases)
         filt.results.extend(results)
     try:
+        if long_fmt:
+            fmt = formats.long_format(long_fmt)
         items = formats.compile_format(fmt or (formats.SQUEUE_LONG if long_ else formats.SQUEUE_DEFAULT),
                                        formats.job_fields(time.time()))
     except formats.FormatError as e:
-        raise click.BadParameter(str(e), param_hint="'-o'") from None
+        raise click.BadParameter(str(e), param_hint="'-O'" if long_fmt else "'-o'") from None
     if show_priority or show_start:
         filt.ClearField("phases")
         filt.phases.append(pb.JOB_PHASE_PENDING)
@@ -118,7 +122,11 @@ def command(users, me, states, jobs, names, noheader, fmt, as_json, expand_array
     filt.with_progress = bool(long_ or as_json or (fmt and any(f in fmt for f in ("%s", "%L", "%k", "%f", "%c"))))
     reply = Client(config).call("ListJobs", filt)
     now = time.time()
-    rows = reply.jobs if expand_arrays else formats.compact_arrays(reply.jobs)
+    listed = reply.jobs
+    if partitions:
+        wanted = {p for p in partitions.split(",") if p}
+        listed = [j for j in listed if j.partition in wanted]
+    rows = listed if expand_arrays else formats.compact_arrays(listed)
     if as_json:
         json.dump({"jobs": [formats.job_json(j, now) for j in rows]}, sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -64,7 +64,7 @@ class ControllerService:
 
     @_handle
     def Cancel(self, request: pb.CancelRequest, context, who):
-        return pb.CancelReply(job_ids=self.c.cancel(request.filter, request.signal, who))
+        return pb.CancelReply(job_ids=self.c.cancel(request.filter, request.signal, who, request.batch_only))
 
     @_handle
     def Requeue(self, request: pb.JobFilter, context, who):

@@ -93,13 +93,14 @@ class LocalCluster:
 
     def crash_host(self, index: int, job_ids: list[int]) -> None:
         """What a host crash does to these jobs on node0<index+1>: its daemon, their processes there and
-        the shepherds that watch them all die at once (SIGKILL), so nothing there can say how the runs
-        ended. Scans again until no such process is left (a rank may be starting as the scan runs)."""
+        the shepherds that watch them all die at once, so nothing there can say how the runs ended. The
+        shepherds go first (a shepherd that outlived its child by a moment would record the child's
+        end); scans again until no such process is left (a rank may be starting as the scan runs)."""
         name, wanted = f"node{index + 1:02d}", {str(j) for j in job_ids}
         self.kill_node(index)
         deadline = time.monotonic() + 10
         while True:
-            victims = set()
+            shepherds, victims = set(), set()
             for p in psutil.process_iter():
                 try:
                     env = p.environ()
@@ -107,18 +108,19 @@ class LocalCluster:
                         victims.add(p)
                         parent = p.parent()
                         if parent is not None and "shepherd.py" in " ".join(parent.cmdline()):
-                            victims.add(parent)
+                            shepherds.add(parent)
                 except (psutil.Error, OSError):
                     continue
             if not victims:
                 return
             assert time.monotonic() < deadline, f"processes of jobs {sorted(wanted)} on {name} outlive SIGKILL"
-            for p in victims:
-                try:
-                    p.kill()
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(list(victims), timeout=2)
+            for group in (shepherds, victims):
+                for p in group:
+                    try:
+                        p.kill()
+                    except psutil.Error:
+                        pass
+            psutil.wait_procs(list(shepherds | victims), timeout=2)
 
     def start_node(self, index: int) -> int:
         """Start node0<index+1>'s daemon again (after kill_node), as its unit would."""

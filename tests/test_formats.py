@@ -43,3 +43,19 @@ def test_node_state_names():
     assert formats.node_state(node(cpus_alloc=8)) == "alloc"
     assert formats.node_state(pb.Node(state=pb.NODE_STATE_DOWN)) == "down"
     assert formats.node_state(pb.Node(state=pb.NODE_STATE_DRAIN, gpus_alloc=1)) == "drng"
+
+
+def test_squeue_long_field_names_as_percent_fields():
+    fmt = formats.long_format("JobID:6,Name,State:.10,NumNodes:3")
+    assert fmt == "%6i %20j %.10T %3D"
+    items = formats.compile_format(fmt, formats.job_fields(now=1125.0))
+    assert formats.render(items, _jobs()[1:2], header=True) == [
+        "JOBID  NAME                      STATE NOD",
+        "13     run                     RUNNING 2"]
+    for bad in ("JobID,Bogus", "JobID:x", ""):
+        try:
+            formats.long_format(bad)
+        except formats.FormatError as e:
+            assert "\n" not in str(e)
+        else:
+            raise AssertionError(f"-O {bad!r} was taken")

@@ -160,6 +160,10 @@ def test_slurm_command_names_drive_the_cluster(cluster, tmp_path):
     assert (cluster.work / f"air-{job_id}.out").read_text().splitlines() == cluster.job(job_id)["nodes"]
     held = int(run("sbatch", "--parsable", "--hold", "--wrap", "true").strip())
     assert run("squeue", "-h", "-j", str(held), "-o", "%i %t").split() == [str(held), "PD"]
+    assert run("squeue", "-h", "-j", str(held), "-O", "JobID:8,StateCompact:.4").split() == [str(held), "PD"]
+    assert run("squeue", "-h", "-j", str(held), "-p", "no-such-partition") == ""
+    partition = cluster.job(held)["partition"]
+    assert run("sinfo", "-h", "-p", partition, "-o", "%P").split()[0].rstrip("*") == partition
     run("scancel", str(held))
     assert run("sacct", "-j", f"{job_id},{held}", "-X", "-P", "-n", "-o", "JobID,State").splitlines() == [
         f"{job_id}|COMPLETED", f"{held}|CANCELLED by 0"]
@@ -176,6 +180,16 @@ def test_slurm_command_names_drive_the_cluster(cluster, tmp_path):
     assert (cluster.work / f"tries-{tries}.out").read_text().startswith("run 1 of 2 tasks on GPUs ")
     assert run("sacct", "-j", str(tries), "-X", "-P", "-n", "-o", "State,ExitCode,Comment,RestartCnt").split() == [
         "FAILED|2:0|two", "tries|1"]
+    # scancel -b: the batch shell gets the signal, the step's task does not
+    signalled = int(run("sbatch", "--parsable", "-o", "sig-%j.out", "--wrap",
+                        "trap 'echo batch got USR1; exit 0' USR1; "
+                        "srun sh -c 'trap \"echo step got USR1\" USR1; echo step ready; sleep 30 & wait' & wait"))
+    sig_out = cluster.work / f"sig-{signalled}.out"
+    wait_for(lambda: sig_out.exists() and "step ready" in sig_out.read_text(), timeout=30, what="the step to run")
+    run("scancel", "-b", "-s", "USR1", str(signalled))
+    cluster.wait_state(signalled, "COMPLETED", timeout=30)
+    text = sig_out.read_text()
+    assert "batch got USR1" in text and "step got USR1" not in text, text
     refused = subprocess.run(["sbatch", "--exclusive", "--wrap", "true"], capture_output=True, text=True, env=env,
                              cwd=cluster.work, timeout=60)
     assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "not supported by AIR" in refused.stderr
