@@ -50,6 +50,22 @@ def show_node(name, config):
     click.echo("\n".join(formats.node_keyvalues(node)))
 
 
+@show.command("partition")
+@click.argument("name", required=False)
+@click.option("--config", hidden=True)
+def show_partition(name, config):
+    """Every partition, or one."""
+    from aircli import formats
+    from aircli.client import Client
+    from protos import air_pb2 as pb
+    reply = Client(config).call("ListNodes", pb.ListNodesRequest())
+    parts = [p for p in reply.partitions if name is None or p.name == name]
+    if not parts:
+        raise CliError(f"partition {name!r} does not exist; partitions: "
+                       f"{', '.join(p.name for p in reply.partitions)}")
+    click.echo("\n\n".join("\n".join(formats.partition_keyvalues(p, list(reply.nodes))) for p in parts))
+
+
 @show.command("hostnames")
 @click.argument("hostlist_text", metavar="[HOSTLIST]", required=False)
 def show_hostnames(hostlist_text):

@@ -412,6 +412,21 @@ def node_groups(reply: pb.ListNodesReply, per_node: bool) -> list[tuple]:
     return rows
 
 
+def partition_keyvalues(part: pb.Partition, nodes: list[pb.Node]) -> list[str]:
+    """scontrol show partition: one partition as Key=Value lines."""
+    mine = [n for n in nodes if n.name in set(part.nodes)]
+    lines = [
+        [f"PartitionName={part.name}"],
+        [f"Default={'YES' if part.default else 'NO'}", f"State={'UP' if part.up else 'DOWN'}"],
+        [f"MaxTime={format_limit(part.max_time_s)}",
+         f"DefaultTime={format_limit(part.default_time_s) if part.default_time_s else 'NONE'}"],
+        [f"Nodes={hostlist.collect_hostlist(list(part.nodes)) if part.nodes else '(null)'}"],
+        [f"TotalNodes={len(part.nodes)}", f"TotalCPUs={sum(n.cpus for n in mine)}",
+         f"TotalGPUs={sum(len(n.gpus) for n in mine)}"],
+    ]
+    return ["   " * (i > 0) + " ".join(parts) for i, parts in enumerate(lines)]
+
+
 def node_keyvalues(node: pb.Node) -> list[str]:
     gres = f"gpu:{len(node.gpus)}" if node.gpus else "(null)"
     lines = [

@@ -59,3 +59,16 @@ def test_squeue_long_field_names_as_percent_fields():
             assert "\n" not in str(e)
         else:
             raise AssertionError(f"-O {bad!r} was taken")
+
+
+def test_partition_as_scontrol_shows_it():
+    part = pb.Partition(name="gpu", nodes=["node01", "node02"], default=True, up=True, max_time_s=86400)
+    nodes = [pb.Node(name="node01", cpus=32, gpus=[pb.Gpu(index=i) for i in range(4)]),
+             pb.Node(name="node02", cpus=32, gpus=[pb.Gpu(index=i) for i in range(4)]),
+             pb.Node(name="node03", cpus=8)]
+    assert formats.partition_keyvalues(part, nodes) == [
+        "PartitionName=gpu",
+        "   Default=YES State=UP",
+        "   MaxTime=1-00:00:00 DefaultTime=NONE",
+        "   Nodes=node[01-02]",
+        "   TotalNodes=2 TotalCPUs=64 TotalGPUs=8"]

@@ -164,6 +164,8 @@ def test_slurm_command_names_drive_the_cluster(cluster, tmp_path):
     assert run("squeue", "-h", "-j", str(held), "-p", "no-such-partition") == ""
     partition = cluster.job(held)["partition"]
     assert run("sinfo", "-h", "-p", partition, "-o", "%P").split()[0].rstrip("*") == partition
+    shown = run("scontrol", "show", "partition", partition).splitlines()
+    assert shown[0] == f"PartitionName={partition}" and "TotalNodes=2 TotalCPUs=" in shown[-1]
     run("scancel", str(held))
     assert run("sacct", "-j", f"{job_id},{held}", "-X", "-P", "-n", "-o", "JobID,State").splitlines() == [
         f"{job_id}|COMPLETED", f"{held}|CANCELLED by 0"]
