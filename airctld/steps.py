@@ -37,7 +37,7 @@ def layout(job: Job, spec: pb.StepSpec, addresses: dict[str, str]) -> tuple[list
     return nodes, rank
 
 
-def _tasks_per_node(counts: list[int]) -> str:
+def tasks_per_node(counts: list[int]) -> str:
     """Slurm's compressed form: 2(x3),1 for [2, 2, 2, 1]."""
     out: list[str] = []
     for count in counts:
@@ -51,6 +51,8 @@ def _tasks_per_node(counts: list[int]) -> str:
 def rank_environment(step: pb.Step, node_index: int, local_rank: int, base: dict[str, str]) -> dict[str, str]:
     """What torch.distributed (and srun-style scripts) expect in every rank."""
     here = step.nodes[node_index]
+    nodelist = hostlist.collect_hostlist([n.node for n in step.nodes])
+    per_node = tasks_per_node([len(n.ranks) for n in step.nodes])
     env = dict(base)
     env.update({
         "RANK": str(here.ranks[local_rank]),
@@ -74,12 +76,12 @@ def rank_environment(step: pb.Step, node_index: int, local_rank: int, base: dict
         "SLURM_NPROCS": str(step.world_size),
         "SLURM_NNODES": str(len(step.nodes)),              # srun's: the step's nodes and tasks on each
         "SLURM_NTASKS_PER_NODE": str(len(here.ranks)),
-        "SLURM_NODELIST": hostlist.collect_hostlist([n.node for n in step.nodes]),
-        "SLURM_TASKS_PER_NODE": _tasks_per_node([len(n.ranks) for n in step.nodes]),
+        "SLURM_NODELIST": nodelist,
+        "SLURM_TASKS_PER_NODE": per_node,
         "SLURM_STEP_NUM_TASKS": str(step.world_size),
         "SLURM_STEP_NUM_NODES": str(len(step.nodes)),
-        "SLURM_STEP_NODELIST": hostlist.collect_hostlist([n.node for n in step.nodes]),
-        "SLURM_STEP_TASKS_PER_NODE": _tasks_per_node([len(n.ranks) for n in step.nodes]),
+        "SLURM_STEP_NODELIST": nodelist,
+        "SLURM_STEP_TASKS_PER_NODE": per_node,
         "SLURM_STEP_GPUS": here.gpu_sets[local_rank],
     })
     if len(here.ranks) > 1 and "OMP_NUM_THREADS" not in base:

@@ -244,25 +244,25 @@ class Store:
         """Jobs for airacct (see airctld.history), each with its earlier runs, steps and canceller,
         never a script or environment; at most `limit` jobs and about `max_bytes` (at least one
         job), and whether more matched."""
+        out, size = [], 0
         with self.reader() as conn:
             ids, more = history.matching_ids(conn, req, limit)
-            jobs, size = [], 0
-            for row in history.rows(conn, ids, ", ".join(_JOB_COLUMNS)):
-                job = _job_from_row(row)
-                for name in ("script", "environment"):
-                    job.request.ClearField(name)
-                size += job.request.ByteSize() + 256
-                if jobs and size > max_bytes:
-                    more = True
-                    break
-                jobs.append(job)
-            runs, steps, cancelled = history.details(conn, [j.job_id for j in jobs], with_steps=not req.no_steps)
-        out = []
-        for job in jobs:
-            entry = pb.HistoryJob(job=job.to_proto(), runs=runs.get(job.job_id, ()), steps=steps.get(job.job_id, ()))
-            if job.job_id in cancelled:
-                entry.cancelled, entry.cancelled_by = True, cancelled[job.job_id]
-            out.append(entry)
+            for i in range(0, len(ids), history.ROWS_AT_ONCE):   # a few jobs, whole, at a time
+                jobs = [_job_from_row(row) for row in history.rows(conn, ids[i:i + history.ROWS_AT_ONCE],
+                                                                   ", ".join(_JOB_COLUMNS))]
+                for job in jobs:
+                    for name in ("script", "environment"):
+                        job.request.ClearField(name)
+                runs, steps, cancelled = history.details(conn, [j.job_id for j in jobs], with_steps=not req.no_steps)
+                for job in jobs:
+                    entry = pb.HistoryJob(job=job.to_proto(), runs=runs.get(job.job_id, ()),
+                                          steps=steps.get(job.job_id, ()))
+                    if job.job_id in cancelled:
+                        entry.cancelled, entry.cancelled_by = True, cancelled[job.job_id]
+                    size += entry.ByteSize() + 8
+                    if out and size > max_bytes:   # the rest on the next page
+                        return out, True
+                    out.append(entry)
         return out, more
 
     def _rows(self, sql: str, params=()) -> list[tuple]:

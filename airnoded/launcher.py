@@ -21,6 +21,7 @@ import hostlist
 import psutil
 
 from airctld import arrays
+from airctld.steps import tasks_per_node
 from airnoded import fence, jobfiles, progress, shepherding
 from airnoded.cgroups import JobCgroups, memory_limit_bytes
 from airnoded.procs import as_owner, killpg
@@ -134,7 +135,7 @@ def slurm_job_environment(job: pb.Job, here: pb.NodeAlloc | None, cluster: str) 
     nodes = max(1, len(job.allocation))
     per_node = req.ntasks_per_node or 1
     env = {
-        "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})" if nodes > 1 else str(per_node),
+        "SLURM_TASKS_PER_NODE": tasks_per_node([per_node] * nodes),
         "SLURM_JOB_USER": job.user,
         "SLURM_JOB_UID": str(job.uid),
         "SLURM_JOB_GID": str(job.gid),

@@ -202,3 +202,14 @@ def test_a_request_too_large_is_refused_naming_its_limit(history):
         store.history(pb.HistoryRequest(job_ids=range(1, 10_002)), 10)
     with pytest.raises(ValueError, match="1001 uids given; the limit is 1000"):
         store.history(pb.HistoryRequest(uids=range(1001)), 10)
+
+
+def test_a_page_stops_at_its_byte_budget_and_the_next_goes_on_from_there(history):
+    store, jobs = history
+    req = pb.HistoryRequest(uids=[1000])
+    whole, _ = store.history(req, 10_000)
+    one = whole[0].ByteSize()
+    first, more = store.history(req, 10_000, max_bytes=one * 3)
+    assert more and 1 <= len(first) <= 3 and [e.job.job_id for e in first] == [e.job.job_id for e in whole[:len(first)]]
+    tiny, more = store.history(req, 10_000, max_bytes=1)   # at least one job, whatever the budget
+    assert more and len(tiny) == 1
