@@ -267,6 +267,35 @@ def slurm_uninstall(directory):
 
 
 @command.group()
+def store():
+    """The controller's store, on the controller's host: an online backup, an integrity check. Run as
+    the controller's user (it reads the store's file); the controller's own program does the work."""
+
+
+def _controller_store(config, *args: str) -> None:
+    import os
+    argv = [sys.executable, "-m", "airctld"] + (["--config", config] if config else []) + ["store", *args]
+    sys.stdout.flush()
+    os.execv(sys.executable, argv)
+
+
+@store.command("backup")
+@click.argument("path")
+@click.option("--config", hidden=True)
+def store_backup(path, config):
+    """Copy the store to PATH (a file, or a folder to hold air-<UTC time>.db) while the controller runs."""
+    _controller_store(config, "backup", path)
+
+
+@store.command("check")
+@click.option("--quick", is_flag=True, help="skip comparing indexes with their tables")
+@click.option("--config", hidden=True)
+def store_check(quick, config):
+    """SQLite's integrity check of the store, and its schema version."""
+    _controller_store(config, "check", *(["--quick"] if quick else []))
+
+
+@command.group()
 def local():
     """A whole cluster on this machine, for trying AIR and for tests."""
 

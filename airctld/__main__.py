@@ -5,6 +5,7 @@ import argparse
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import threading
 from concurrent import futures
@@ -12,18 +13,26 @@ from concurrent import futures
 import grpc
 
 from airctld import config as configuration
+from airctld import store_file
 from airctld.controller import Controller
 from airctld.nodes import NodeClients
 from airctld.sdnotify import notify
 from airctld.service import handlers
 from airctld.errors import StoreFailed
-from airctld.store import Store, StoreError
+from airctld.store import SCHEMA_VERSION, Store, StoreError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="airctld", description="AIR controller daemon")
     parser.add_argument("--config", help="air.toml (default: $AIR_CONF, else /etc/air/air.toml)")
     parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", metavar="{store}")
+    store_cmd = sub.add_parser("store", help="back up or check the store (aircontrol store ...)")
+    ops = store_cmd.add_subparsers(dest="op", required=True)
+    backup_cmd = ops.add_parser("backup", help="copy the store while the controller runs")
+    backup_cmd.add_argument("path", help="a file, or a folder to hold air-<UTC time>.db")
+    check_cmd = ops.add_parser("check", help="integrity check and schema version")
+    check_cmd.add_argument("--quick", action="store_true", help="skip comparing indexes with their tables")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s airctld %(levelname)s %(message)s")
@@ -34,16 +43,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"airctld: error: {e}", file=sys.stderr)
         return 2
     cc = cfg.controller
+    db_path = os.path.join(cc.state_dir, "air.db")
+    if args.command == "store":
+        return store_command(args, db_path)
     if cc.auth == "none":
         if not configuration.is_loopback(cc.host):
             print(f"airctld: error: auth = \"none\" is allowed only on a loopback address, "
                   f"not {cc.address}; configure MUNGE authentication", file=sys.stderr)
             return 2
         log.warning("auth = \"none\": callers state their own uid; for a single-machine cluster only")
+    damage = store_file.damage(db_path)
+    if damage:
+        print(f"airctld: error: the store {db_path} is damaged ({'; '.join(damage[:3])}); restore it "
+              f"from a backup (docs/deploy.md, 'Backups')", file=sys.stderr)
+        return 2
     try:
         os.makedirs(cc.state_dir, exist_ok=True)
-        store = Store(os.path.join(cc.state_dir, "air.db"))
-    except (OSError, StoreError, StoreFailed) as e:
+        store = Store(db_path)
+    except (OSError, StoreError, StoreFailed, sqlite3.Error) as e:
         print(f"airctld: error: cannot open the store in {cc.state_dir}: {e}", file=sys.stderr)
         return 2
     try:
@@ -75,6 +92,30 @@ def main(argv: list[str] | None = None) -> int:
     controller.stop()
     server.stop(grace=2).wait()
     store.close()
+    return 0
+
+
+def store_command(args, db_path: str) -> int:
+    """airctld store backup PATH | check: one summary line, or one error line and exit 1."""
+    try:
+        if args.op == "backup":
+            report, took = store_file.backup(db_path, args.path)
+            print(f"{report.path}: a backup of {db_path}, {report.jobs} jobs ({report.active_jobs} not ended), "
+                  f"schema {report.schema}, {report.size_bytes / 1e6:.1f} MB, integrity ok, copied in {took:.2f} s")
+            return 0
+        report = store_file.check(db_path, quick=args.quick)
+    except (store_file.StoreFileError, OSError, sqlite3.Error) as e:
+        print(f"airctld: error: {e}", file=sys.stderr)
+        return 1
+    known = ("this airctld's" if report.schema == SCHEMA_VERSION else
+             f"this airctld knows {SCHEMA_VERSION}; it upgrades on start" if report.schema < SCHEMA_VERSION else
+             f"NEWER than this airctld's {SCHEMA_VERSION}: run a newer airctld")
+    if not report.sound:
+        print(f"{db_path}: DAMAGED: {'; '.join(report.problems[:10])}", file=sys.stderr)
+        print("restore the newest good backup (docs/deploy.md, 'Backups')", file=sys.stderr)
+        return 1
+    print(f"{db_path}: integrity ok ({'quick_check' if args.quick else 'integrity_check'}), schema {report.schema} "
+          f"({known}), {report.jobs} jobs ({report.active_jobs} not ended), {report.size_bytes / 1e6:.1f} MB")
     return 0
 
 

@@ -1,0 +1,140 @@
+"""The store as a file, for its admins: an online backup and an integrity check.
+
+A backup is SQLite's online backup of the live file, taken in one step under a read transaction:
+in WAL mode that is a snapshot of the last commit, and the controller goes on writing meanwhile.
+The copy is written aside, checked whole, made private (it holds job scripts and environments),
+synced, and only then renamed into place, so a path that names a backup always names a whole one.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class StoreFileError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Report:
+    path: str
+    schema: int
+    problems: tuple[str, ...]     # empty: the file is sound
+    jobs: int = 0
+    active_jobs: int = 0
+    size_bytes: int = 0
+
+    @property
+    def sound(self) -> bool:
+        return not self.problems
+
+
+def problems(conn: sqlite3.Connection, quick: bool) -> tuple[str, ...]:
+    """What SQLite's own check finds wrong with the database; () when it is sound. quick_check
+    reads every page and row but skips comparing indexes with their tables."""
+    try:
+        rows = conn.execute("PRAGMA quick_check" if quick else "PRAGMA integrity_check").fetchall()
+    except sqlite3.DatabaseError as e:   # not a database, or damaged past reading
+        return (str(e),)
+    found = tuple(str(r[0]) for r in rows)
+    return () if found == ("ok",) else found
+
+
+def damage(path: str) -> tuple[str, ...]:
+    """At the controller's start: what a quick check finds wrong with the store at `path` (() for a
+    sound file, or none yet)."""
+    if not os.path.exists(path):
+        return ()
+    conn = sqlite3.connect(path, timeout=30)
+    try:
+        return problems(conn, quick=True)
+    finally:
+        conn.close()
+
+
+def check(path: str, quick: bool = False) -> Report:
+    """The store's integrity, schema version and size. The file must exist."""
+    if not os.path.isfile(path):
+        raise StoreFileError(f"no store at {path}")
+    conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True, timeout=30)
+    try:
+        found = problems(conn, quick)
+        try:
+            schema = conn.execute("PRAGMA user_version").fetchone()[0]
+            jobs, active = conn.execute("SELECT count(*), coalesce(sum(phase != 4), 0) FROM jobs").fetchone()
+        except sqlite3.DatabaseError as e:
+            return Report(path, 0, found or (str(e),), size_bytes=_size(path))
+        return Report(path, schema, found, jobs, active, _size(path))
+    finally:
+        conn.close()
+
+
+def backup(source: str, dest: str, now: float | None = None) -> tuple[Report, float]:
+    """Copy the store at `source` to `dest` (a file, or a folder to hold air-<UTC time>.db) while the
+    controller runs; returns the copy's full check and the seconds the copy took. Nothing is left at
+    `dest` unless the copy is whole and sound."""
+    src = Path(source).resolve()
+    if not src.is_file():
+        raise StoreFileError(f"no store at {source}")
+    target = Path(dest)
+    if target.is_dir():
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now if now is not None else time.time()))
+        target = target / f"air-{stamp}.db"
+    target = target.parent.resolve() / target.name
+    if target in (src, Path(f"{src}-wal"), Path(f"{src}-shm"), Path(f"{src}-journal")):
+        raise StoreFileError(f"{target} is the live store; give another path")
+    if not target.parent.is_dir():
+        raise StoreFileError(f"no folder {target.parent}")
+    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    os.close(fd)
+    started = time.monotonic()
+    try:
+        live = sqlite3.connect(src.as_uri() + "?mode=ro", uri=True, timeout=30)
+        copy = sqlite3.connect(tmp)
+        try:
+            live.backup(copy)              # pages=-1: all in one step, one snapshot
+            copy.execute("PRAGMA journal_mode=DELETE")   # one self-contained file
+        finally:
+            live.close()
+            copy.close()
+        took = time.monotonic() - started
+        report = check(str(tmp))
+        if not report.sound:
+            raise StoreFileError(f"the copy failed its check ({'; '.join(report.problems[:3])}); "
+                                 f"is the live store damaged? run: aircontrol store check")
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        dirfd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dirfd)
+        finally:
+            os.close(dirfd)
+    except sqlite3.Error as e:
+        _unlink(tmp)
+        raise StoreFileError(f"cannot back up {src}: {e}") from e
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return Report(str(target), report.schema, (), report.jobs, report.active_jobs, _size(str(target))), took
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
