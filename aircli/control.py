@@ -331,6 +331,10 @@ def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_
                 private_jobs=private_jobs, health_program=health_program, max_gpu_temp_c=max_gpu_temp,
                 health_auto_resume=health_auto_resume, heartbeat_s=heartbeat)
     click.echo(f"local cluster up: {nodes} nodes with {gpus_per_node} GPUs each; logs in {config.parent / 'log'}")
+    from aircli.local import metrics_urls
+    urls = metrics_urls(config)
+    if urls:
+        click.echo(f"metrics: {urls[0]} (controller), {' '.join(urls[1:])} (nodes)")
     click.echo(f"export AIR_CONF={config}")
 
 

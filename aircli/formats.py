@@ -10,7 +10,7 @@ import hostlist
 
 from airctld.timefmt import format_duration, format_limit
 from protos import air_pb2 as pb
-from protos.states import JobPhase, REASON_NAMES, Reason, long_state, state_code
+from protos.states import JobPhase, REASON_NAMES, Reason, long_state, node_state_name, state_code
 
 SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 SINFO_DEFAULT = "%9P %.5a %.10l %.6D %.6t %.11G %N"
@@ -360,17 +360,7 @@ def share_json(r) -> dict:
 
 def node_state(node: pb.Node) -> str:
     """sinfo's short state: idle, mix, alloc, down, drain, drng, unk."""
-    busy = node.gpus_alloc or node.cpus_alloc
-    if node.state == pb.NODE_STATE_DOWN:
-        return "down"
-    if node.state == pb.NODE_STATE_DRAIN:
-        return "drng" if busy else "drain"
-    if node.state == pb.NODE_STATE_UNKNOWN:
-        return "unk"
-    if not busy:
-        return "idle"
-    full = (node.gpus and node.gpus_alloc >= len(node.gpus)) or node.cpus_alloc >= node.cpus
-    return "alloc" if full else "mix"
+    return node_state_name(node)
 
 
 def node_fields() -> dict[str, tuple[str, Callable]]:

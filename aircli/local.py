@@ -13,6 +13,8 @@ from aircli.client import CliError
 
 CONTROLLER_PORT = 6817
 NODE_PORT = 6818
+CONTROLLER_METRICS_PORT = 9817   # Prometheus /metrics, on the controller's address
+NODE_METRICS_PORT = 9818         # and on each node's
 
 
 def write_config(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int,
@@ -44,6 +46,7 @@ node_timeout_s = {node_timeout_s:g}
 kill_wait_s = 5
 min_job_age_s = 300
 max_script_bytes = 1048576
+metrics_address = "{base}:{CONTROLLER_METRICS_PORT}"
 
 [[nodes]]
 name = "{names}"
@@ -57,6 +60,7 @@ health_program = "{health_program}"
 health_interval_s = 1.0
 max_gpu_temp_c = {max_gpu_temp_c}
 health_auto_resume = {"true" if health_auto_resume else "false"}
+metrics_port = {NODE_METRICS_PORT}
 
 [[partitions]]
 name = "gpu"
@@ -99,6 +103,14 @@ def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base
     pids_file.write_text("\n".join(map(str, pids)) + "\n")
     _wait_idle(config, len(cfg.nodes), pids, directory, wait_s)
     return config
+
+
+def metrics_urls(config: Path) -> list[str]:
+    """Where the local cluster's daemons serve /metrics: the controller's first."""
+    from airctld.config import load
+    cfg = load(str(config))
+    urls = [f"http://{cfg.controller.metrics_address}/metrics"] if cfg.controller.metrics_address else []
+    return urls + [f"http://{n.address}:{n.metrics_port}/metrics" for n in cfg.nodes if n.metrics_port]
 
 
 def _wait_idle(config: Path, count: int, pids: list[int], directory: Path, wait_s: float) -> None:

@@ -15,11 +15,13 @@ import grpc
 from airctld import config as configuration
 from airctld import store_file
 from airctld.controller import Controller
+from airctld.metrics import StateCollector
 from airctld.nodes import NodeClients
 from airctld.sdnotify import notify
 from airctld.service import handlers
 from airctld.errors import StoreFailed
 from airctld.store import SCHEMA_VERSION, Store, StoreError
+from protos import metrics_http
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     if server.add_insecure_port(cc.address) == 0:
         print(f"airctld: error: cannot listen on {cc.address}", file=sys.stderr)
         return 2
+    if cc.metrics_address:
+        host, port = metrics_http.split_address(cc.metrics_address)
+        controller.metrics.registry.register(StateCollector(controller, cc.metrics_user_labels))
+        try:
+            metrics_http.serve(host, port, controller.metrics.registry)
+        except OSError as e:
+            print(f"airctld: error: cannot serve metrics on {cc.metrics_address}: {e.strerror}", file=sys.stderr)
+            return 2
+        log.info("metrics on http://%s/metrics", cc.metrics_address)
     server.start()
     loop = threading.Thread(target=controller.run, name="controller", daemon=True)
     loop.start()

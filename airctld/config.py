@@ -53,6 +53,8 @@ class ControllerConfig:
     max_steps_per_job: int = 40_000      # steps one job may start, all its runs together (Slurm's MaxStepCount)
     history_page_jobs: int = 2_000       # jobs in one reply of job history (airacct asks for the next page)
     cluster_name: str = "air"            # jobs see it as SLURM_CLUSTER_NAME
+    metrics_address: str = ""            # host:port to serve Prometheus /metrics on; "": none
+    metrics_user_labels: bool = True     # per-user series (users are unbounded: a large site may turn them off)
 
     @property
     def fence_after_s(self) -> float:
@@ -95,6 +97,7 @@ class NodeConfig:
     health_interval_s: float = 5.0
     health_timeout_s: float = 30.0
     max_gpu_temp_c: int = 0   # a GPU above this drains the node (0: no limit)
+    metrics_port: int = 0     # serve Prometheus /metrics on the node's address at this port; 0: none
     health_auto_resume: bool = False   # a node drained by a condition that clears (IB port, heat, the
     #                                    health program) returns by itself once it has; never one an admin drained
 
@@ -235,6 +238,10 @@ def parse(data: dict) -> Config:
                 "max_steps_per_job", "history_page_jobs"):
         if getattr(controller, key) <= 0:
             raise ConfigError(f"[controller] {key} = {getattr(controller, key)!r}: must be above 0")
+    if controller.metrics_address:
+        host, _, port = controller.metrics_address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"[controller] metrics_address = {controller.metrics_address!r}: give host:port")
     if controller.node_timeout_s <= controller.heartbeat_interval_s:
         raise ConfigError("[controller] node_timeout_s must be longer than heartbeat_interval_s")
     if controller.fence_timeout_s < 0 or controller.fence_after_s + controller.heartbeat_interval_s \
@@ -428,7 +435,10 @@ def _nodes(where: str, raw: dict) -> list[NodeConfig]:
             ipaddress.ip_address(address)
         except ValueError:
             raise ConfigError(f"{where} address {address!r} is not an IP address") from None
-        out.append(_build(NodeConfig, where, {**raw, "name": name, "address": address}))
+        node = _build(NodeConfig, where, {**raw, "name": name, "address": address})
+        if node.metrics_port > 65535:
+            raise ConfigError(f"{where} metrics_port = {node.metrics_port}: not a port number")
+        out.append(node)
     return out
 
 

@@ -23,6 +23,7 @@ from airctld.config import Config
 from airctld.fairshare import Assoc
 from airctld.jobtable import JobTable
 from airctld.launching import Launching
+from airctld.metrics import ControllerMetrics
 from airctld.errors import Conflict, Denied, InvalidRequest, NotFound, StoreFailed
 from airctld.model import Job, Node, evolve
 from airctld.node_reports import CONTROLLER_UID, NodeReports
@@ -100,6 +101,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._holds: dict[int, tuple[str, ...]] = store.load_holds()
         self._preempted: dict[int, set[int]] = store.load_preemptions()   # preemptor -> its victims so far
         self._pass_seconds = 0.0
+        self.metrics = ControllerMetrics(config.controller.metrics_user_labels)
+        store.on_commit_time = self.metrics.commit_seconds.observe
 
     # ------------------------------------------------------------ the loop
 
@@ -162,6 +165,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
             for j in made:
                 self.jobs.put(j)
             self._dirty = True
+        self.metrics.submitted(made)
         self._wake.set()
         return job_id, ""
 
@@ -537,6 +541,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         cc = self.config.controller
         for old, new in changes:
             self.jobs.put(new)
+            self.metrics.changed(old, new, now)
             if old.phase in ACTIVE_PHASES and new.phase == JobPhase.PENDING:   # requeued: wait for the old run
                 self.fence_wait[new.job_id] = {
                     n: self.nodes[n].last_heartbeat + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s

@@ -102,6 +102,10 @@ class SchedulingPass:
         plan = scheduler.schedule(order, free, self.partitions, stopped_at=stopped_at, holds=holds, in_order=True,
                                   preempted=preempted_before, not_before=fenced, **inputs)
         self._pass_seconds = time.perf_counter() - began
+        looked_at = len(order)
+        if plan.stopped_at:   # the pass's time ran out: the jobs before that one
+            looked_at = next((i for i, j in enumerate(order) if j.job_id == plan.stopped_at), looked_at)
+        self.metrics.scheduled(self._pass_seconds, looked_at)
         with self._lock:
             # a job released meanwhile was not in the plan: only jobs that rank above it may start
             floor = max(self._released, default=None)

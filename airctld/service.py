@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import logging
 import sqlite3
+import time
 
 import grpc
 
@@ -19,16 +20,27 @@ log = logging.getLogger("airctld")
 def _handle(fn):
     @functools.wraps(fn)
     def wrapper(self, request, context):
-        who = self.auth.identify(context, f"/{self.SERVICE}/{fn.__name__}", request, self.target)
+        began, code = time.perf_counter(), None
         try:
-            return fn(self, request, context, who)
-        except RequestError as e:
-            context.abort(e.code, str(e))
-        except TransitionError as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except sqlite3.Error as e:   # a read that failed (writes fail as StoreFailed, a RequestError)
-            log.error("%s: the store failed: %s", fn.__name__, e)
-            context.abort(grpc.StatusCode.INTERNAL, f"the controller could not read its store: {e}")
+            who = self.auth.identify(context, f"/{self.SERVICE}/{fn.__name__}", request, self.target)
+            try:
+                reply = fn(self, request, context, who)
+                code = grpc.StatusCode.OK
+                return reply
+            except RequestError as e:
+                code = e.code
+                context.abort(e.code, str(e))
+            except TransitionError as e:
+                code = grpc.StatusCode.FAILED_PRECONDITION
+                context.abort(code, str(e))
+            except sqlite3.Error as e:   # a read that failed (writes fail as StoreFailed, a RequestError)
+                log.error("%s: the store failed: %s", fn.__name__, e)
+                code = grpc.StatusCode.INTERNAL
+                context.abort(code, f"the controller could not read its store: {e}")
+        finally:
+            if code is None:   # the caller was refused, or an error of our own (gRPC answers UNKNOWN)
+                code = getattr(context, "code", lambda: None)() or grpc.StatusCode.UNKNOWN
+            self.c.metrics.rpc(fn.__name__, code.name, time.perf_counter() - began)
     return wrapper
 
 

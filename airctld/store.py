@@ -12,6 +12,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -157,6 +158,7 @@ class Store:
         self._lock = threading.RLock()
         self._depth = 0
         self._on_commit: list[Callable[[], None]] = []
+        self.on_commit_time: Callable[[float], None] | None = None   # seconds from BEGIN to COMMIT
         if path != ":memory:":
             self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
@@ -194,10 +196,13 @@ class Store:
             except sqlite3.Error as e:
                 raise StoreFailed(_failure(e)) from e
             self._depth, self._on_commit = 1, []
+            began = time.perf_counter()
             try:
                 try:
                     yield
                     self.db.execute("COMMIT")
+                    if self.on_commit_time is not None:
+                        self.on_commit_time(time.perf_counter() - began)
                 except BaseException as e:
                     self._rollback()
                     if isinstance(e, sqlite3.Error):

@@ -22,10 +22,12 @@ import grpc
 from airctld import config as configuration
 from airctld.sdnotify import notify
 from airnoded.agent import Agent, AgentService
+from airnoded.metrics import NodeCollector
 from airnoded.gpus import GpuError, open_backend
 from airnoded import fence
 from airnoded.jobfiles import check_spool
 from protos import air_pb2_grpc as rpc
+from protos import metrics_http
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     if server.add_insecure_port(node.endpoint) == 0:
         print(f"airnoded: error: cannot listen on {node.endpoint}", file=sys.stderr)
         return 2
+    if node.metrics_port:
+        agent.metrics.registry.register(NodeCollector(agent))
+        try:
+            metrics_http.serve(node.address, node.metrics_port, agent.metrics.registry)
+        except OSError as e:
+            print(f"airnoded: error: cannot serve metrics on {node.address}:{node.metrics_port}: {e.strerror}",
+                  file=sys.stderr)
+            return 2
+        logging.getLogger("airnoded").info("metrics on http://%s:%d/metrics", node.address, node.metrics_port)
     server.start()
     threading.Thread(target=agent.run, name="agent", daemon=True).start()
     threading.Thread(target=agent.watch_lease, name="lease", daemon=True).start()

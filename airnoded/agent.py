@@ -16,6 +16,7 @@ from airnoded.cgroups import JobCgroups
 from airnoded.gpus import GpuBackend, GpuError
 from airnoded.health import HealthMonitor
 from airnoded.launcher import Launcher, StaleRun
+from airnoded.metrics import NodeMetrics
 from airnoded.steps import StepError, StepLimit, StepRunner, Stopping
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
@@ -62,6 +63,11 @@ class Agent:
         channel = signed(grpc.insecure_channel(config.controller.address), self.auth, config.controller.address)
         self._registry = rpc.NodeRegistryStub(channel)
         self._registered = False
+        self.metrics = NodeMetrics(node.name)
+
+    def seconds_since_controller(self) -> float:
+        """Since the start of the last call to airctld that got an answer (the lease)."""
+        return max(0.0, lease_clock() - self._lease)
 
     def describe(self) -> pb.Node:
         cpus = self.node.cpus or os.cpu_count() or 1
@@ -102,6 +108,7 @@ class Agent:
         if not runs:
             return
         self._fenced.update(runs)
+        self.metrics.fences.inc()
         kill_in = max(0.0, cc.fence_after_s + cc.fence_grace_s - silent)
         log.warning("fenced: no word from the controller for %.1f s (fence after %.1f s); stopping %d runs: %s",
                     silent, cc.fence_after_s, len(runs), ", ".join(f"{j}.{r}" for j, r in runs))
@@ -129,6 +136,7 @@ class Agent:
                 if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
                     log.error("the controller refused this node: %s", e.details())
                 else:
+                    self.metrics.heartbeat_failures.inc()
                     log.warning("controller %s unreachable: %s", self.config.controller.address,
                                 e.code().name)
             except Exception:   # nothing a job does, and no bug of ours, stops the heartbeats
@@ -149,6 +157,7 @@ class Agent:
                                 progress=self._progress(runs),
                                 runs=[pb.RunRef(job_id=j, run=r) for j, r in runs]),
             timeout=min(CALL_TIMEOUT_S, self.interval))
+        self.metrics.heartbeat_rtt.observe(lease_clock() - began)
         if not reply.reregister:
             with self._lock:
                 del self._health[:len(health)]

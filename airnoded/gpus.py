@@ -11,6 +11,7 @@ SIM_NAME = "NVIDIA H100 80GB HBM3 (simulated)"
 SIM_MEMORY_MB = 81559
 SIM_IDLE_TEMP_C = 35
 SIM_IDLE_POWER_W = 70.0
+SIM_NVLINKS = 18          # an H100 SXM's
 
 
 class GpuError(Exception):
@@ -31,6 +32,16 @@ class GpuBackend(Protocol):
     def telemetry(self) -> list[pb.GpuStatus]:
         """Utilisation, temperature, power and memory in use of every GPU, now."""
 
+    def link_states(self) -> dict[tuple[int, int], bool]:
+        """(gpu, NVLink link) -> whether it is up, as of the last faults() call."""
+
+    def link_errors(self) -> dict[tuple[int, int, str], int]:
+        """(gpu, link, counter) -> NVLink error count (replay, recovery, crc_flit, crc_data), as of the
+        last faults() call."""
+
+    def ecc_uncorrected(self) -> dict[int, int]:
+        """gpu -> uncorrectable ECC errors (volatile) seen, as of the last faults() call."""
+
 
 class SimulatedGpus:
     """GPUs described by the configuration; UUIDs are stable for a node name and index."""
@@ -43,6 +54,18 @@ class SimulatedGpus:
         self._gpus = [pb.Gpu(index=i, uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{i}.air')}",
                              name=SIM_NAME, memory_mb=SIM_MEMORY_MB) for i in range(count)]
         self._temps = [SIM_IDLE_TEMP_C] * count
+        self._links_down: set[tuple[int, int]] = set()
+        self._ecc: dict[int, int] = {}
+
+    def link_states(self) -> dict[tuple[int, int], bool]:
+        return {(g.index, link): (g.index, link) not in self._links_down
+                for g in self._gpus for link in range(SIM_NVLINKS)}
+
+    def link_errors(self) -> dict[tuple[int, int, str], int]:
+        return {}
+
+    def ecc_uncorrected(self) -> dict[int, int]:
+        return {g.index: self._ecc.get(g.index, 0) for g in self._gpus}
 
     def telemetry(self) -> list[pb.GpuStatus]:
         return [pb.GpuStatus(index=i, utilization=0, temperature_c=t, power_w=SIM_IDLE_POWER_W)
@@ -58,9 +81,11 @@ class SimulatedGpus:
         if fault.xid:
             self._xids.append((fault.gpu, fault.xid))
         if fault.ecc_dbe:
+            self._ecc[fault.gpu] = self._ecc.get(fault.gpu, 0) + 1
             self._faults.append(pb.HealthEvent(gpu=fault.gpu, signal="ECC DBE", critical=True, time=now,
                                                message="uncorrectable (double-bit) ECC error"))
         if fault.HasField("nvlink_down"):
+            self._links_down.add((fault.gpu, fault.nvlink_down))
             self._faults.append(pb.HealthEvent(gpu=fault.gpu, signal=f"NVLink {fault.nvlink_down} down",
                                                critical=True, time=now, message="NVLink link is down"))
         if fault.HasField("temperature_c"):
@@ -80,6 +105,10 @@ class SimulatedGpus:
         return out
 
 
+NVLINK_ERROR_COUNTERS = (("replay", "NVML_NVLINK_ERROR_DL_REPLAY"), ("recovery", "NVML_NVLINK_ERROR_DL_RECOVERY"),
+                         ("crc_flit", "NVML_NVLINK_ERROR_DL_CRC_FLIT"), ("crc_data", "NVML_NVLINK_ERROR_DL_CRC_DATA"))
+
+
 class NvmlGpus:
     simulated = False
 
@@ -94,6 +123,8 @@ class NvmlGpus:
         self._ecc_seen: dict[int, int] = {}
         self._links_down: set[tuple[int, int]] = set()
         self._xids: list[tuple[int, int]] = []
+        self._link_state: dict[tuple[int, int], bool] = {}
+        self._link_errors: dict[tuple[int, int, str], int] = {}
         self._lock = threading.Lock()
         threading.Thread(target=self._watch_xids, name="xid", daemon=True).start()
 
@@ -149,11 +180,28 @@ class NvmlGpus:
                     active = nvml.nvmlDeviceGetNvLinkState(h, link)
                 except nvml.NVMLError:
                     break
+                self._link_state[(i, link)] = bool(active)
+                if active:
+                    for name, counter in NVLINK_ERROR_COUNTERS:
+                        try:
+                            self._link_errors[(i, link, name)] = nvml.nvmlDeviceGetNvLinkErrorCounter(
+                                h, link, getattr(nvml, counter))
+                        except (nvml.NVMLError, AttributeError):
+                            continue
                 if not active and (i, link) not in self._links_down:
                     self._links_down.add((i, link))
                     out.append(pb.HealthEvent(gpu=i, signal=f"NVLink {link} down", critical=True, time=now,
                                               message="NVLink link is down"))
         return out
+
+    def link_states(self) -> dict[tuple[int, int], bool]:
+        return dict(self._link_state)
+
+    def link_errors(self) -> dict[tuple[int, int, str], int]:
+        return dict(self._link_errors)
+
+    def ecc_uncorrected(self) -> dict[int, int]:
+        return dict(self._ecc_seen)
 
     def telemetry(self) -> list[pb.GpuStatus]:
         nvml, out = self._nvml, []

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from protos import air_pb2 as pb
+from protos.signals import signal_kind
 
 log = logging.getLogger("airnoded")
 
@@ -37,20 +38,23 @@ def classify_xid(gpu: int, xid: int, seen_before: int, now: float) -> pb.HealthE
     return pb.HealthEvent(gpu=gpu, signal=f"XID {xid}", message=what, critical=False, time=now)
 
 
-def ib_port_faults(root: Path) -> dict[str, str]:
-    """Ports under an /sys/class/infiniband-shaped tree that are not ACTIVE: {"mlx5_0/1": "1: DOWN"}."""
-    faults = {}
+def ib_port_states(root: Path) -> dict[str, str]:
+    """Every port under an /sys/class/infiniband-shaped tree, with its state: {"mlx5_0/1": "4: ACTIVE"}."""
+    states = {}
     if not root.is_dir():
-        return faults
+        return states
     for state_file in sorted(root.glob("*/ports/*/state")):
         port = f"{state_file.parents[2].name}/{state_file.parent.name}"
         try:
-            state = state_file.read_text().strip()
+            states[port] = state_file.read_text(errors="replace").strip()[:64]
         except OSError as e:
-            state = f"unreadable ({e.strerror})"
-        if not state.endswith("ACTIVE"):
-            faults[port] = state
-    return faults
+            states[port] = f"unreadable ({e.strerror})"
+    return states
+
+
+def ib_port_faults(root: Path) -> dict[str, str]:
+    """Ports that are not ACTIVE: {"mlx5_0/1": "1: DOWN"}."""
+    return {port: state for port, state in ib_port_states(root).items() if not state.endswith("ACTIVE")}
 
 
 # InfiniBand error counters watched on every check (sysfs ports/*/counters/*). Rises are recorded;
@@ -99,6 +103,7 @@ class HealthMonitor:
         self._stop = threading.Event()
         self._lock = threading.Lock()   # the monitor thread and fault injection both check
         self.cpu_seconds = 0.0
+        self.event_counts: dict[tuple[str, bool], int] = {}   # (signal kind, critical) -> events so far
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="health", daemon=True).start()
@@ -120,19 +125,29 @@ class HealthMonitor:
         with self._lock:
             self._check(now)
 
+    def _report(self, event: pb.HealthEvent) -> None:
+        key = (signal_kind(event.signal), event.critical)
+        self.event_counts[key] = self.event_counts.get(key, 0) + 1
+        self.report(event)
+
+    def xid_counts(self) -> dict[tuple[int, int], int]:
+        """(gpu, xid) -> how many times it was seen since the daemon started."""
+        with self._lock:
+            return dict(self._xids)
+
     def _check(self, now: float) -> None:
         for gpu, xid in self.gpus.take_xids():
             seen = self._xids.get((gpu, xid), 0)
             self._xids[(gpu, xid)] = seen + 1
-            self.report(classify_xid(gpu, xid, seen, now))
+            self._report(classify_xid(gpu, xid, seen, now))
         for event in self.gpus.faults(now):
-            self.report(event)
+            self._report(event)
         self.latest = self.gpus.telemetry()
         if self.max_temp_c:
             for status in self.latest:
                 hot = status.temperature_c > self.max_temp_c
                 if hot and status.index not in self._hot:
-                    self.report(pb.HealthEvent(gpu=status.index, signal="thermal", critical=True, time=now,
+                    self._report(pb.HealthEvent(gpu=status.index, signal="thermal", critical=True, time=now,
                                                message=f"{status.temperature_c} C, over the limit of "
                                                        f"{self.max_temp_c} C"))
                 (self._hot.add if hot else self._hot.discard)(status.index)
@@ -140,7 +155,7 @@ class HealthMonitor:
             down = ib_port_faults(self.ib_root)
             for port, state in down.items():
                 if port not in self._ib_down:
-                    self.report(pb.HealthEvent(gpu=-1, signal=f"IB {port} {state.split(': ')[-1]}",
+                    self._report(pb.HealthEvent(gpu=-1, signal=f"IB {port} {state.split(': ')[-1]}",
                                                message=f"InfiniBand port {port} is {state}, not ACTIVE",
                                                critical=True, time=now))
             self._ib_down = down
@@ -158,12 +173,12 @@ class HealthMonitor:
             before = self._ib_counts.get(port, {})
             rises = {k: v - before.get(k, v) for k, v in values.items() if v > before.get(k, v)}
             if rises:
-                self.report(pb.HealthEvent(gpu=-1, signal=f"IB {port} errors", critical=False, time=now,
+                self._report(pb.HealthEvent(gpu=-1, signal=f"IB {port} errors", critical=False, time=now,
                                            message=", ".join(f"{k} +{n}" for k, n in sorted(rises.items()))))
             downs = values.get("link_downed", 0) - self._ib_base.get(port, {}).get("link_downed", 0)
             if downs > IB_FLAP_LIMIT and port not in self._ib_flapping:
                 self._ib_flapping.add(port)
-                self.report(pb.HealthEvent(gpu=-1, signal=f"IB {port} flapping", critical=True, time=now,
+                self._report(pb.HealthEvent(gpu=-1, signal=f"IB {port} flapping", critical=True, time=now,
                                            message=f"link went down {downs} times since the daemon started"))
         self._ib_counts = {port: dict(v) for port, v in counts.items()}
 
@@ -184,5 +199,5 @@ class HealthMonitor:
         except OSError as e:
             failing, text = True, f"cannot run {self.program}: {e.strerror}"
         if failing and not self._program_failing:
-            self.report(pb.HealthEvent(gpu=-1, signal="health program", message=text, critical=True, time=now))
+            self._report(pb.HealthEvent(gpu=-1, signal="health program", message=text, critical=True, time=now))
         self._program_failing = failing

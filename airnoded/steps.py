@@ -111,6 +111,11 @@ class StepRunner:
         with self._lock:
             return bool(self._groups.get((job_id, run))) or self._streams.get((job_id, run), 0) > 0
 
+    def rank_count(self) -> int:
+        """Ranks starting or running here, all steps together."""
+        with self._lock:
+            return self._ranks
+
     def runs(self) -> list[RunKey]:
         """Runs with ranks alive here (a step whose ranks have all ended, waiting for airrun to collect
         their exits, runs nothing)."""

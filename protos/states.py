@@ -89,3 +89,19 @@ def long_state(phase: int, result: int) -> str:
 def state_code(phase: int, result: int) -> str:
     """The short code squeue shows (PD, R, CG, CD, F, CA, TO, NF, ...)."""
     return LONG_TO_CODE[long_state(phase, result)]
+
+
+def node_state_name(node) -> str:
+    """sinfo's short state of a node (a pb.Node with its allocation counted): idle, mix, alloc, down,
+    drain, drng (draining: drained, jobs still on it), unk."""
+    busy = node.gpus_alloc or node.cpus_alloc
+    if node.state == NodeState.DOWN:
+        return "down"
+    if node.state == NodeState.DRAIN:
+        return "drng" if busy else "drain"
+    if node.state == NodeState.UNKNOWN:
+        return "unk"
+    if not busy:
+        return "idle"
+    full = (node.gpus and node.gpus_alloc >= len(node.gpus)) or node.cpus_alloc >= node.cpus
+    return "alloc" if full else "mix"
