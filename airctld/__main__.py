@@ -13,7 +13,7 @@ from concurrent import futures
 import grpc
 
 from airctld import config as configuration
-from airctld import store_file
+from airctld import retention, store_file
 from airctld.controller import Controller
 from airctld.metrics import StateCollector
 from airctld.nodes import NodeClients
@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"airctld: error: cannot serve metrics on {cc.metrics_address}: {e.strerror}", file=sys.stderr)
             return 2
         log.info("metrics on http://%s/metrics", cc.metrics_address)
+    maintenance = retention.Maintenance(store, retention.limits(cc), on_pass=controller.metrics.retained)
+    maintenance.start()
     server.start()
     loop = threading.Thread(target=controller.run, name="controller", daemon=True)
     loop.start()
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     done.wait()
     log.info("shutting down")
     notify("STOPPING=1")
+    maintenance.stop()
     controller.stop()
     server.stop(grace=2).wait()
     store.close()

@@ -53,6 +53,9 @@ class ControllerConfig:
     max_steps_per_job: int = 40_000      # steps one job may start, all its runs together (Slurm's MaxStepCount)
     history_page_jobs: int = 2_000       # jobs in one reply of job history (airacct asks for the next page)
     cluster_name: str = "air"            # jobs see it as SLURM_CLUSTER_NAME
+    events_keep_days: float = 30.0       # job and node health events kept this long (who cancelled a job: with it)
+    jobs_keep_days: float = 365.0        # ended jobs kept this long, with their runs, steps and reports
+    report_sample_s: float = 60.0        # an ended job's progress reports thinned to one per this
     metrics_address: str = ""            # host:port to serve Prometheus /metrics on; "": none
     metrics_user_labels: bool = True     # per-user series (users are unbounded: a large site may turn them off)
 
@@ -238,6 +241,12 @@ def parse(data: dict) -> Config:
                 "max_steps_per_job", "history_page_jobs"):
         if getattr(controller, key) <= 0:
             raise ConfigError(f"[controller] {key} = {getattr(controller, key)!r}: must be above 0")
+    for key in ("events_keep_days", "jobs_keep_days", "report_sample_s"):
+        if getattr(controller, key) <= 0:
+            raise ConfigError(f"[controller] {key} = {getattr(controller, key)!r}: must be above 0")
+    if controller.jobs_keep_days * 86400 < controller.min_job_age_s:
+        raise ConfigError(f"[controller] jobs_keep_days = {controller.jobs_keep_days:g}: at least min_job_age_s "
+                          f"({controller.min_job_age_s:g} s), for which ended jobs stay in memory")
     if controller.metrics_address:
         host, _, port = controller.metrics_address.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -63,6 +64,8 @@ class ControllerMetrics:
         self.commit_seconds = Histogram("air_store_commit_duration_seconds",
                                         "Time a store transaction held the store, BEGIN to COMMIT",
                                         buckets=FAST_BUCKETS, registry=r)
+        self.retention = Counter("air_store_retention_rows", "Rows the store's retention removed: reports "
+                                 "thinned, old events, node events and jobs", ["kind"], registry=r)
         self._requeued_at: dict[int, float] = {}
 
     def submitted(self, jobs: list[Job]) -> None:
@@ -89,6 +92,11 @@ class ControllerMetrics:
         if new.phase == JobPhase.DONE and old.phase != JobPhase.DONE:
             self.ends.labels(new.partition, long_state(new.phase, new.result)).inc()
             self._requeued_at.pop(new.job_id, None)
+
+    def retained(self, done) -> None:
+        for kind in ("reports", "events", "node_events", "jobs"):
+            if getattr(done, kind):
+                self.retention.labels(kind).inc(getattr(done, kind))
 
     def scheduled(self, seconds: float, looked_at: int) -> None:
         self.pass_seconds.observe(seconds)
@@ -121,6 +129,14 @@ class StateCollector:
         yield from self._per_job(active, reports, now)
         yield from self._nodes(c.node_views())
         yield from self._fairshare(c.share_rows(pb.SharesRequest()))
+        size = GaugeMetricFamily("air_store_size_bytes", "The store's files: the database and its write-ahead log",
+                                 labels=["file"])
+        for name, suffix in (("db", ""), ("wal", "-wal")):
+            try:
+                size.add_metric([name], os.path.getsize(c.store.path + suffix))
+            except OSError:
+                pass
+        yield size
 
     def _jobs(self, pending: list[Job], active: list[Job]):
         by_state = GaugeMetricFamily("air_jobs", "Jobs not ended, by state, partition and account",

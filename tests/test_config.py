@@ -37,6 +37,10 @@ def _with(section, change, index=None):
     (_with("partitions", {"nodes": "node[01-03]"}, 0), "names node node03, which no [[nodes]] entry defines"),
     (_with("partitions", {"max_time": "forever"}, 0), "[[partitions]] #1 max_time: time 'forever'"),
     ({**GOOD, "extra": {}}, "unknown key 'extra' in the top level"),
+    (_with("controller", {"jobs_keep_days": 0.001}), "jobs_keep_days = 0.001: at least min_job_age_s"),
+    (_with("controller", {"events_keep_days": 0}), "events_keep_days = 0: must be above 0"),
+    (_with("controller", {"metrics_address": "9817"}), "metrics_address = '9817': give host:port"),
+    (_with("nodes", {"metrics_port": 70000}, 0), "metrics_port = 70000: not a port number"),
 ])
 def test_bad_config_names_the_key(data, message):
     with pytest.raises(ConfigError) as e:
