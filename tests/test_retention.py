@@ -10,7 +10,6 @@ from airctld import retention
 from airctld.model import Job
 from airctld.store import Store
 from protos import air_pb2 as pb
-from protos.states import JobPhase
 
 DAY = 86400.0
 LIMITS = retention.Limits(events_keep_s=3 * DAY, jobs_keep_s=10 * DAY, report_sample_s=60.0)
