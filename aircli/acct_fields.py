@@ -227,11 +227,28 @@ FIELDS: dict[str, tuple[int, bool, Callable[[Record, float], object]]] = {
     "Priority": (10, True, lambda r, now: "" if r.step else r.job.priority),
     "Comment": (20, True, lambda r, now: "" if r.step else r.job.request.comment),
     "WCKey": (10, True, lambda r, now: "" if r.step else r.job.request.wckey),
+    "Goodput": (8, True, lambda r, now: _goodput(r, lambda g: f"{g.ettr * 100:.1f}%" if g.wall_s else "")),
+    "QueueTime": (10, True, lambda r, now: _goodput(r, lambda g: hms(g.queued_s))),
+    "StartupTime": (11, True, lambda r, now: _goodput(r, lambda g: hms(g.starting_s))),
+    "RestoreTime": (11, True, lambda r, now: _goodput(r, lambda g: hms(g.restoring_s))),
+    "TrainTime": (10, True, lambda r, now: _goodput(r, lambda g: hms(g.training_s))),
+    "CkptTime": (10, True, lambda r, now: _goodput(r, lambda g: hms(g.checkpoint_s))),
+    "LostWork": (10, True, lambda r, now: _goodput(r, lambda g: hms(g.lost_s))),
+    "LostSteps": (9, True, lambda r, now: _goodput(r, lambda g: g.lost_steps)),
+    "DownTime": (10, True, lambda r, now: _goodput(r, lambda g: hms(g.down_s))),
+    "OtherTime": (10, True, lambda r, now: _goodput(r, lambda g: hms(g.other_s))),
     "ArrayJobID": (12, True, lambda r, now: r.job.array_job_id or ""),
     "ArrayTaskID": (12, True, lambda r, now: r.job.array_task_id if r.job.array_job_id else ""),
 }
 _BY_LOWER = {k.lower(): k for k in FIELDS}
 _SPEC = re.compile(r"^([A-Za-z]+)(?:%(-?\d+))?$")
+
+
+def _goodput(r: Record, show: Callable[[pb.Goodput], object]) -> object:
+    """Goodput is the whole job's: on its own record (its last or current run), not on steps or earlier runs."""
+    if r.step or r.run != r.job.restart_count or not r.job.HasField("goodput"):
+        return ""
+    return show(r.job.goodput)
 
 
 def _group(gid: int) -> str:

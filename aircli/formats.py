@@ -263,7 +263,27 @@ def job_json(job: pb.Job, now: float) -> dict:
         "array_job_id": job.array_job_id or None,
         "progress": progress_of(job) or None, "last_progress": job.last_progress or None,
         "array_task_id": (job.array_pending_tasks or job.array_task_id) if job.array_job_id else None,
+        "goodput": goodput_json(job.goodput) if job.HasField("goodput") else None,
     }
+
+
+GOODPUT_CATEGORIES = ("queued", "starting", "restoring", "training", "checkpoint", "lost", "down", "other")
+
+
+def goodput_json(g: pb.Goodput) -> dict:
+    out = {f"{c}_s": round(getattr(g, f"{c}_s"), 3) for c in GOODPUT_CATEGORIES}
+    out.update(wall_s=round(g.wall_s, 3), ettr=round(g.ettr, 4), lost_steps=g.lost_steps, runs=g.runs,
+               partial=g.partial)
+    return out
+
+
+def goodput_keyvalues(g: pb.Goodput) -> list[str]:
+    """Where the job's time went (aircontrol show job): ETTR, then each category."""
+    if not g.wall_s:
+        return [f"Goodput=(null) Queued={format_duration(g.queued_s)}"]
+    return ([f"Goodput={g.ettr * 100:.1f}%{'(partial)' if g.partial else ''}"]
+            + [f"{c.capitalize()}={format_duration(getattr(g, c + '_s'))}" for c in GOODPUT_CATEGORIES]
+            + [f"LostSteps={g.lost_steps}"])
 
 
 def job_keyvalues(job: pb.Job, now: float) -> list[str]:
@@ -292,6 +312,7 @@ def job_keyvalues(job: pb.Job, now: float) -> list[str]:
         [f"TresPerNode={_gres(job)}", f"GpuIndices={gpus or '(null)'}"],
         [f"WorkDir={req.workdir}"],
         [f"Progress={json.dumps(progress_of(job), separators=(',', ':')) if job.progress else '(null)'}"],
+        goodput_keyvalues(job.goodput),
         [f"StdOut={out}"],
         [f"StdErr={err or out}"],
     ]

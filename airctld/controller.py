@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 
 import hostlist
 
-from airctld import arrays, deps, events, history, scheduler, steps
+from airctld import arrays, deps, events, goodput, history, scheduler, steps
 from airctld.accounting import Accounting
 from airctld.config import Config
 from airctld.fairshare import Assoc
@@ -456,6 +456,9 @@ class Controller(NodeReports, SchedulingPass, Launching):
             _strip_private(view)
         view.progress = self.latest_report.get(job_id, "")
         view.last_progress = self.last_progress.get(job_id, 0.0)
+        with self.store.reader() as conn:
+            runs, _, _ = history.details(conn, [job_id], with_steps=False)
+        view.goodput.CopyFrom(goodput.job_goodput(view, runs.get(job_id, ()), view.progress, self.clock()))
         return view
 
     def history(self, req: pb.HistoryRequest, who: Identity) -> pb.HistoryReply:
@@ -481,8 +484,11 @@ class Controller(NodeReports, SchedulingPass, Launching):
             jobs, more = self.store.history(ask, min(req.max_jobs or page, page), budget)
         except history.TooMuch as e:
             raise InvalidRequest(str(e)) from None
+        now = self.clock()
         for entry in jobs:   # (only shrinks them: the store's page budget holds)
             entry.job.request.qos = entry.job.request.qos or default_qos
+            entry.job.goodput.CopyFrom(goodput.job_goodput(entry.job, entry.runs,
+                                                           self.latest_report.get(entry.job.job_id, ""), now))
             if entry.job.uid != who.uid and not operator:
                 _strip_private(entry.job)
                 for step in entry.steps:
@@ -524,8 +530,9 @@ class Controller(NodeReports, SchedulingPass, Launching):
 
     def _commit(self, changes: Iterable[tuple[Job, Job]], now: float, who: int) -> list[Job]:
         """Write (old, new) job pairs in one transaction, and take them into memory once it (or the one
-        it is part of) has committed: a transaction that fails leaves memory as it was."""
-        changes = list(changes)
+        it is part of) has committed: a transaction that fails leaves memory as it was. A run that
+        ends keeps its runtime's figures (goodput), from its latest report."""
+        changes = [(old, self._with_figures(old, new)) for old, new in changes]
         if not changes:
             return []
         with self.store.transaction():
@@ -536,6 +543,13 @@ class Controller(NodeReports, SchedulingPass, Launching):
                                          if old.phase == JobPhase.COMPLETING and new.phase != JobPhase.COMPLETING)
             self.store.after_commit(lambda: self._take(changes, now))
         return [new for _, new in changes]
+
+    def _with_figures(self, old: Job, new: Job) -> Job:
+        ended = old.start_time > 0 and (new.restart_count > old.restart_count or
+                                        (new.phase == JobPhase.DONE and old.phase != JobPhase.DONE))
+        if not ended:
+            return new
+        return evolve(new, figures=goodput.live_figures(self.latest_report.get(old.job_id, ""), old.restart_count))
 
     def _take(self, changes: list[tuple[Job, Job]], now: float) -> None:
         cc = self.config.controller

@@ -147,12 +147,12 @@ def details(conn: sqlite3.Connection, job_ids: list[int], with_steps: bool = Tru
     for i in range(0, len(job_ids), CHUNK):
         chunk = job_ids[i:i + CHUNK]
         marks = ", ".join("?" * len(chunk))
-        for job_id, run, start, end, allocation, reason, detail, code, sig in conn.execute(
-                "SELECT job_id, run, start_time, end_time, allocation, reason, detail, exit_code, exit_signal FROM runs "
-                f"WHERE job_id IN ({marks}) ORDER BY job_id, run", chunk):
+        for job_id, run, start, end, allocation, reason, detail, code, sig, figures in conn.execute(
+                "SELECT job_id, run, start_time, end_time, allocation, reason, detail, exit_code, exit_signal, figures "
+                f"FROM runs WHERE job_id IN ({marks}) ORDER BY job_id, run", chunk):
             runs.setdefault(job_id, []).append(pb.HistoryRun(
                 run=run, start_time=start, end_time=end, reason=reason, detail=detail, exit_code=code,
-                exit_signal=sig,
+                exit_signal=sig, figures=figures,
                 allocation=[pb.NodeAlloc(node=n, gpus=g, cpus=c) for n, g, c in json.loads(allocation)]))
         for job_id, step_id, run, created, nodes, ntasks, command in conn.execute(
                 "SELECT job_id, step_id, run, created, nodes, ntasks, command FROM (SELECT *, ROW_NUMBER() OVER "

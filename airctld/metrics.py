@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from airctld import goodput
 from airctld.model import Job
 from protos import air_pb2 as pb
 from protos.signals import signal_kind
@@ -66,6 +67,9 @@ class ControllerMetrics:
                                         buckets=FAST_BUCKETS, registry=r)
         self.retention = Counter("air_store_retention_rows", "Rows the store's retention removed: reports "
                                  "thinned, old events, node events and jobs", ["kind"], registry=r)
+        self.goodput = Counter("air_goodput_seconds", "Where jobs' time went, by account: queued, starting, "
+                               "restoring, training, checkpoint, lost, down, other (added as each run starts "
+                               "and ends)", ["account", "category"], registry=r)
         self._requeued_at: dict[int, float] = {}
 
     def submitted(self, jobs: list[Job]) -> None:
@@ -74,14 +78,26 @@ class ControllerMetrics:
 
     def changed(self, old: Job, new: Job, now: float) -> None:
         """One job change the store has committed."""
+        account = new.request.account or "default"
         if new.phase == JobPhase.RUNNING and old.phase == JobPhase.PENDING:
             self.starts.labels(new.partition).inc()
             since = self._requeued_at.pop(new.job_id, None)
             if new.restart_count == 0:
                 self.submit_to_start.labels(new.partition).observe(max(0.0, new.start_time - new.submit_time))
+                self.goodput.labels(account, "queued").inc(max(0.0, new.start_time - new.submit_time))
+            elif since is not None:
+                self.goodput.labels(account, "down").inc(max(0.0, new.start_time - since))
+            if new.restart_count == 0:
                 since = new.submit_time
             if since is not None:
                 self.queue_wait.labels(new.partition).observe(max(0.0, new.start_time - since))
+        run_ended = old.start_time > 0 and (new.restart_count > old.restart_count or
+                                            (new.phase == JobPhase.DONE and old.phase != JobPhase.DONE))
+        if run_ended:
+            end = new.end_time or now
+            g = goodput.breakdown(old.start_time, [goodput.Run(old.start_time, end, new.figures)], end)
+            for category in ("starting", "restoring", "training", "checkpoint", "lost", "other"):
+                self.goodput.labels(account, category).inc(getattr(g, f"{category}_s"))
         requeued = new.phase == JobPhase.PENDING and old.phase in (JobPhase.RUNNING, JobPhase.COMPLETING)
         if requeued:
             self.requeues.labels(Reason(new.last_stop_reason).name).inc()

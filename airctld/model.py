@@ -55,6 +55,7 @@ class Job:
     last_stop_reason: Reason = Reason.NONE
     array_job_id: int = 0     # 0: not an array task
     array_task_id: int = 0
+    figures: str = ""        # the runtime's figures of the last run that ended (JSON; airctld.goodput)
 
     @property
     def requeue_allowed(self) -> bool:
@@ -77,7 +78,7 @@ class Job:
             submit_time=self.submit_time, start_time=self.start_time, end_time=self.end_time,
             exit_code=self.exit_code, exit_signal=self.exit_signal, priority=self.priority,
             restart_count=self.restart_count, last_stop_reason=self.last_stop_reason,
-            array_job_id=self.array_job_id, array_task_id=self.array_task_id)
+            array_job_id=self.array_job_id, array_task_id=self.array_task_id, figures=self.figures)
 
 
 @dataclass(frozen=True)

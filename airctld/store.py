@@ -29,7 +29,7 @@ _JOB_COLUMNS = ("uid", "gid", "user", "name", "partition", "num_nodes", "gpus_pe
                 "cpus_per_node", "time_limit_s", "submit_time", "priority", "phase", "result",
                 "reason", "reason_detail", "hold", "allocation", "start_time", "end_time",
                 "exit_code", "exit_signal", "restart_count", "last_stop_reason", "array_job_id",
-                "array_task_id", "request")
+                "array_task_id", "figures", "request")
 
 
 def _migrate_1(db: sqlite_utils.Database) -> None:
@@ -137,8 +137,14 @@ def _migrate_10(db: sqlite_utils.Database) -> None:
                "PRIMARY KEY (job_id, run))")
 
 
+def _migrate_11(db: sqlite_utils.Database) -> None:
+    """Goodput: the runtime's figures of each run that ended (the job's last one on the job's row)."""
+    db.execute("ALTER TABLE jobs ADD COLUMN figures TEXT NOT NULL DEFAULT ''")
+    db.execute("ALTER TABLE runs ADD COLUMN figures TEXT NOT NULL DEFAULT ''")
+
+
 MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5, _migrate_6, _migrate_7, _migrate_8,
-              _migrate_9, _migrate_10]
+              _migrate_9, _migrate_10, _migrate_11]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -301,7 +307,8 @@ class Store:
         for old, new in changes:
             if new.restart_count > old.restart_count and old.start_time > 0:
                 runs.append((old.job_id, old.restart_count, old.start_time, now, _allocation_text(old),
-                             int(new.last_stop_reason), new.reason_detail, new.exit_code, new.exit_signal))
+                             int(new.last_stop_reason), new.reason_detail, new.exit_code, new.exit_signal,
+                             new.figures))
             row = _job_row(new, with_request=False)
             rows.append([row[c] for c in cols] + [new.job_id])
             old_state, new_state = long_state(old.phase, old.result), long_state(new.phase, new.result)
@@ -314,7 +321,8 @@ class Store:
         self.db.conn.executemany("INSERT INTO events (job_id, time, old_state, new_state, reason, detail, who) "
                                  "VALUES (?, ?, ?, ?, ?, ?, ?)", events)
         self.db.conn.executemany("INSERT OR REPLACE INTO runs (job_id, run, start_time, end_time, allocation, "
-                                 "reason, detail, exit_code, exit_signal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
+                                 "reason, detail, exit_code, exit_signal, figures) "
+                                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
 
     def set_pending_reasons(self, changes: Iterable[tuple[int, Reason]]) -> None:
         """Pending reasons are display state: no event row for each scheduling pass."""
@@ -481,7 +489,7 @@ def _job_row(job: Job, with_request: bool = True) -> dict:
         "start_time": job.start_time, "end_time": job.end_time, "exit_code": job.exit_code,
         "exit_signal": job.exit_signal, "restart_count": job.restart_count,
         "last_stop_reason": int(job.last_stop_reason), "array_job_id": job.array_job_id,
-        "array_task_id": job.array_task_id,
+        "array_task_id": job.array_task_id, "figures": job.figures,
     }
     if with_request:
         row["request"] = job.request.SerializeToString()

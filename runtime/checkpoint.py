@@ -139,6 +139,8 @@ class Checkpointer:
         if ctx.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
             _register(self.dir / RUNS, self.run)
+            if ctx.ledger is not None:
+                ctx.ledger.keep_progress(self.dir / RUNS)
             newer = self.newest_run()
             if newer > self.run:
                 log.warning("checkpoint directory %s already belongs to run %d; this is run %d (stale): "
@@ -199,6 +201,14 @@ class Checkpointer:
         """Checkpoint `state` at `step` (a collective: every rank calls it). Asynchronous unless
         `blocking` (or the Checkpointer was made with async_save=False): the call returns once the
         state is staged, and the checkpoint counts once the background write has finished."""
+        began = time.monotonic()
+        try:
+            return self._save(step, state, blocking)
+        finally:   # the time the loop waited: staging, a write in flight before, a blocking write
+            if self.ctx.ledger is not None:
+                self.ctx.ledger.blocked(time.monotonic() - began)
+
+    def _save(self, step: int, state: dict, blocking: bool | None) -> Path:
         blocking = not self.async_save if blocking is None else blocking
         self.wait()
         path = self.dir / f"step-{step:09d}-run{self.run}"
@@ -338,6 +348,13 @@ class Checkpointer:
 
     def restore(self, state: dict) -> int:
         """Load the newest complete checkpoint into `state`; return its step, or 0 when there is none."""
+        began = time.monotonic()
+        step = self._restore(state)
+        if self.ctx.ledger is not None:   # (rank 0 also works out what the run before lost)
+            self.ctx.ledger.restored(step, time.monotonic() - began, self.dir / RUNS if self.ctx.is_main else None)
+        return step
+
+    def _restore(self, state: dict) -> int:
         self.wait()
         choice = [self._choose() if self.ctx.is_main else ""]
         if self.ctx.world_size > 1:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from runtime.goodput import Ledger
 from runtime.report import Reporter, peak_flops
 from runtime.stop import StopSignal
 
@@ -26,6 +27,7 @@ class Context:
     checkpoint_dir: Path
     stop: StopSignal = field(repr=False, default=None)
     reporter: Reporter = field(repr=False, default=None)
+    ledger: Ledger = field(repr=False, default=None)
 
     def report(self, step: int, **values) -> dict:
         """Progress for airq -l, aircontrol show job and airstat, and the heartbeat of hang detection."""
@@ -65,8 +67,10 @@ def init(checkpoint_dir: str | None = None) -> Context:
     job_id = os.environ.get("AIR_JOB_ID", "local")
     where = checkpoint_dir or os.environ.get("AIR_CHECKPOINT_DIR") or \
         os.path.join(os.environ.get("AIR_SUBMIT_DIR", os.getcwd()), f"air-ckpt-{job_id}")
+    run = _env_int("AIR_RESTART_COUNT", 0)
+    ledger = Ledger(run)
     return Context(rank=rank, world_size=world, local_rank=local, device=device, job_id=job_id,
-                   restart_count=_env_int("AIR_RESTART_COUNT", 0), checkpoint_dir=Path(where),
-                   stop=StopSignal(world > 1),
+                   restart_count=run, checkpoint_dir=Path(where), stop=StopSignal(world > 1),
                    reporter=Reporter(rank, world, peak=peak_flops(torch.cuda.get_device_name(device))
-                                     if device.type == "cuda" else 0.0))
+                                     if device.type == "cuda" else 0.0, ledger=ledger),
+                   ledger=ledger)

@@ -38,7 +38,7 @@ class Reporter:
     reads it once a heartbeat), so reporting every step costs the loop next to nothing."""
 
     def __init__(self, rank: int, world_size: int, flops_per_token: float = 0.0, peak: float = 0.0,
-                 directory: str | None = None, write_every_s: float = 0.5):
+                 directory: str | None = None, write_every_s: float = 0.5, ledger=None):
         self.rank = rank
         self.world_size = world_size
         self.flops_per_token = flops_per_token
@@ -54,11 +54,14 @@ class Reporter:
         self._pending: tuple | None = None
         self._timer: threading.Timer | None = None
         self._lock = threading.RLock()
+        self.ledger = ledger   # runtime.goodput.Ledger: each report marks a step
 
     def report(self, step: int, loss: float | None = None, tokens: int = 0, samples: int = 0,
                checkpoint_step: int | None = None, **metrics) -> dict:
         """`tokens` and `samples`: what this rank processed since its last report."""
         with self._lock:
+            if self.ledger is not None:
+                self.ledger.stepped(step)
             now = time.time()
             self._tokens += tokens
             self._samples += samples
@@ -94,6 +97,8 @@ class Reporter:
         if checkpoint_step is not None:
             out["checkpoint_step"] = checkpoint_step
         out.update({k: float(v) if isinstance(v, (int, float)) else str(v) for k, v in metrics.items()})
+        if self.ledger is not None:
+            out["goodput"] = self.ledger.figures()
         self.latest = out
         self._written = now
         if self.path is not None:

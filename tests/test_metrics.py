@@ -142,7 +142,7 @@ def test_the_dashboard_queries_only_metrics_air_exposes(cluster):
     unknown = sorted(used - served)
     assert not unknown, f"the dashboard queries metrics AIR does not serve: {unknown}"
     titles = {p.get("title", "") for p in _panels(dashboard)}
-    for row in ("Queue", "Nodes and GPUs", "Health", "Scheduler", "Training"):
+    for row in ("Queue", "Nodes and GPUs", "Health", "Scheduler", "Training", "Goodput"):
         assert any(row.lower() in t.lower() for t in titles), f"no {row} section"
 
 

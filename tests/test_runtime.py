@@ -68,7 +68,7 @@ def test_interrupted_runs_end_bit_identical(tmp_path, world, mode):
     for rank in range(world):
         assert _steps(run, rank) == _steps(base, rank)   # no batch skipped or repeated
     assert _checkpoints(ckpt) == ["step-000000015-run2", "step-000000020-run2"]   # the newest two
-    assert sorted(os.listdir(ckpt / "runs")) == ["run-0", "run-1", "run-2"]
+    assert sorted(os.listdir(ckpt / "runs")) == ["run-0", "run-0.progress", "run-1", "run-1.progress", "run-2", "run-2.progress"]
 
 
 def test_incomplete_or_damaged_newest_checkpoint_is_skipped(tmp_path):

@@ -164,6 +164,7 @@ def test_a_store_of_schema_6_migrates_to_one_without_holds_or_stop_times(tmp_pat
 
 
 def _undo_schema_10(s: Store) -> None:
+    s.db.execute("ALTER TABLE jobs DROP COLUMN figures")   # (schema 11's, first)
     for index in ("jobs_uid_end", "jobs_account_end"):
         s.db.execute(f"DROP INDEX {index}")
     s.db.execute("ALTER TABLE jobs DROP COLUMN account")

@@ -64,6 +64,11 @@ def _history(out: Path, rank: int) -> dict[int, str]:
     return steps
 
 
+def _hms(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60:02d}:{m % 60:02d}:{s:02d}"
+
+
 def _job_processes(job_id: int, node: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter():
@@ -126,6 +131,32 @@ def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
         assert history == expected   # the same batch at every step: none skipped, none repeated
     shown = cluster.cli("aircontrol", "show", "job", str(job)).stdout
     assert "Restarts=2" in shown and "LastStopReason=" in shown
+
+    # goodput against what happened: the steps rank 0 computed twice (its log has a line for every step
+    # it computed, each run's), and the time between runs (airacct's run records)
+    g = cluster.job(job)["goodput"]
+    redone = _steps_logged(out) - steps
+    import sqlite3
+    db = sqlite3.connect(cluster.dir / "state" / "air.db")
+    figs = db.execute("SELECT run, start_time, end_time, figures FROM runs").fetchall() + \
+        db.execute("SELECT -1, start_time, end_time, figures FROM jobs WHERE id = ?", [job]).fetchall()
+    assert g["runs"] == 3 and not g["partial"], (g, figs)
+    assert redone >= 1 and g["lost_steps"] in (redone - 1, redone), (g, redone)   # (a kill between log and report)
+    assert g["lost_s"] > 0 and g["restoring_s"] > 0 and g["checkpoint_s"] > 0 and g["starting_s"] > 0, g
+    computed = _steps_logged(out) - 3   # every step but each run's first (starting) slept 0.1 s in its loop
+    assert g["training_s"] + g["lost_s"] >= 0.1 * computed, (g, computed)
+    lines = cluster.cli("airacct", "-j", str(job), "-D", "-X", "-n", "-P", "-o", "Start,End,ElapsedRaw").stdout.split()
+    runs = [line.split("|") for line in lines]
+    assert len(runs) == 3, lines
+    stamps = [(time.mktime(time.strptime(a, "%Y-%m-%dT%H:%M:%S")), time.mktime(time.strptime(b, "%Y-%m-%dT%H:%M:%S")))
+              for a, b, _ in runs]
+    gaps = sum(stamps[i + 1][0] - stamps[i][1] for i in range(2))
+    assert abs(g["down_s"] - gaps) <= 2.0, (g["down_s"], gaps, runs)   # (airacct's times are whole seconds)
+    parts = sum(g[f"{c}_s"] for c in ("starting", "restoring", "training", "checkpoint", "lost", "down", "other"))
+    assert abs(parts - g["wall_s"]) < 0.01 and 0 < g["ettr"] < 1 and abs(g["ettr"] - g["training_s"] / g["wall_s"]) < 1e-3
+    assert g["wall_s"] == pytest.approx(stamps[-1][1] - stamps[0][0], abs=2.0)
+    row = cluster.cli("airacct", "-j", str(job), "-X", "-n", "-P", "-o", "JobID,Goodput,LostSteps,LostWork").stdout
+    assert row.strip() == f"{job}|{g['ettr'] * 100:.1f}%|{g['lost_steps']}|{_hms(g['lost_s'])}", row
     row = cluster.cli("airq", "-l", "-t", "all", "-j", str(job), "-h").stdout.split()
     assert row[12].startswith("2:")
 

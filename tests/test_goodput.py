@@ -1,0 +1,107 @@
+"""Goodput: the breakdown of a job's time against hand-worked cases and its invariant (the categories
+cover the wall time, none below zero), the runtime's ledger of lost work across runs, and the
+controller's reading of figures a job wrote (hostile input)."""
+import json
+import math
+
+import pytest
+from hypothesis import given, strategies as st
+
+from airctld import goodput
+from runtime import goodput as runtime_goodput
+
+
+def _fig(**kw) -> str:
+    return json.dumps(kw)
+
+
+def test_two_runs_worked_by_hand():
+    runs = [goodput.Run(10, 110, _fig(run=0, first_step_time=25, restore_s=5, train_s=60, ckpt_s=10)),
+            goodput.Run(130, 200, _fig(run=1, first_step_time=140, restore_s=3, train_s=50, ckpt_s=2,
+                                       lost_s=12, lost_steps=4))]
+    g = goodput.breakdown(0.0, runs, now=999)
+    assert g.queued_s == 10 and g.down_s == 20 and g.wall_s == 190
+    assert g.starting_s == 10 + 7 and g.restoring_s == 8 and g.checkpoint_s == 12
+    assert g.lost_s == 12 and g.lost_steps == 4 and g.training_s == 110 - 12
+    assert g.other_s == pytest.approx((100 - 85) + (70 - 62))
+    assert g.ettr == pytest.approx(98 / 190) and not g.partial
+
+
+def test_a_run_without_figures_is_other_and_partial():
+    g = goodput.breakdown(0.0, [goodput.Run(5, 50, "")], now=60)
+    assert g.partial and g.other_s == 45 and g.training_s == 0 and g.ettr == 0
+
+
+def test_a_running_job_counts_to_now_and_a_pending_one_only_waits():
+    g = goodput.breakdown(0.0, [goodput.Run(10, 0, _fig(run=0, first_step_time=12, train_s=30))], now=50)
+    assert g.wall_s == 40 and g.training_s == 30 and g.starting_s == 2 and g.other_s == 8
+    assert goodput.breakdown(5.0, [], now=65).queued_s == 60
+
+
+run_spec = st.tuples(st.floats(0, 1000), st.floats(0, 1000), st.floats(0, 1), st.floats(0, 1), st.floats(0, 1),
+                     st.floats(0, 1), st.floats(0, 1), st.booleans())
+
+
+@given(st.floats(0, 100), st.lists(run_spec, min_size=1, max_size=5))
+def test_the_categories_cover_the_wall_time(submit_offset, specs):
+    """Whatever runs and figures that fit inside them, the parts add up to the wall time and none is negative."""
+    runs, t = [], 1000.0
+    for gap, length, first, restore, train, ckpt, lost, has in specs:
+        start, end = t + gap, t + gap + length
+        f = ""
+        if has:
+            restore_s = restore * length * 0.2
+            first_at = start + restore_s + first * length * 0.2
+            room = end - first_at
+            f = _fig(run=len(runs), first_step_time=first_at, restore_s=restore_s, train_s=train * room * 0.5,
+                     ckpt_s=ckpt * room * 0.4, lost_s=lost * 10)
+        runs.append(goodput.Run(start, end, f))
+        t = end
+    g = goodput.breakdown(1000.0 - submit_offset, runs, now=t)
+    parts = [g.queued_s, g.starting_s, g.restoring_s, g.training_s, g.checkpoint_s, g.lost_s, g.down_s, g.other_s]
+    assert all(p >= 0 for p in parts)
+    assert sum(parts) - g.queued_s == pytest.approx(g.wall_s, abs=1e-6)
+    assert g.queued_s == pytest.approx(runs[0].start - (1000.0 - submit_offset))
+
+
+@pytest.mark.parametrize("report,expected", [
+    ("", ""), ("not json", ""), ("[1, 2]", ""), ('{"goodput": 5}', ""),
+    ('{"goodput": {"train_s": NaN}}', ""), ('{"goodput": {"train_s": -1}}', ""),
+    ('{"goodput": {"train_s": true}}', ""), ('{"goodput": {"train_s": 1e300}}', ""),
+    ('{"goodput": {"train_s": 12.5, "evil": "x" , "run": 2}}', '{"run":2,"train_s":12.5}'),
+    ("[" * 100000, ""),
+])
+def test_figures_a_job_wrote_are_read_as_numbers_only(report, expected):
+    assert goodput.figures_from_report(report) == expected
+
+
+def test_live_figures_must_be_the_current_runs():
+    report = json.dumps({"step": 9, "goodput": {"run": 1, "train_s": 3.0}})
+    assert goodput.live_figures(report, 1) and not goodput.live_figures(report, 2)
+
+
+def test_the_ledger_counts_what_the_run_before_computed_past_the_restored_step(tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(runtime_goodput.time, "monotonic", lambda: clock[0])
+    first = runtime_goodput.Ledger(0)
+    first.keep_progress(tmp_path)
+    first.restored(0, 0.5, tmp_path)
+    for step in range(1, 11):   # ten steps of 2 s; a checkpoint at step 6 blocks the loop 1 s
+        clock[0] += 2.0 + (1.0 if step == 7 else 0.0)
+        if step == 7:
+            first.blocked(1.0)
+        first.stepped(step)
+    assert first.train_s == pytest.approx(18.0) and first.ckpt_s == 1.0 and first.steps == 10
+    # the run dies at step 10; the next restores step 6: steps 7..10 were computed for nothing
+    second = runtime_goodput.Ledger(1)
+    second.restored(6, 2.5, tmp_path)
+    assert second.lost_steps == 4 and second.lost_s == pytest.approx(4 * 18.0 / 10)
+    f = second.figures()
+    assert f["restore_s"] == 2.5 and f["restored_step"] == 6 and f["run"] == 1
+    # a run that restored its predecessor's last step lost nothing; a rank but 0 reads nothing
+    third = runtime_goodput.Ledger(2)
+    third.restored(10, 1.0, tmp_path)
+    assert third.lost_steps == 0 and third.lost_s == 0
+    other = runtime_goodput.Ledger(1)
+    other.restored(6, 1.0, None)
+    assert other.lost_steps == 0 and not math.isnan(other.lost_s)
