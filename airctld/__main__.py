@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"not {cc.address}; configure MUNGE authentication", file=sys.stderr)
             return 2
         log.warning("auth = \"none\": callers state their own uid; for a single-machine cluster only")
+    notify(f"STATUS=checking the store {db_path}")
     damage = store_file.damage(db_path)
     if damage:
         print(f"airctld: error: the store {db_path} is damaged ({'; '.join(damage[:3])}); restore it "

@@ -485,7 +485,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         except history.TooMuch as e:
             raise InvalidRequest(str(e)) from None
         now = self.clock()
-        for entry in jobs:   # (only shrinks them: the store's page budget holds)
+        for entry in jobs:   # (goodput adds a few dozen bytes a job to the store's page budget)
             entry.job.request.qos = entry.job.request.qos or default_qos
             entry.job.goodput.CopyFrom(goodput.job_goodput(entry.job, entry.runs,
                                                            self.latest_report.get(entry.job.job_id, ""), now))
@@ -549,13 +549,17 @@ class Controller(NodeReports, SchedulingPass, Launching):
                                         (new.phase == JobPhase.DONE and old.phase != JobPhase.DONE))
         if not ended:
             return new
-        return evolve(new, figures=goodput.live_figures(self.latest_report.get(old.job_id, ""), old.restart_count))
+        try:   # (after a controller restart, before the run's next report: the newest one stored)
+            report = self.latest_report.get(old.job_id) or self.store.last_report(old.job_id)
+            return evolve(new, figures=goodput.live_figures(report, old.restart_count))
+        except Exception:   # figures are a job's own words: they never keep its state change from the store
+            log.exception("job %d: the run's goodput figures were not kept", old.job_id)
+            return evolve(new, figures="")
 
     def _take(self, changes: list[tuple[Job, Job]], now: float) -> None:
         cc = self.config.controller
         for old, new in changes:
             self.jobs.put(new)
-            self.metrics.changed(old, new, now)
             if old.phase in ACTIVE_PHASES and new.phase == JobPhase.PENDING:   # requeued: wait for the old run
                 self.fence_wait[new.job_id] = {
                     n: self.nodes[n].last_heartbeat + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s
@@ -569,6 +573,11 @@ class Controller(NodeReports, SchedulingPass, Launching):
             if new.phase != old.phase and new.phase != JobPhase.COMPLETING:
                 self._misses.pop(new.job_id, None)
                 self._dirty = True  # resources freed, a job that others waited behind gone, or one requeued
+        for old, new in changes:   # last: a metric never keeps the controller from taking a change in
+            try:
+                self.metrics.changed(old, new, now)
+            except Exception:
+                log.exception("job %d: metrics not updated", new.job_id)
 
     def _enforce_time_limits(self, now: float) -> None:
         with self._lock:

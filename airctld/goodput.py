@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from protos import air_pb2 as pb
 
 # the runtime's figures, and the largest value each may take (a job writes them: hostile input)
-_FIELDS = {"run": 1e9, "first_step_time": 1e12, "train_s": 1e9, "ckpt_s": 1e9, "restore_s": 1e9,
+_FIELDS = {"run": 1e9, "first_step_time": 1e12, "train_s": 1e9, "ckpt_s": 1e9, "ckpt_pre_s": 1e9, "restore_s": 1e9,
            "restored_step": 1e15, "steps": 1e15, "lost_steps": 1e15, "lost_s": 1e9}
 
 
@@ -28,9 +28,9 @@ def figures_from_report(text: str) -> str:
     compactly; "" when there are none. Only known keys with finite, non-negative numbers in range."""
     if not text:
         return ""
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError):
+    try:   # (integers read as floats: 10**400 is inf, not an int isfinite cannot take)
+        raw = json.loads(text, parse_int=float)
+    except (ValueError, RecursionError, OverflowError):
         return ""
     got = raw.get("goodput") if isinstance(raw, dict) else None
     if not isinstance(got, dict):
@@ -80,13 +80,20 @@ def breakdown(submit_time: float, runs: list[Run], now: float) -> pb.Goodput:
         if not f:
             out.partial = True
             continue
-        restore = min(f.get("restore_s", 0.0), length)
         first = f.get("first_step_time", 0.0)
-        starting = (min(max(0.0, first - run.start), length) if first else length) - restore
-        out.starting_s += max(0.0, starting)
-        out.restoring_s += restore
-        out.training_s += f.get("train_s", 0.0)
-        out.checkpoint_s += f.get("ckpt_s", 0.0)
+        before_first = min(max(0.0, first - run.start), length) if first else length
+        restore = f.get("restore_s", 0.0)
+        early_ckpt = f.get("ckpt_pre_s", 0.0)     # saves before the first step: in their own category
+        starting = max(0.0, before_first - restore - early_ckpt)
+        parts = [starting, restore, f.get("train_s", 0.0), f.get("ckpt_s", 0.0)]
+        if sum(parts) > length > 0:   # figures that claim more than the run had (a job writes them)
+            parts = [p * length / sum(parts) for p in parts]
+        elif length <= 0:
+            parts = [0.0] * 4
+        out.starting_s += parts[0]
+        out.restoring_s += parts[1]
+        out.training_s += parts[2]
+        out.checkpoint_s += parts[3]
         out.lost_s += f.get("lost_s", 0.0)
         out.lost_steps += int(f.get("lost_steps", 0))
     out.lost_s = min(out.lost_s, out.training_s)

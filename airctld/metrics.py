@@ -129,6 +129,9 @@ class StateCollector:
     def __init__(self, controller: "Controller", user_labels: bool = True):
         self.c = controller
         self.user_labels = user_labels
+        # a cluster that keeps jobs private shows no job's or user's series to whoever reaches /metrics
+        self.per_job = not controller.config.controller.private_jobs
+        self.user_labels = user_labels and self.per_job
 
     def describe(self):
         return []   # (collected on scrape only, never at registration)
@@ -142,7 +145,8 @@ class StateCollector:
             reports = {j.job_id: (c.latest_report.get(j.job_id), c.last_progress.get(j.job_id))
                        for j in active if j.phase == JobPhase.RUNNING}
         yield from self._jobs(pending, active)
-        yield from self._per_job(active, reports, now)
+        if self.per_job:
+            yield from self._per_job(active, reports, now)
         yield from self._nodes(c.node_views())
         yield from self._fairshare(c.share_rows(pb.SharesRequest()))
         size = GaugeMetricFamily("air_store_size_bytes", "The store's files: the database and its write-ahead log",
@@ -291,8 +295,8 @@ def _report(text: str | None) -> dict[str, float]:
     if not text:
         return {}
     try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError):
+        raw = json.loads(text, parse_int=float)
+    except (ValueError, RecursionError, OverflowError):
         return {}
     if not isinstance(raw, dict):
         return {}

@@ -193,7 +193,7 @@ class NodeReports:
         critical = [e for e in health if e.critical]
         node = self.nodes[node.name]
         with self.store.transaction():
-            self.store.add_node_events(node.name, health)
+            self.store.add_node_events(node.name, health, now)
             if critical and node.state == NodeState.UP:
                 first = critical[0]
                 where = f"GPU {first.gpu}" if first.gpu >= 0 else "node"

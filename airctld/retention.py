@@ -16,6 +16,7 @@ work across restarts, so no pass walks what an earlier one has done.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -93,9 +94,10 @@ def _thin_reports(store: Store, limits: Limits, now: float, done: Done) -> bool:
     with store.transaction():
         end, last_job = _meta(store, "thin_end"), int(_meta(store, "thin_job"))
         rows = store.db.execute(
-            "SELECT id, end_time FROM jobs INDEXED BY jobs_end WHERE end_time > 0 AND end_time < ? "
-            "AND (end_time > ? OR (end_time = ? AND id > ?)) AND phase = 4 ORDER BY end_time, id LIMIT 1",
-            [now - SETTLE_S, end, end, last_job]).fetchall()
+            # (end_time >= the cursor's seeds the index range; an OR would walk the index from 0)
+            "SELECT id, end_time FROM jobs INDEXED BY jobs_end WHERE end_time >= ?2 AND end_time > 0 "
+            "AND end_time < ?1 AND NOT (end_time = ?2 AND id <= ?3) AND phase = 4 ORDER BY end_time, id LIMIT 1",
+            [now - SETTLE_S, end, last_job]).fetchall()
         if not rows:
             return False
         job, job_end = rows[0]
@@ -110,7 +112,8 @@ def _thin_reports(store: Store, limits: Limits, now: float, done: Done) -> bool:
         if first is not None and within <= latest:
             start = within or earliest
             # a window ends on a sample boundary: no minute is split between two steps
-            stop = (start // limits.report_sample_s + 1) * limits.report_sample_s + REPORT_WINDOW_S
+            sample = limits.report_sample_s
+            stop = (start // sample + 1) * sample + math.ceil(REPORT_WINDOW_S / sample) * sample
             cur = store.db.execute(
                 "DELETE FROM reports WHERE job_id = ? AND time >= ? AND time < ? AND rowid NOT IN (?, ?) "
                 "AND rowid NOT IN (SELECT min(rowid) FROM reports WHERE job_id = ? AND time >= ? AND time < ? "

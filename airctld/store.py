@@ -207,16 +207,20 @@ class Store:
                 try:
                     yield
                     self.db.execute("COMMIT")
-                    if self.on_commit_time is not None:
-                        self.on_commit_time(time.perf_counter() - began)
                 except BaseException as e:
                     self._rollback()
                     if isinstance(e, sqlite3.Error):
                         raise StoreFailed(_failure(e)) from e
                     raise
                 done, self._on_commit = self._on_commit, []
+                took = time.perf_counter() - began
             finally:
                 self._depth, self._on_commit = 0, []
+            if self.on_commit_time is not None:
+                try:
+                    self.on_commit_time(took)
+                except Exception:   # a metric never undoes a commit
+                    pass
             for fn in done:
                 fn()
 
@@ -457,10 +461,17 @@ class Store:
             [node.name, node.address, node.cpus, node.memory_mb, gpus, int(node.state), node.reason,
              node.last_heartbeat, node.drain_signal])
 
-    def add_node_events(self, node: str, events) -> None:
+    def add_node_events(self, node: str, events, now: float | None = None) -> None:
+        """A node's health events, at the node's times, but none later than `now` (the controller's
+        clock): a node whose clock runs ahead would hold up retention, which takes them in order."""
         self.db.conn.executemany(
             "INSERT INTO node_events (node, time, gpu, signal, message, critical) VALUES (?, ?, ?, ?, ?, ?)",
-            [(node, e.time, e.gpu, e.signal, e.message, int(e.critical)) for e in events])
+            [(node, e.time if now is None else min(e.time, now), e.gpu, e.signal, e.message, int(e.critical))
+             for e in events])
+
+    def last_report(self, job_id: int) -> str:
+        rows = self._rows("SELECT report FROM reports WHERE job_id = ? ORDER BY time DESC LIMIT 1", [job_id])
+        return rows[0][0] if rows else ""
 
     def node_events(self, node: str) -> list[dict]:
         cur = self._rows("SELECT time, gpu, signal, message, critical FROM node_events WHERE node = ? "

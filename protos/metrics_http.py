@@ -1,21 +1,39 @@
 """/metrics over HTTP for both daemons: Prometheus's text format from a registry of our own.
 
-One thread, one request at a time, each connection given a few seconds: a scraper that stalls, or
-a host that opens connections by the thousand, costs a daemon one thread and never more.
+One thread, one request at a time, each connection given a few seconds: a scraper that stalls or
+trickles, or a host that opens connections by the thousand, costs a daemon one thread (and, while
+a connection is open, its deadline's timer) and never more.
 """
 from __future__ import annotations
 
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, disable_created_metrics, generate_latest
 
-CONNECTION_TIMEOUT_S = 5.0
+CONNECTION_TIMEOUT_S = 5.0    # for each read or write
+CONNECTION_DEADLINE_S = 10.0  # for the whole connection: a client that trickles bytes is cut off then
 
 
 class _Handler(BaseHTTPRequestHandler):
     timeout = CONNECTION_TIMEOUT_S      # per socket operation of one connection
     server_version = "air"
+
+    def handle(self) -> None:
+        deadline = threading.Timer(CONNECTION_DEADLINE_S, self._cut)
+        deadline.daemon = True
+        deadline.start()
+        try:
+            super().handle()
+        finally:
+            deadline.cancel()
+
+    def _cut(self) -> None:
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def do_GET(self) -> None:   # noqa: N802 (http.server's name)
         if self.path.split("?", 1)[0] not in ("/metrics", "/"):
@@ -40,6 +58,8 @@ class _Server(HTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry):
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
         self.registry = registry
 

@@ -24,6 +24,7 @@ class Ledger:
         self.first_step_time = 0.0   # wall time the first step of this run ended
         self.train_s = 0.0
         self.ckpt_s = 0.0            # the loop blocked by checkpoint saves
+        self.ckpt_pre_s = 0.0        # of which before the first step
         self.restore_s = 0.0
         self.restored_step = 0
         self.steps = 0               # computed by this run
@@ -51,7 +52,10 @@ class Ledger:
 
     def blocked(self, seconds: float) -> None:
         self.ckpt_s += seconds
-        self._blocked += seconds
+        if self._last:
+            self._blocked += seconds
+        else:   # before the first step: the controller takes it out of starting
+            self.ckpt_pre_s += seconds
 
     def restored(self, step: int, seconds: float, runs_dir: Path | None) -> None:
         """The checkpoint of `step` was loaded in `seconds`; what the latest earlier run computed past it
@@ -87,7 +91,8 @@ class Ledger:
 
     def figures(self) -> dict:
         return {"run": self.run, "first_step_time": self.first_step_time, "train_s": round(self.train_s, 3),
-                "ckpt_s": round(self.ckpt_s, 3), "restore_s": round(self.restore_s, 3),
+                "ckpt_s": round(self.ckpt_s, 3), "ckpt_pre_s": round(self.ckpt_pre_s, 3),
+                "restore_s": round(self.restore_s, 3),
                 "restored_step": self.restored_step, "steps": self.steps, "lost_steps": self.lost_steps,
                 "lost_s": round(self.lost_s, 3)}
 

@@ -65,6 +65,8 @@ default = true
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 message = sock.recv(4096).decode()
+                while message.startswith("STATUS="):   # (what it does before it serves: the store's check)
+                    message = sock.recv(4096).decode()
                 assert message.startswith("READY=1")
                 # at the moment it says so, it answers
                 stub = rpc.ControllerStub(grpc.insecure_channel("127.0.6.1:6817"))

@@ -65,7 +65,7 @@ def _fill(path, jobs, node_events):
     return store, ids
 
 
-def _expected(store, jobs, ids, node_events):
+def _expected(store, jobs, ids, node_events, sample=60.0):
     """What the rules keep, worked out from the inputs alone."""
     kept_jobs, reports, events = set(), set(), set()
     for job_id, (end, offsets, evs) in zip(ids, jobs):
@@ -79,7 +79,7 @@ def _expected(store, jobs, ids, node_events):
             keep = {rows[0][0], rows[-1][0]}
             seen = set()
             for n, t in rows:
-                minute = math.floor(t / LIMITS.report_sample_s)
+                minute = math.floor(t / sample)
                 if minute not in seen:
                     seen.add(minute)
                     keep.add(n)
@@ -102,13 +102,14 @@ def _actual(store):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(jobs=st.lists(job_spec, max_size=25), node_events=st.lists(EVENT_TIME, max_size=30),
-       budget=st.sampled_from([0.0, 0.001, 10.0]), restart=st.booleans())
-def test_passes_leave_exactly_what_the_rules_keep(tmp_path_factory, jobs, node_events, budget, restart):
+       budget=st.sampled_from([0.0, 0.001, 10.0]), restart=st.booleans(), sample=st.sampled_from([60.0, 45.0, 7.0, 5000.0]))
+def test_passes_leave_exactly_what_the_rules_keep(tmp_path_factory, jobs, node_events, budget, restart, sample):
     path = tmp_path_factory.mktemp("ret") / "air.db"
     store, ids = _fill(path, jobs, node_events)
-    expected = _expected(store, jobs, ids, node_events)
+    expected = _expected(store, jobs, ids, node_events, sample)
+    limits = retention.Limits(LIMITS.events_keep_s, LIMITS.jobs_keep_s, sample)
     for _ in range(10_000):   # passes of this budget until one finds nothing left
-        done = retention.run_pass(store, LIMITS, NOW, budget_s=budget)
+        done = retention.run_pass(store, limits, NOW, budget_s=budget)
         if restart:   # the cursors are in the store: a restarted controller goes on where it was
             store.close()
             store = Store(str(path))
@@ -123,7 +124,7 @@ def test_passes_leave_exactly_what_the_rules_keep(tmp_path_factory, jobs, node_e
     steps = {j for (j,) in store.db.execute("SELECT job_id FROM steps")}
     assert steps == kept_jobs
     # and a later pass with nothing new to do changes nothing
-    again = retention.run_pass(store, LIMITS, NOW, budget_s=10.0)
+    again = retention.run_pass(store, limits, NOW, budget_s=10.0)
     assert again.rows == 0 and _actual(store) == (kept_jobs, reports, events, nodes)
     store.close()
 

@@ -55,6 +55,11 @@ def _steps_logged(out: Path, rank: int = 0) -> int:
     return len(log.read_text().splitlines()) if log.exists() else 0
 
 
+def _last_step(out: Path, rank: int = 0) -> int:
+    lines = Path(f"{out}.log.rank{rank}").read_text().splitlines()
+    return int(lines[-1].split()[0]) if lines and lines[-1].split() else 0
+
+
 def _history(out: Path, rank: int) -> dict[int, str]:
     """step -> the batch the run that counted used (a step run again after a crash replaces the first)."""
     steps = {}
@@ -82,7 +87,7 @@ def _job_processes(job_id: int, node: str) -> list[psutil.Process]:
 
 
 def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
-    steps = 40
+    steps = 60
     # the reference runs beside it, on the other half of each node's GPUs, in a QOS the preemptor may
     # not preempt
     base, base_out = _tinygpt_job(cluster, "base", steps, "--qos=high")
@@ -112,7 +117,9 @@ def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
     cluster.wait_state(job, "RUNNING", timeout=60)
     assert cluster.wait_state(base, "COMPLETED", "FAILED", timeout=180)["state"] == "COMPLETED"
     assert cluster.job(base)["restart_count"] == 0
-    wait_for(lambda: _steps_logged(out) >= stopped_at + 12, timeout=90, what="the resumed run to train on")
+    # two or three steps past a checkpoint (every 5): the crash loses work that the next run computes again
+    wait_for(lambda: _steps_logged(out) >= stopped_at + 12 and _last_step(out) % 5 in (2, 3), timeout=90,
+             interval=0.01, what="the resumed run to train on")
     assert _job_processes(job, "node01")
     cluster.crash_host(0, [job])
     cluster.start_node(0)
@@ -136,11 +143,7 @@ def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
     # it computed, each run's), and the time between runs (airacct's run records)
     g = cluster.job(job)["goodput"]
     redone = _steps_logged(out) - steps
-    import sqlite3
-    db = sqlite3.connect(cluster.dir / "state" / "air.db")
-    figs = db.execute("SELECT run, start_time, end_time, figures FROM runs").fetchall() + \
-        db.execute("SELECT -1, start_time, end_time, figures FROM jobs WHERE id = ?", [job]).fetchall()
-    assert g["runs"] == 3 and not g["partial"], (g, figs)
+    assert g["runs"] == 3 and not g["partial"], g
     assert redone >= 1 and g["lost_steps"] in (redone - 1, redone), (g, redone)   # (a kill between log and report)
     assert g["lost_s"] > 0 and g["restoring_s"] > 0 and g["checkpoint_s"] > 0 and g["starting_s"] > 0, g
     computed = _steps_logged(out) - 3   # every step but each run's first (starting) slept 0.1 s in its loop
