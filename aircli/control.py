@@ -287,6 +287,14 @@ def store_backup(path, config):
     _controller_store(config, "backup", path)
 
 
+@store.command("restore")
+@click.argument("backup")
+@click.option("--config", hidden=True)
+def store_restore(backup, config):
+    """Put BACKUP in the store's place, airctld stopped; job ids go on past every id given out before."""
+    _controller_store(config, "restore", backup)
+
+
 @store.command("check")
 @click.option("--quick", is_flag=True, help="skip comparing indexes with their tables")
 @click.option("--config", hidden=True)

@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     ops = store_cmd.add_subparsers(dest="op", required=True)
     backup_cmd = ops.add_parser("backup", help="copy the store while the controller runs")
     backup_cmd.add_argument("path", help="a file, or a folder to hold air-<UTC time>.db")
+    restore_cmd = ops.add_parser("restore", help="put a backup in the store's place (airctld stopped)")
+    restore_cmd.add_argument("backup")
     check_cmd = ops.add_parser("check", help="integrity check and schema version")
     check_cmd.add_argument("--quick", action="store_true", help="skip comparing indexes with their tables")
     args = parser.parse_args(argv)
@@ -54,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"not {cc.address}; configure MUNGE authentication", file=sys.stderr)
             return 2
         log.warning("auth = \"none\": callers state their own uid; for a single-machine cluster only")
+    try:
+        held = store_file.lock(cc.state_dir)   # (kept open, and locked, until the process exits)
+    except (store_file.StoreFileError, OSError) as e:
+        print(f"airctld: error: {e}", file=sys.stderr)
+        return 2
     notify(f"STATUS=checking the store {db_path}")
     damage = store_file.damage(db_path)
     if damage:
@@ -107,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     controller.stop()
     server.stop(grace=2).wait()
     store.close()
+    os.close(held)
     return 0
 
 
@@ -117,6 +125,16 @@ def store_command(args, db_path: str) -> int:
             report, took = store_file.backup(db_path, args.path)
             print(f"{report.path}: a backup of {db_path}, {report.jobs} jobs ({report.active_jobs} not ended), "
                   f"schema {report.schema}, {report.size_bytes / 1e6:.1f} MB, integrity ok, copied in {took:.2f} s")
+            return 0
+        if args.op == "restore":
+            held = store_file.lock(os.path.dirname(db_path))
+            try:
+                report, next_id, aside = store_file.restore(args.backup, db_path)
+            finally:
+                os.close(held)
+            print(f"{db_path}: restored from {args.backup}: {report.jobs} jobs ({report.active_jobs} not ended), "
+                  f"schema {report.schema}, integrity ok; new jobs get ids from {next_id}"
+                  + (f"; the store it replaced is {aside}" if aside else ""))
             return 0
         report = store_file.check(db_path, quick=args.quick)
     except (store_file.StoreFileError, OSError, sqlite3.Error) as e:

@@ -113,7 +113,8 @@ class NodeReports:
                     self._dirty = True
                     self._wake.set()
             stale = [r for r in req.runs if (j := self.jobs.get(r.job_id)) is None
-                     or j.phase not in ACTIVE_PHASES or r.run != j.restart_count]   # ended, requeued, or older
+                     or j.phase not in ACTIVE_PHASES or r.run != j.restart_count   # ended, requeued, or older
+                     or req.name not in j.node_names]   # or not this node's (a job id a restored store gave again)
             current_exits = {e.job_id for e in req.exits if (j := self.jobs.get(e.job_id)) is not None
                              and e.run == j.restart_count}
             for job in self.jobs.active():

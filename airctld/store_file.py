@@ -138,3 +138,93 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+SKIP_IDS_BLIND = 1_000_000   # ids skipped on a restore when the store replaced cannot say its last one
+
+
+def last_job_id(path: str) -> int | None:
+    """The highest job id the store at `path` gave out, if it can still say (a damaged file may not)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True, timeout=5)
+        try:
+            seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+            top = conn.execute("SELECT max(id) FROM jobs").fetchone()
+        finally:
+            conn.close()
+        return max(seq[0] if seq else 0, top[0] or 0)
+    except sqlite3.Error:
+        return None
+
+
+def restore(backup_path: str, store_path: str, now: float | None = None) -> tuple[Report, int, str]:
+    """Put a backup in the store's place (the controller stopped: the caller holds its lock). Job ids go
+    on past the highest the replaced store gave out (or SKIP_IDS_BLIND past the backup's, when the
+    replaced store cannot say), so that no id names two jobs: a job submitted after the backup may
+    still run somewhere. The replaced store is kept beside, renamed. Returns the new store's check,
+    the next job id, and where the replaced store went ("" if there was none)."""
+    checked = check(backup_path)
+    if not checked.sound:
+        raise StoreFileError(f"the backup {backup_path} is damaged ({'; '.join(checked.problems[:3])})")
+    store = Path(store_path).resolve()
+    replaced_last = last_job_id(str(store))
+    backup_last = last_job_id(backup_path) or 0
+    base = max(backup_last, replaced_last) if replaced_last is not None else backup_last + SKIP_IDS_BLIND
+    tmp = store.parent / f".{store.name}.{os.getpid()}.restore"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    os.close(fd)
+    try:
+        src = sqlite3.connect(Path(backup_path).resolve().as_uri() + "?mode=ro", uri=True, timeout=30)
+        dst = sqlite3.connect(tmp)
+        try:
+            src.backup(dst)
+            dst.execute("PRAGMA journal_mode=DELETE")
+            with dst:
+                dst.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'jobs'", [base])
+                if dst.execute("SELECT changes()").fetchone()[0] == 0:
+                    dst.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', ?)", [base])
+        finally:
+            src.close()
+            dst.close()
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        aside = ""
+        if store.exists():
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now if now is not None else time.time()))
+            aside = str(store.with_name(f"{store.name}.replaced-{stamp}"))
+            os.replace(store, aside)
+        for suffix in ("-wal", "-shm", "-journal"):   # the replaced store's, never the new one's
+            _unlink(Path(f"{store}{suffix}"))
+        os.replace(tmp, store)
+        dirfd = os.open(store.parent, os.O_RDONLY)
+        try:
+            os.fsync(dirfd)
+        finally:
+            os.close(dirfd)
+    except sqlite3.Error as e:
+        _unlink(tmp)
+        raise StoreFileError(f"cannot restore {backup_path}: {e}") from e
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return check(str(store)), base + 1, aside
+
+
+def lock(state_dir: str):
+    """The controller's lock on its state folder: one airctld per store, and no restore under a live
+    one. Returns the open descriptor (held until the process exits); StoreFileError if taken."""
+    import fcntl
+    os.makedirs(state_dir, exist_ok=True)
+    fd = os.open(os.path.join(state_dir, "airctld.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise StoreFileError(f"an airctld runs on {state_dir} (it holds {state_dir}/airctld.lock)") from None
+    return fd
