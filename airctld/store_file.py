@@ -106,17 +106,9 @@ def backup(source: str, dest: str, now: float | None = None) -> tuple[Report, fl
         if not report.sound:
             raise StoreFileError(f"the copy failed its check ({'; '.join(report.problems[:3])}); "
                                  f"is the live store damaged? run: aircontrol store check")
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _sync(tmp)
         os.replace(tmp, target)
-        dirfd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dirfd)
-        finally:
-            os.close(dirfd)
+        _sync(target.parent)
     except sqlite3.Error as e:
         _unlink(tmp)
         raise StoreFileError(f"cannot back up {src}: {e}") from e
@@ -124,6 +116,15 @@ def backup(source: str, dest: str, now: float | None = None) -> tuple[Report, fl
         _unlink(tmp)
         raise
     return Report(str(target), report.schema, (), report.jobs, report.active_jobs, _size(str(target))), took
+
+
+def _sync(path: Path) -> None:
+    """fsync a file, or a folder (after a rename in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _size(path: str) -> int:
@@ -188,11 +189,7 @@ def restore(backup_path: str, store_path: str, now: float | None = None) -> tupl
         finally:
             src.close()
             dst.close()
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _sync(tmp)
         aside = ""
         if store.exists():
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now if now is not None else time.time()))
@@ -201,11 +198,7 @@ def restore(backup_path: str, store_path: str, now: float | None = None) -> tupl
         for suffix in ("-wal", "-shm", "-journal"):   # the replaced store's, never the new one's
             _unlink(Path(f"{store}{suffix}"))
         os.replace(tmp, store)
-        dirfd = os.open(store.parent, os.O_RDONLY)
-        try:
-            os.fsync(dirfd)
-        finally:
-            os.close(dirfd)
+        _sync(store.parent)
     except sqlite3.Error as e:
         _unlink(tmp)
         raise StoreFileError(f"cannot restore {backup_path}: {e}") from e
