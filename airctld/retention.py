@@ -7,7 +7,7 @@
 - Jobs that ended more than `jobs_keep_days` ago go whole: their row, events, earlier runs,
   steps and reports.
 
-Every step is one small transaction (at most `BATCH` rows, or one hour of one job's reports), so a
+Every step is one small transaction (at most `BATCH` rows, or about `REPORT_ROWS` reports), so a
 submission waits for the store no longer than one such step takes; a pass runs steps until nothing
 is left to do or its time is spent, and the controller's maintenance thread runs one pass a
 minute (at once again while work is left). Cursors kept in the store's meta table carry the
@@ -26,9 +26,10 @@ from airctld.store import Store
 
 log = logging.getLogger("airctld")
 
-BATCH = 200                 # rows one step removes at most
+BATCH = 200                 # rows one step removes at most (events: written in order, a few pages)
+REPORT_ROWS = 60            # reports one step looks at: a job's reports lie one to a page among others'
+                            # (every page a step touches is written again, and synced)
 JOBS_AT_ONCE = 20           # ended jobs one step removes, once their reports, steps and events are gone
-REPORT_WINDOW_S = 3600.0    # of one job's reports, thinned in one step
 SETTLE_S = 60.0             # a job's reports are thinned once it has ended this long ago (late ones in)
 DAY = 86400.0
 
@@ -112,8 +113,13 @@ def _thin_reports(store: Store, limits: Limits, now: float, done: Done) -> bool:
         if first is not None and within <= latest:
             start = within or earliest
             # a window ends on a sample boundary: no minute is split between two steps
+            # a window of about REPORT_ROWS reports, ending on a sample boundary (no minute is split
+            # between two steps), and at least one whole sample long
             sample = limits.report_sample_s
-            stop = (start // sample + 1) * sample + math.ceil(REPORT_WINDOW_S / sample) * sample
+            nth = store.db.execute("SELECT time FROM reports WHERE job_id = ? AND time >= ? ORDER BY time "
+                                   "LIMIT 1 OFFSET ?", [job, start, REPORT_ROWS]).fetchone()
+            stop = max(math.floor(nth[0] / sample) * sample, (start // sample + 1) * sample) if nth \
+                else (latest // sample + 1) * sample
             cur = store.db.execute(
                 "DELETE FROM reports WHERE job_id = ? AND time >= ? AND time < ? AND rowid NOT IN (?, ?) "
                 "AND rowid NOT IN (SELECT min(rowid) FROM reports WHERE job_id = ? AND time >= ? AND time < ? "
@@ -173,9 +179,9 @@ def _purge_jobs(store: Store, limits: Limits, now: float, done: Done) -> bool:
         if not ids:
             return False
         marks = ", ".join("?" * len(ids))
-        for table in ("reports", "steps", "events", "runs"):
+        for table, rows in (("reports", REPORT_ROWS), ("steps", BATCH), ("events", BATCH), ("runs", BATCH)):
             cur = store.db.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
-                                   f"WHERE job_id IN ({marks}) LIMIT {BATCH})", ids)
+                                   f"WHERE job_id IN ({marks}) LIMIT {rows})", ids)
             if cur.rowcount:
                 return True
         store.db.execute(f"DELETE FROM jobs WHERE id IN ({marks})", ids)

@@ -484,6 +484,14 @@ def main() -> int:
     return report(work, ref, steps, got, args)
 
 
+def _goodput_text(g: dict | None) -> str:
+    if not g:
+        return "-"
+    parts = ", ".join(f"{k[:-2]} {g[k]:.0f} s" for k in ("starting_s", "restoring_s", "training_s", "checkpoint_s",
+                                                            "lost_s", "down_s", "other_s"))
+    return f"{g['ettr']:.1%}{' (partial)' if g.get('partial') else ''}: {parts}; {g['lost_steps']} steps lost"
+
+
 def report(work: Path, ref: Path, steps: int, got: dict, args) -> int:
     import torch
     analysis = analyse(got["steps"], got["restored"], got["events"], got["faults"], steps, got["ranks"])
@@ -517,6 +525,8 @@ def report(work: Path, ref: Path, steps: int, got: dict, args) -> int:
                                                     None: "no final parameters"}[equal], "4 ranks under torchrun"),
         ("ETTR", f"{analysis.ettr:.1%}", f"{analysis.useful:.0f} s of steps that count / {analysis.wall:.0f} s from "
          f"the first start to the end; goal >= 90%"),
+        ("ETTR by AIR's own goodput accounting", _goodput_text(got["final"].get("goodput")),
+         "aircontrol show job: what the runtime and the controller recorded (docs/runtime.md, Goodput)"),
         ("fault -> first step after it, mean (s)", f"{sum(resumes) / len(resumes):.1f}" if resumes else "-",
          f"{len(resumes)} faults; {analysis.runs} runs of the job"),
         ("the benchmark's own CPU", f"{got.get('own_cpu', 0):.1%} of a core",

@@ -31,9 +31,11 @@ EVENT_TIME = _around(NOW - LIMITS.events_keep_s)
 job_spec = st.tuples(
     st.one_of(st.none(), _around(NOW - LIMITS.jobs_keep_s, NOW - retention.SETTLE_S)
               .filter(lambda t: 1.0 <= t < NOW)),                           # end time (None: still running)
-    st.lists(st.one_of(st.floats(min_value=0.0, max_value=7200.0),          # report offsets before the end
-                       st.sampled_from([60.0 * k + d for k in range(1, 4) for d in (-1e-3, 0.0, 1e-3)])),
-             max_size=60),
+    st.one_of(                                                              # report offsets before the end
+        st.lists(st.one_of(st.floats(min_value=0.0, max_value=7200.0),
+                           st.sampled_from([60.0 * k + d for k in range(1, 4) for d in (-1e-3, 0.0, 1e-3)])),
+                 max_size=150),
+        st.lists(st.floats(min_value=7000.0, max_value=7200.0), min_size=70, max_size=150)),   # dense: many a minute
     st.lists(st.tuples(EVENT_TIME, st.booleans()), max_size=4),            # events (t, cancel)
 )
 
