@@ -10,6 +10,7 @@ import hostlist
 
 from airctld.timefmt import format_duration, format_limit
 from protos import air_pb2 as pb
+from protos.reports import report_numbers
 from protos.states import JobPhase, REASON_NAMES, Reason, long_state, node_state_name, state_code
 
 SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
@@ -166,17 +167,8 @@ def compact_arrays(jobs) -> list[pb.Job]:
 
 def progress_of(job: pb.Job) -> dict:
     """The numbers of a job's newest progress report. A report is the job's own text: anything but a
-    JSON object of numbers (strings with terminal escapes, nested values) is left out."""
-    import json
-    import math
-    try:
-        report = json.loads(job.progress) if job.progress else {}
-    except ValueError:
-        return {}
-    if not isinstance(report, dict):
-        return {}
-    return {str(k)[:64]: v for k, v in report.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    JSON object of numbers (strings with terminal escapes, nested values, 400-digit integers) is left out."""
+    return report_numbers(job.progress)
 
 
 def _progress_field(key: str, fmt: str) -> Callable[[pb.Job], str]:

@@ -8,6 +8,8 @@ import sys
 
 import click
 
+from protos.reports import report_numbers
+
 from aircli.client import CliError, entry
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -18,12 +20,9 @@ def series(reports: list[str]) -> dict[str, list]:
     resume replaces the first run of it)."""
     by_step: dict[int, dict] = {}
     for text in reports:
-        try:
-            r = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(r, dict) and isinstance(r.get("step"), int) and not isinstance(r["step"], bool):
-            by_step[r["step"]] = {k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        r = report_numbers(text)   # (a job's own text: numbers only, finite, within 64 bits)
+        if isinstance(r.get("step"), int):
+            by_step[r["step"]] = r
     steps = sorted(by_step)
     return {"step": steps, "loss": [by_step[s].get("loss") for s in steps],
             "tokens_per_s": [by_step[s].get("tokens_per_s") for s in steps],

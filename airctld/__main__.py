@@ -61,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     except (store_file.StoreFileError, OSError) as e:
         print(f"airctld: error: {e}", file=sys.stderr)
         return 2
+    left = store_file.interrupted_restore(db_path)
+    if left:   # never a new, empty store where one was: job ids would start again at 1
+        print(f"airctld: error: no store at {db_path}, but {left} was replaced by a restore that did not "
+              f"finish; run aircontrol store restore again (docs/deploy.md, 'Backups')", file=sys.stderr)
+        return 2
     notify(f"STATUS=checking the store {db_path}")
     damage = store_file.damage(db_path)
     if damage:
@@ -129,7 +134,7 @@ def store_command(args, db_path: str) -> int:
         if args.op == "restore":
             held = store_file.lock(os.path.dirname(db_path))
             try:
-                report, next_id, aside = store_file.restore(args.backup, db_path)
+                report, next_id, aside = store_file.restore(args.backup, db_path, SCHEMA_VERSION)
             finally:
                 os.close(held)
             print(f"{db_path}: restored from {args.backup}: {report.jobs} jobs ({report.active_jobs} not ended), "

@@ -242,8 +242,10 @@ def parse(data: dict) -> Config:
         if getattr(controller, key) <= 0:
             raise ConfigError(f"[controller] {key} = {getattr(controller, key)!r}: must be above 0")
     for key in ("events_keep_days", "jobs_keep_days", "report_sample_s"):
-        if getattr(controller, key) <= 0:
+        if not getattr(controller, key) > 0:   # (nan too)
             raise ConfigError(f"[controller] {key} = {getattr(controller, key)!r}: must be above 0")
+    if not 1 <= controller.report_sample_s < float("inf"):
+        raise ConfigError(f"[controller] report_sample_s = {controller.report_sample_s!r}: at least 1 s")
     if controller.jobs_keep_days * 86400 < controller.min_job_age_s:
         raise ConfigError(f"[controller] jobs_keep_days = {controller.jobs_keep_days:g}: at least min_job_age_s "
                           f"({controller.min_job_age_s:g} s), for which ended jobs stay in memory")

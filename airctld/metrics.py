@@ -10,8 +10,6 @@ user labels can be turned off (metrics_user_labels = false), since users are unb
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 from typing import TYPE_CHECKING
 
@@ -21,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 from airctld import goodput
 from airctld.model import Job
 from protos import air_pb2 as pb
+from protos.reports import report_numbers
 from protos.signals import signal_kind
 from protos.states import REASON_NAMES, JobPhase, Reason, long_state, node_state_name
 
@@ -292,17 +291,5 @@ _REPORT_KEYS = ("step", "tokens_per_s", "mfu", "loss", "time", "checkpoint_time"
 def _report(text: str | None) -> dict[str, float]:
     """The numbers a rank's report (JSON a job wrote: hostile input, already bounded in size) gives
     for metrics; what is missing, not a finite number, or not a number at all is left out."""
-    if not text:
-        return {}
-    try:
-        raw = json.loads(text, parse_int=float)
-    except (ValueError, RecursionError, OverflowError):
-        return {}
-    if not isinstance(raw, dict):
-        return {}
-    out = {}
-    for key in _REPORT_KEYS:
-        value = raw.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            out[key] = float(value)
-    return out
+    numbers = report_numbers(text or "")
+    return {k: float(numbers[k]) for k in _REPORT_KEYS if k in numbers}

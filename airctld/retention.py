@@ -120,6 +120,7 @@ def _thin_reports(store: Store, limits: Limits, now: float, done: Done) -> bool:
                                    "LIMIT 1 OFFSET ?", [job, start, REPORT_ROWS]).fetchone()
             stop = max(math.floor(nth[0] / sample) * sample, (start // sample + 1) * sample) if nth \
                 else (latest // sample + 1) * sample
+            stop = max(stop, start + sample)   # (forward, whatever the floats round to)
             cur = store.db.execute(
                 "DELETE FROM reports WHERE job_id = ? AND time >= ? AND time < ? AND rowid NOT IN (?, ?) "
                 "AND rowid NOT IN (SELECT min(rowid) FROM reports WHERE job_id = ? AND time >= ? AND time < ? "

@@ -160,22 +160,36 @@ def last_job_id(path: str) -> int | None:
         return None
 
 
-def restore(backup_path: str, store_path: str, now: float | None = None) -> tuple[Report, int, str]:
+def restore(backup_path: str, store_path: str, known_schema: int, now: float | None = None) -> tuple[Report, int, str]:
     """Put a backup in the store's place (the controller stopped: the caller holds its lock). Job ids go
     on past the highest the replaced store gave out (or SKIP_IDS_BLIND past the backup's, when the
     replaced store cannot say), so that no id names two jobs: a job submitted after the backup may
-    still run somewhere. The replaced store is kept beside, renamed. Returns the new store's check,
-    the next job id, and where the replaced store went ("" if there was none)."""
+    still run somewhere. The replaced store is kept beside, renamed, with its last commits. Returns
+    the new store's check, the next job id, and where the replaced store went ("" if none).
+
+    A kill at any point leaves a store in place: the old one (its log folded in) until the new one,
+    whole and synced, replaces it in one rename."""
     checked = check(backup_path)
     if not checked.sound:
         raise StoreFileError(f"the backup {backup_path} is damaged ({'; '.join(checked.problems[:3])})")
+    if checked.schema > known_schema:
+        raise StoreFileError(f"the backup {backup_path} has schema {checked.schema}, newer than this airctld "
+                             f"knows ({known_schema}); restore it with a newer airctld")
     store = Path(store_path).resolve()
+    owner = os.stat(store.parent)   # the controller's user: what its files belong to
+    for stale in store.parent.glob(f".{store.name}.*.restore"):   # an earlier restore's, killed midway
+        _unlink(stale)
+    _fold_log(store)
     replaced_last = last_job_id(str(store))
     backup_last = last_job_id(backup_path) or 0
     base = max(backup_last, replaced_last) if replaced_last is not None else backup_last + SKIP_IDS_BLIND
     tmp = store.parent / f".{store.name}.{os.getpid()}.restore"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    os.close(fd)
+    try:
+        if os.geteuid() == 0:
+            os.fchown(fd, owner.st_uid, owner.st_gid)
+    finally:
+        os.close(fd)
     try:
         src = sqlite3.connect(Path(backup_path).resolve().as_uri() + "?mode=ro", uri=True, timeout=30)
         dst = sqlite3.connect(tmp)
@@ -191,21 +205,49 @@ def restore(backup_path: str, store_path: str, now: float | None = None) -> tupl
             dst.close()
         _sync(tmp)
         aside = ""
-        if store.exists():
+        if store.exists():   # kept under a second name first: the store has a name at every moment
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now if now is not None else time.time()))
             aside = str(store.with_name(f"{store.name}.replaced-{stamp}"))
-            os.replace(store, aside)
-        for suffix in ("-wal", "-shm", "-journal"):   # the replaced store's, never the new one's
+            os.link(store, aside)
+            for suffix in ("-wal", "-journal"):   # commits not folded in (a store too damaged to open)
+                if os.path.exists(f"{store}{suffix}") and os.path.getsize(f"{store}{suffix}"):
+                    os.link(f"{store}{suffix}", f"{aside}{suffix}")
+        for suffix in ("-wal", "-shm", "-journal"):   # the old store's, never to be read with the new one
             _unlink(Path(f"{store}{suffix}"))
         os.replace(tmp, store)
         _sync(store.parent)
-    except sqlite3.Error as e:
+    except (sqlite3.Error, OSError) as e:
         _unlink(tmp)
         raise StoreFileError(f"cannot restore {backup_path}: {e}") from e
     except BaseException:
         _unlink(tmp)
         raise
     return check(str(store)), base + 1, aside
+
+
+def _fold_log(store: Path) -> None:
+    """The store's write-ahead log folded into its file, where SQLite can (a killed airctld leaves its
+    last commits there); a store too damaged for that keeps its log beside it."""
+    if not store.exists():
+        return
+    try:
+        conn = sqlite3.connect(store, timeout=30)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        pass
+
+
+def interrupted_restore(store_path: str) -> str:
+    """A replaced store with no store in its place: a restore killed midway (or a store removed by
+    hand); "" when the store is there, or was never replaced."""
+    store = Path(store_path)
+    if store.exists():
+        return ""
+    left = sorted(store.parent.glob(f"{store.name}.replaced-*"))
+    return str(left[-1]) if left else ""
 
 
 def lock(state_dir: str):
@@ -216,6 +258,9 @@ def lock(state_dir: str):
     fd = os.open(os.path.join(state_dir, "airctld.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
     try:
+        if os.geteuid() == 0:   # (made by root for a restore: still the controller's user's)
+            owner = os.stat(state_dir)
+            os.fchown(fd, owner.st_uid, owner.st_gid)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)

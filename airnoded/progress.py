@@ -127,7 +127,7 @@ class ProgressReader:
             self._refuse(key, f"progress report ignored: {e}")
         except UnicodeDecodeError:
             self._refuse(key, f"progress report ignored: {name} is not UTF-8")
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             self._refuse(key, f"progress report ignored: {name} is not a JSON object ({str(e)[:80]})")
         except OSError as e:
             self._refuse(key, f"progress report ignored: {name}: {e.strerror}")

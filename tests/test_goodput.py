@@ -64,6 +64,20 @@ def test_the_categories_cover_the_wall_time_whatever_a_job_claims(submit_offset,
     assert 0 <= g.ettr <= 1
 
 
+def test_every_reader_of_a_report_takes_numbers_only():
+    """airq -l, airstat and the metrics read reports through one helper: a 400-digit step, NaN, text,
+    a nest 100,000 deep, or not an object at all, gives nothing, and never raises."""
+    from aircli.formats import progress_of
+    from aircli.stat import series
+    from protos import air_pb2 as pb
+    from protos.reports import report_numbers
+    big = '{"step": 1' + '0' * 400 + ', "loss": NaN, "mfu": 0.5, "name": "x", "ok": true}'
+    assert report_numbers(big) == {"mfu": 0.5}
+    assert report_numbers("[" * 100_000) == {} and report_numbers("[1]") == {} and report_numbers("") == {}
+    assert progress_of(pb.Job(progress=big)) == {"mfu": 0.5}
+    assert series([big, '{"step": 3, "loss": 1.5}'])["step"] == [3]
+
+
 def test_metrics_read_a_report_a_job_wrote_as_numbers_only():
     from airctld.metrics import _report
     assert _report('{"step": 1' + '0' * 400 + ', "loss": 2.5}') == {"loss": 2.5}
@@ -75,7 +89,7 @@ def test_metrics_read_a_report_a_job_wrote_as_numbers_only():
     ('{"goodput": {"train_s": NaN}}', ""), ('{"goodput": {"train_s": -1}}', ""),
     ('{"goodput": {"train_s": true}}', ""), ('{"goodput": {"train_s": 1e300}}', ""),
     ('{"goodput": {"train_s": 12.5, "evil": "x" , "run": 2}}', '{"run":2.0,"train_s":12.5}'),
-    ('{"goodput": {"train_s": 1' + '0' * 400 + '}}', ""), ('{"step": 1' + '0' * 400 + '}', ""),
+    ('{"goodput": {"train_s": 1' + '0' * 400 + '}}', ""), ('{"goodput": {"run": 1, "train_s": 1e999}}', '{"run":1.0}'),
     ("[" * 100000, ""),
 ])
 def test_figures_a_job_wrote_are_read_as_numbers_only(report, expected):

@@ -3,7 +3,9 @@ every job acknowledged before the backup began (and no job never acknowledged); 
 refused at start with one line, and `aircontrol store check` says what is wrong."""
 import os
 import shutil
+import sqlite3
 import subprocess
+import sys
 import threading
 import time
 
@@ -64,7 +66,13 @@ def test_backup_under_a_submission_storm_restores_every_acknowledged_job(cluster
     cluster.kill_controller()
     restored_line = cluster.cli("aircontrol", "store", "restore", str(copies[0])).stdout
     assert f"new jobs get ids from {max(everything) + 1}" in restored_line, restored_line
-    assert list((cluster.dir / "state").glob("air.db.replaced-*")), "the replaced store is kept beside"
+    aside, = (cluster.dir / "state").glob("air.db.replaced-*")
+    kept = sqlite3.connect(aside)   # with the commits the killed controller left in its log
+    try:
+        kept_ids = {r for (r,) in kept.execute("SELECT id FROM jobs WHERE name = 'storm'")}
+    finally:
+        kept.close()
+    assert set(everything) <= kept_ids, "the replaced store lost acknowledged jobs"
     checked = cluster.cli("aircontrol", "store", "check")
     assert "integrity ok" in checked.stdout and "schema" in checked.stdout, checked.stdout
     cluster.start_controller()
@@ -76,6 +84,32 @@ def test_backup_under_a_submission_storm_restores_every_acknowledged_job(cluster
     # the backup never saw (such a job may still run somewhere)
     new_id = cluster.submit(script, "-H")
     assert new_id > max(everything)
+    # one controller to a store
+    second = subprocess.run([sys.executable, "-m", "airctld", "--config", str(cluster.config)], capture_output=True,
+                            text=True, timeout=30)
+    assert second.returncode == 2 and "an airctld runs on" in second.stderr, second.stderr[-500:]
+
+
+def test_a_restore_is_refused_a_newer_schema_and_a_killed_one_is_never_an_empty_store(tmp_path):
+    from airctld.store import SCHEMA_VERSION
+    newer = tmp_path / "newer.db"
+    store = Store(str(newer))
+    store.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    store.close()
+    state = tmp_path / "state"
+    state.mkdir()
+    config = tmp_path / "air.toml"
+    config.write_text(f'[controller]\naddress = "127.0.60.210:6817"\nstate_dir = "{state}"\nauth = "none"\n'
+                      '[[nodes]]\nname = "n1"\naddress = "127.0.60.211"\n'
+                      '[[partitions]]\nname = "p"\nnodes = "n1"\n')
+    proc = _cli("aircontrol", "store", "restore", str(newer), "--config", str(config))
+    assert proc.returncode == 1 and f"schema {SCHEMA_VERSION + 1}, newer" in proc.stderr, proc.stderr
+    assert not (state / "air.db").exists()
+    # a restore killed after the store was set aside and before the new one took its place
+    (state / "air.db.replaced-20261126T000000Z").write_bytes(b"")
+    proc = _cli("airctld", "--config", str(config), timeout=30)
+    assert proc.returncode == 2 and "restore that did not finish" in proc.stderr, proc.stderr[-500:]
+    assert not (state / "air.db").exists(), "a new, empty store where one was"
 
 
 def _damaged_copy(tmp_path, source: str):
