@@ -2,7 +2,8 @@
 # The demo: a local cluster of 2 nodes with 4 simulated GPUs each, and examples/tinygpt trained on
 # it with 2 ranks per node (gloo on the CPU). Half way, a job of a higher QOS preempts it: tinygpt
 # checkpoints at a step all ranks agree on, goes back to the queue, resumes from that step and
-# finishes. airq -l shows its progress along the way; airstat draws its loss at the end.
+# finishes. airq -l shows its progress along the way; airstat draws its loss at the end, and
+# aircontrol show job where its time went.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -48,4 +49,7 @@ while airq -j "$job" -h -o %t | grep -qE '^(PD|R|CG)$'; do sleep 1; done
 aircontrol show job "$job" | grep -E "JobState|Restarts"
 echo; echo "== $dir/tinygpt-$job.out"; cat "tinygpt-$job.out"
 echo; airstat "$job" --width 80 || true
+echo; echo "== where its time went (goodput), and its runs"
+aircontrol show job "$job" | grep -E "Goodput"
+airacct -j "$job" -D -X -o JobID,State,Elapsed,Goodput,TrainTime,CkptTime,RestoreTime,StartupTime,DownTime,LostWork
 [ "$(airq -j "$job" -h -t all -o %T)" = COMPLETED ]
