@@ -545,9 +545,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         return [new for _, new in changes]
 
     def _with_figures(self, old: Job, new: Job) -> Job:
-        ended = old.start_time > 0 and (new.restart_count > old.restart_count or
-                                        (new.phase == JobPhase.DONE and old.phase != JobPhase.DONE))
-        if not ended:
+        if not goodput.run_ended(old, new):
             return new
         try:   # (after a controller restart, before the run's next report: the newest one stored)
             report = self.latest_report.get(old.job_id) or self.store.last_report(old.job_id)

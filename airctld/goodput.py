@@ -13,10 +13,10 @@ again; it is taken out of training. ETTR = training / wall time from first start
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 
 from protos import air_pb2 as pb
+from protos.reports import number
 
 # the runtime's figures, and the largest value each may take (a job writes them: hostile input)
 _FIELDS = {"run": 1e9, "first_step_time": 1e12, "train_s": 1e9, "ckpt_s": 1e9, "ckpt_pre_s": 1e9, "restore_s": 1e9,
@@ -37,9 +37,8 @@ def figures_from_report(text: str) -> str:
         return ""
     out = {}
     for key, limit in _FIELDS.items():
-        value = got.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-                and 0 <= value <= limit:
+        value = number(got.get(key))
+        if value is not None and 0 <= value <= limit:
             out[key] = value
     return json.dumps(out, separators=(",", ":")) if out else ""
 
@@ -102,6 +101,12 @@ def breakdown(submit_time: float, runs: list[Run], now: float) -> pb.Goodput:
     out.other_s = max(0.0, held - accounted)
     out.ettr = out.training_s / out.wall_s if out.wall_s > 0 else 0.0
     return out
+
+
+def run_ended(old, new) -> bool:
+    """Whether a job change (old, new Job) ends a run: a requeue, or the job's end after it started."""
+    return old.start_time > 0 and (new.restart_count > old.restart_count or
+                                   (new.phase == pb.JOB_PHASE_DONE and old.phase != pb.JOB_PHASE_DONE))
 
 
 def live_figures(report: str, run: int) -> str:

@@ -80,19 +80,19 @@ class ControllerMetrics:
         account = new.request.account or "default"
         if new.phase == JobPhase.RUNNING and old.phase == JobPhase.PENDING:
             self.starts.labels(new.partition).inc()
-            since = self._requeued_at.pop(new.job_id, None)
-            if new.restart_count == 0:
-                self.submit_to_start.labels(new.partition).observe(max(0.0, new.start_time - new.submit_time))
-                self.goodput.labels(account, "queued").inc(max(0.0, new.start_time - new.submit_time))
-            elif since is not None:
-                self.goodput.labels(account, "down").inc(max(0.0, new.start_time - since))
-            if new.restart_count == 0:
-                since = new.submit_time
-            if since is not None:
-                self.queue_wait.labels(new.partition).observe(max(0.0, new.start_time - since))
-        run_ended = old.start_time > 0 and (new.restart_count > old.restart_count or
-                                            (new.phase == JobPhase.DONE and old.phase != JobPhase.DONE))
-        if run_ended:
+            requeued_at = self._requeued_at.pop(new.job_id, None)
+            if new.restart_count == 0:   # the first start: queued since submission
+                waited = max(0.0, new.start_time - new.submit_time)
+                self.submit_to_start.labels(new.partition).observe(waited)
+                self.goodput.labels(account, "queued").inc(waited)
+            elif requeued_at is not None:   # a later one: down since the requeue
+                waited = max(0.0, new.start_time - requeued_at)
+                self.goodput.labels(account, "down").inc(waited)
+            else:   # a requeue before a controller restart: when is not known
+                waited = None
+            if waited is not None:
+                self.queue_wait.labels(new.partition).observe(waited)
+        if goodput.run_ended(old, new):
             end = new.end_time or now
             g = goodput.breakdown(old.start_time, [goodput.Run(old.start_time, end, new.figures)], end)
             for category in ("starting", "restoring", "training", "checkpoint", "lost", "other"):
@@ -127,7 +127,6 @@ class StateCollector:
 
     def __init__(self, controller: "Controller", user_labels: bool = True):
         self.c = controller
-        self.user_labels = user_labels
         # a cluster that keeps jobs private shows no job's or user's series to whoever reaches /metrics
         self.per_job = not controller.config.controller.private_jobs
         self.user_labels = user_labels and self.per_job
