@@ -43,10 +43,13 @@ log = logging.getLogger("airctld")
 
 class Controller(NodeReports, SchedulingPass, Launching):
     def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.time,
-                 clients: NodeClients | None = None):
+                 clients: NodeClients | None = None, monotonic: Callable[[], float] = time.monotonic):
         self.config = config
         self.store = store
-        self.clock = clock
+        self.clock = clock   # the wall clock: what is stored and shown
+        # Silence (node timeout, fences, hangs) is measured with the monotonic clock: a wall clock set
+        # forward must not make live nodes dead (and start a second run of their jobs beside the first)
+        self.mono = monotonic
         self.clients = clients or NodeClients(config)
         self.partitions = {p.name: p for p in config.partitions}
         self.policy = Policy(config)
@@ -56,7 +59,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._actions = ThreadPoolExecutor(max_workers=16, thread_name_prefix="act")
         self._misses: dict[int, int] = {}
         self._launching: set[int] = set()
-        now = clock()
+        now, mono = clock(), monotonic()
         self.jobs = JobTable(store.load_jobs(now - config.controller.min_job_age_s))
         # job -> its last step's number (steps are numbered on, across runs and restarts; from the store
         # the first time a job asks after a start)
@@ -68,6 +71,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
             node = stored.get(nc.name, Node(name=nc.name, address=nc.endpoint))
             # A node that was up gets a full timeout from now to be heard again.
             self.nodes[nc.name] = evolve(node, last_heartbeat=now)
+        self.heard: dict[str, float] = {name: mono for name in self.nodes}   # node -> last heard (monotonic)
         self.switches = {n.name: n.switch for n in config.nodes if n.switch}
         self.accounting = Accounting(config, store, now, self.jobs)
         self.planner = Planner(config)
@@ -79,13 +83,15 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._warned: set[int] = set()
         self.telemetry: dict[str, list[pb.GpuStatus]] = {}   # node -> its GPUs' latest reading
         self.last_progress: dict[int, float] = {}   # job -> when one of its ranks last reported
+        # running job -> when it last moved (monotonic): a report, its start, or this controller's start
+        self.moved: dict[int, float] = {j.job_id: mono for j in self.jobs.in_phase(JobPhase.RUNNING)}
         self.latest_report: dict[int, str] = {}     # job -> rank 0's newest report (JSON)
         self.suspect: dict[str, float] = {}         # nodes a step lost, until their next heartbeat
-        # job -> {node: when that node has surely fenced itself}: a requeued job starts again only once
-        # each node of its last run has answered without a run of it, or has surely fenced itself
+        # job -> {node: when that node has surely fenced itself (monotonic)}: a requeued job starts again
+        # only once each node of its last run has answered without a run of it, or has surely fenced itself
         self.fence_wait: dict[int, dict[str, float]] = {}
         cc = config.controller
-        gone_by = now + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s
+        gone_by = mono + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s
         for job in [*self.jobs.schedulable(), *self.jobs.held()]:   # after a restart: a requeued job's last
             if job.restart_count:                                      # run may be alive anywhere (held too)
                 self.fence_wait[job.job_id] = {n: gone_by for n in self.nodes}
@@ -559,9 +565,14 @@ class Controller(NodeReports, SchedulingPass, Launching):
         for old, new in changes:
             self.jobs.put(new)
             if old.phase in ACTIVE_PHASES and new.phase == JobPhase.PENDING:   # requeued: wait for the old run
+                mono = self.mono()
                 self.fence_wait[new.job_id] = {
-                    n: self.nodes[n].last_heartbeat + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s
+                    n: self.heard.get(n, mono) + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s
                     for n in old.node_names if n in self.nodes}
+            if new.phase == JobPhase.RUNNING and old.phase != JobPhase.RUNNING:
+                self.moved[new.job_id] = self.mono()
+            elif new.phase != JobPhase.RUNNING:
+                self.moved.pop(new.job_id, None)
             if new.phase == JobPhase.DONE:
                 self._step_ids.pop(new.job_id, None)
             if new.phase == JobPhase.COMPLETING:
@@ -579,16 +590,16 @@ class Controller(NodeReports, SchedulingPass, Launching):
 
     def _enforce_time_limits(self, now: float) -> None:
         with self._lock:
+            mono = self.mono()
             running = self.jobs.in_phase(JobPhase.RUNNING)
             warn = [j for j in running if j.request.warn_signal and j.time_limit_s and j.job_id not in self._warned
                     and now >= j.start_time + j.time_limit_s - j.request.warn_time_s]
             over = [j for j in running if j.time_limit_s and now - j.start_time > j.time_limit_s]
             silent = [j for j in running if j.request.hang_timeout_s and j not in over and
-                      now - max(self.last_progress.get(j.job_id, 0.0), j.start_time) > j.request.hang_timeout_s]
+                      mono - self.moved.get(j.job_id, mono) > j.request.hang_timeout_s]
             with self.store.transaction():   # both or neither, and then the signals
-                hung = self._commit([(j, events.hung(j, now, now - max(self.last_progress.get(j.job_id, 0.0),
-                                                                        j.start_time))) for j in silent],
-                                    now, CONTROLLER_UID)
+                hung = self._commit([(j, events.hung(j, now, mono - self.moved.get(j.job_id, mono)))
+                                     for j in silent], now, CONTROLLER_UID)
                 changed = self._commit([(j, events.stop(j, now, JobResult.TIMEOUT, Reason.TIME_LIMIT,
                                                         "time limit reached")) for j in over], now, CONTROLLER_UID)
         for job in warn:   # --signal: the warning before the limit, once a run

@@ -111,9 +111,13 @@ def held(job: Job, hold: bool) -> Job:
 
 
 def finished(job: Job, now: float, exit_code: int, exit_signal: int, detail: str = "",
-             launch_failed: bool = False, out_of_memory: bool = False, warned: bool = False) -> Job:
+             launch_failed: bool = False, out_of_memory: bool = False, warned: bool = False,
+             step_left_batch_node: bool = False) -> Job:
     """The batch script ended: back to the queue when a requeue was asked for, or when it failed on its
-    own and has retries left (--retries); otherwise done."""
+    own and has retries left (--retries); otherwise done. Exit NODE_LOST_EXIT is airrun's word that a
+    node of its step stopped answering; any script can exit with it, so it counts as a node failure
+    only when a step of this run reached beyond the batch node (`step_left_batch_node`), and as an
+    ordinary failure otherwise."""
     if job.phase == JobPhase.COMPLETING and job.reason in REQUEUING and job.requeue_allowed:
         return requeued(job, now, job.reason, job.reason_detail or "requeued on request", exit_code, exit_signal)
     if job.phase == JobPhase.RUNNING and exit_code == REQUEUE_EXIT and not exit_signal and job.requeue_allowed:
@@ -121,7 +125,8 @@ def finished(job: Job, now: float, exit_code: int, exit_signal: int, detail: str
         # signal the cluster did not send
         reason = Reason.TIME_LIMIT if warned else Reason.REQUEUE_REQUESTED
         return requeued(job, now, reason, "checkpointed and stopped for requeue", exit_code)
-    if job.phase == JobPhase.RUNNING and exit_code == NODE_LOST_EXIT and not exit_signal and job.requeue_allowed:
+    if job.phase == JobPhase.RUNNING and exit_code == NODE_LOST_EXIT and step_left_batch_node and not exit_signal \
+            and job.requeue_allowed:
         # airrun lost a node of its step before the controller noticed the node was gone
         return requeued(job, now, Reason.NODE_FAIL, "a node of the step stopped answering (airrun)", exit_code)
     done = exited(job, now, exit_code, exit_signal, detail, launch_failed, out_of_memory)

@@ -64,6 +64,7 @@ class NodeReports:
             with self.store.transaction():
                 self.store.save_node(node)
             self.nodes[info.name] = node
+            self.heard[info.name] = self.mono()
             self._dirty = True
             # a daemon that starts (again) may have adopted runs whose stop it never received
             stopping = [j for j in self.jobs.in_phase(JobPhase.COMPLETING) if info.name in j.node_names]
@@ -80,6 +81,7 @@ class NodeReports:
             if node is None or node.state not in (NodeState.UP, NodeState.DRAIN):
                 return pb.HeartbeatReply(reregister=True)
             self.nodes[req.name] = node = evolve(node, last_heartbeat=now)
+            self.heard[req.name] = self.mono()
             self.suspect.pop(req.name, None)
             self.telemetry[req.name] = list(req.gpus)
             if req.progress:
@@ -96,13 +98,16 @@ class NodeReports:
                         changes.append((job, events.node_lost(job, now, Reason.NODE_FAIL,
                                                               f"node {req.name} fenced itself: {e.detail}")))
                         continue
+                    # airrun's NODE_LOST_EXIT names no node: it may be any of this run's steps' other nodes
+                    lost = (self.store.step_nodes(job.job_id, job.restart_count) & set(job.node_names)) - {req.name} \
+                        if e.exit_code == events.NODE_LOST_EXIT and not e.exit_signal else set()
                     changes.append((job, events.finished(job, now, e.exit_code, e.exit_signal, e.detail,
                                                          e.launch_failed, e.out_of_memory,
-                                                         warned=e.job_id in self._warned)))
-                    if e.exit_code == events.NODE_LOST_EXIT:
-                        # airrun lost one of these nodes; none takes new work until it is heard from (the
-                        # job's next run waits for their fence: every requeue does, see Controller._commit)
-                        self.suspect.update({n: now for n in job.node_names if n != req.name})
+                                                         warned=e.job_id in self._warned,
+                                                         step_left_batch_node=bool(lost))))
+                    # none of those nodes takes new work until it is heard from (the job's next run waits
+                    # for their fence: every requeue does, see Controller._commit)
+                    self.suspect.update({n: now for n in lost})
             running = set(req.running)
             runs = {(r.job_id, r.run) for r in req.runs}
             for job_id, waits in list(self.fence_wait.items()):   # this node answers: without that job's runs?
@@ -151,14 +156,18 @@ class NodeReports:
         """Ranks' progress from a node: when the job last moved (hang detection), its newest report
         (airq -l, aircontrol show job) and the history (airstat). Only for jobs running on that node,
         and only reports within max_report_bytes (the node daemon checks the same)."""
-        rows, moved, latest = [], {}, {}
+        rows, moved, latest, moved_mono = [], {}, {}, {}
+        mono = self.mono()
         limit = self.config.controller.max_report_bytes
         for p in reports:
             job = self.jobs.get(p.job_id)
             if job is None or job.phase not in ACTIVE_PHASES or node not in job.node_names \
                     or p.run != job.restart_count:
                 continue   # not this node's, or a stale run's
-            moved[p.job_id] = max(moved.get(p.job_id, self.last_progress.get(p.job_id, 0.0)), now - max(0.0, p.age_s))
+            age = max(0.0, p.age_s)
+            moved[p.job_id] = max(moved.get(p.job_id, self.last_progress.get(p.job_id, 0.0)), now - age)
+            if job.phase == JobPhase.RUNNING:
+                moved_mono[p.job_id] = max(moved_mono.get(p.job_id, self.moved.get(p.job_id, 0.0)), mono - age)
             if len(p.report) > limit:
                 log.warning("job %d: a progress report of %d characters from %s ignored (max_report_bytes %d)",
                             p.job_id, len(p.report), node, limit)
@@ -169,6 +178,7 @@ class NodeReports:
             with self.store.transaction():
                 self.store.add_reports(rows)
         self.last_progress.update(moved)   # only once the history is written
+        self.moved.update(moved_mono)
         self.latest_report.update(latest)
 
     def _maybe_return(self, node: Node, now: float) -> None:
@@ -255,8 +265,9 @@ class NodeReports:
     def _check_liveness(self, now: float) -> None:
         timeout = self.config.controller.node_timeout_s
         with self._lock:
+            mono = self.mono()
             silent = [n for n in self.nodes.values()
-                      if n.state in (NodeState.UP, NodeState.DRAIN) and now - n.last_heartbeat > timeout]
+                      if n.state in (NodeState.UP, NodeState.DRAIN) and mono - self.heard.get(n.name, mono) > timeout]
             if not silent:
                 return
             names = {n.name for n in silent}

@@ -67,11 +67,12 @@ class SchedulingPass:
             self._last_pass = now
             pending = self.jobs.schedulable()  # held jobs keep the JobHeldUser reason set at submit
             self._due = min((j.request.begin_time for j in pending if j.request.begin_time > now), default=float("inf"))
-            fenced = {j: max(w.values()) for j, w in self.fence_wait.items() if max(w.values()) > now}
+            mono = self.mono()
+            fenced = {j: max(w.values()) for j, w in self.fence_wait.items() if max(w.values()) > mono}
             for job_id in set(self.fence_wait) - set(fenced):
                 del self.fence_wait[job_id]
             if fenced:   # a job whose lost nodes may still run its ranks waits for their fence (reserved)
-                self._due = min(self._due, min(fenced.values()))
+                self._due = min(self._due, now + min(fenced.values()) - mono)
             gone = [p for p in self._holds if (j := self.jobs.get(p)) is None or j.phase != JobPhase.PENDING]
             ended = [p for p in self._preempted if (j := self.jobs.get(p)) is None or j.phase == JobPhase.DONE]
             if gone or ended:   # started, or left the queue; held or fenced, it keeps its hold

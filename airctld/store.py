@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
+import hostlist
 import sqlite_utils
 
 from airctld import history
@@ -392,6 +393,11 @@ class Store:
                  command: str) -> None:
         self.db.conn.execute("INSERT INTO steps (job_id, step_id, run, created, nodes, ntasks, command) "
                              "VALUES (?, ?, ?, ?, ?, ?, ?)", (job_id, step_id, run, created, nodes, ntasks, command))
+
+    def step_nodes(self, job_id: int, run: int) -> set[str]:
+        """Every node a step of this run of the job was laid out on."""
+        return {n for (nodes,) in self._rows("SELECT nodes FROM steps WHERE job_id = ? AND run = ?", [job_id, run])
+                for n in hostlist.expand_hostlist(nodes)}
 
     def last_step_id(self, job_id: int) -> int:
         """The highest step number the job was given; -1 if it has had no step."""

@@ -80,7 +80,9 @@ def make(tmp_path):
     made = []
 
     def build(clients=None, store=None):
-        c = Controller(conf, store or FailingStore(str(tmp_path / "air.db")), clock=Clock(), clients=clients)
+        clock = Clock()
+        c = Controller(conf, store or FailingStore(str(tmp_path / "air.db")), clock=clock, monotonic=clock,
+                       clients=clients)
         n = c.nodes["n1"]
         c.nodes["n1"] = n.__class__(**{**n.__dict__, "cpus": 64, "state": NodeState.UP,
                                        "gpus": tuple(pb.Gpu(index=i) for i in range(4))})

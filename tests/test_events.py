@@ -91,8 +91,10 @@ def test_clean_stops_and_lost_nodes_reported_by_exit_codes():
     assert warned.phase == JobPhase.PENDING and warned.last_stop_reason == Reason.TIME_LIMIT
     asked = events.finished(running, 2, events.REQUEUE_EXIT, 0)
     assert asked.phase == JobPhase.PENDING and asked.last_stop_reason == Reason.REQUEUE_REQUESTED
-    lost = events.finished(running, 2, events.NODE_LOST_EXIT, 0)
+    lost = events.finished(running, 2, events.NODE_LOST_EXIT, 0, step_left_batch_node=True)
     assert lost.phase == JobPhase.PENDING and lost.last_stop_reason == Reason.NODE_FAIL
+    own = events.finished(running, 2, events.NODE_LOST_EXIT, 0)   # no step of it left the batch node
+    assert own.result == JobResult.FAILED and own.exit_code == events.NODE_LOST_EXIT
     stuck = events.start(_job(request=pb.JobRequest(no_requeue=True)), 1, ALLOC)
     assert events.finished(stuck, 2, events.REQUEUE_EXIT, 0).result == JobResult.FAILED
     hung = events.hung(running, 5, 120)

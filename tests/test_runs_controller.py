@@ -11,7 +11,7 @@ from airctld.store import Store
 from fakeclock import Clock
 from protos import air_pb2 as pb
 from protos.credential import Identity
-from protos.states import JobPhase, Reason
+from protos.states import JobPhase, NodeState, Reason
 
 ROOT = Identity(0, 0)
 
@@ -32,19 +32,24 @@ class NoNodes:
         return pb.PrepareStepReply(free_port=1)
 
 
-@pytest.fixture
-def controller(tmp_path):
+def _build(tmp_path, wall, mono):
     conf = cfg.parse({"controller": {"auth": "none", "state_dir": str(tmp_path), "node_timeout_s": 15,
                                      "heartbeat_interval_s": 2},
                       "nodes": [{"name": "n1", "address": "127.0.0.9", "gpus": "sim:4"},
                                 {"name": "n2", "address": "127.0.0.10", "gpus": "sim:4"}],
                       "partitions": [{"name": "p", "nodes": "n[1-2]", "default": True}]})
-    clock = Clock()
-    c = Controller(conf, Store(str(tmp_path / "air.db")), clock=clock)
+    c = Controller(conf, Store(str(tmp_path / "air.db")), clock=wall, monotonic=mono)
     c.clients = NoNodes()
     for name in ("n1", "n2"):
         c.register(pb.Node(name=name, address=c.config.node(name).endpoint, cpus=8, memory_mb=1024,
                            gpus=[pb.Gpu(index=i) for i in range(4)]))
+    return c
+
+
+@pytest.fixture
+def controller(tmp_path):
+    clock = Clock()
+    c = _build(tmp_path, clock, clock)
     yield c, clock
     c.stop()
 
@@ -132,3 +137,83 @@ def test_a_stale_runs_airrun_starts_no_step(controller):
     step = c.create_step(pb.StepSpec(job_id=job.job_id, argv=["true"], environment={"AIR_RESTART_COUNT": "1"}),
                          ROOT)
     assert step.run == 1
+
+
+def test_exit_76_is_a_lost_node_only_when_a_step_of_the_run_reached_another_node(controller):
+    """Any script can exit 76, airrun's code for "a node of my step stopped answering". Without a step
+    of this run on another node it is the script's own failure: no requeue, and no node is suspected."""
+    c, clock = controller
+    own = _running_on(c, clock, "n1")
+    c.create_step(pb.StepSpec(job_id=own.job_id, argv=["true"]), ROOT)     # a step on the batch node only
+    _beat(c, "n1", runs=[(own.job_id, 0)], exits=[pb.JobExit(job_id=own.job_id, run=0, exit_code=76)])
+    ended = c.jobs.get(own.job_id)
+    assert ended.phase == JobPhase.DONE and ended.exit_code == 76 and ended.restart_count == 0
+    assert c.suspect == {}
+
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", nodes=2, gpus_per_node=4), ROOT)
+    job = c.jobs.get(job_id)
+    job = c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0, 1, 2, 3), 1),
+                                                          NodeAlloc("n2", (0, 1, 2, 3), 1))))], clock.now, 0)[0]
+    c.create_step(pb.StepSpec(job_id=job_id, argv=["true"], nodes=2), ROOT)
+    _beat(c, "n1", runs=[(job_id, 0)], exits=[pb.JobExit(job_id=job_id, run=0, exit_code=76)])
+    lost = c.jobs.get(job_id)
+    assert lost.phase == JobPhase.PENDING and lost.last_stop_reason == Reason.NODE_FAIL
+    assert set(c.suspect) == {"n2"}                       # the step's other node, until it is heard from
+    _beat(c, "n2")
+    assert c.suspect == {}
+
+
+def test_a_wall_clock_set_forward_or_back_kills_no_node_and_hangs_no_job(tmp_path):
+    """Silence is measured on the monotonic clock: an hour's jump of the wall clock (NTP stepping it,
+    an operator's `date -s`) neither marks nodes that keep answering DOWN nor takes a job that keeps
+    reporting for hung; only real silence, monotonic time passing, does."""
+    wall, mono = Clock(), Clock()
+    c = _build(tmp_path, wall, mono)
+    try:
+        job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=4,
+                                           hang_timeout_s=60), ROOT)
+        job = c.jobs.get(job_id)
+        c._commit([(job, events.start(job, wall.now, (NodeAlloc("n1", (0, 1, 2, 3), 1),)))], wall.now, 0)
+        for jump in (3600, -7200, 3600):
+            wall.now += jump
+            mono.now += 1
+            _beat(c, "n1", runs=[(job_id, 0)], progress=[pb.JobProgress(job_id=job_id, run=0, report='{"step": 1}')])
+            _beat(c, "n2")
+            c.tick()
+            assert c.jobs.get(job_id).phase == JobPhase.RUNNING, jump
+            assert {n.name: n.state for n in c.nodes.values()} == {"n1": NodeState.UP, "n2": NodeState.UP}
+        mono.now += 16                                        # n2 silent past node_timeout_s, n1 answers
+        _beat(c, "n1", runs=[(job_id, 0)])
+        c.tick()
+        assert c.nodes["n2"].state == NodeState.DOWN and c.nodes["n1"].state == NodeState.UP
+        mono.now += 45                                        # n1's job: no report for 61 s of real time
+        _beat(c, "n1", runs=[(job_id, 0)])
+        c.tick()
+        assert c.jobs.get(job_id).reason == Reason.HUNG
+    finally:
+        c.stop()
+
+
+def test_a_restarted_controller_gives_a_long_running_job_a_full_hang_timeout(tmp_path):
+    """After a restart, no report has arrived yet: the job is not taken for hung because it started
+    long ago, only once it stays silent for its --hang-timeout from the controller's start."""
+    wall, mono = Clock(), Clock()
+    c = _build(tmp_path, wall, mono)
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=4,
+                                       hang_timeout_s=60), ROOT)
+    job = c.jobs.get(job_id)
+    c._commit([(job, events.start(job, wall.now, (NodeAlloc("n1", (0, 1, 2, 3), 1),)))], wall.now, 0)
+    c.stop()
+    wall.now += 3600
+    mono.now = 5.0                                            # a new process: its own monotonic origin
+    c = _build(tmp_path, wall, mono)
+    try:
+        _beat(c, "n1", runs=[(job_id, 0)])
+        c.tick()
+        assert c.jobs.get(job_id).phase == JobPhase.RUNNING and c.jobs.get(job_id).reason != Reason.HUNG
+        mono.now += 61
+        _beat(c, "n1", runs=[(job_id, 0)])
+        c.tick()
+        assert c.jobs.get(job_id).reason == Reason.HUNG
+    finally:
+        c.stop()

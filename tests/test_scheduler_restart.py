@@ -25,7 +25,7 @@ def make(tmp_path):
     made = []
 
     def build():
-        c = Controller(conf, Store(str(tmp_path / "air.db")), clock=clock)
+        c = Controller(conf, Store(str(tmp_path / "air.db")), clock=clock, monotonic=clock)
         made.append(c)
         return c
     yield build, clock
@@ -173,7 +173,7 @@ def make_qos(tmp_path):
     made = []
 
     def build(monkeypatch):
-        c = Controller(conf, Store(str(tmp_path / "air.db")), clock=clock)
+        c = Controller(conf, Store(str(tmp_path / "air.db")), clock=clock, monotonic=clock)
         made.append(c)
         _four_gpus(c)
         monkeypatch.setattr(c, "_launch", lambda job: None)
