@@ -6,6 +6,7 @@ import hostlist
 from airctld.errors import InvalidRequest
 from airctld.model import Job
 from protos import air_pb2 as pb
+from protos.limits import memory_limit_bytes
 
 
 def layout(job: Job, spec: pb.StepSpec, addresses: dict[str, str]) -> tuple[list[pb.StepNode], int]:
@@ -32,7 +33,9 @@ def layout(job: Job, spec: pb.StepSpec, addresses: dict[str, str]) -> tuple[list
                                  f"but job {job.job_id} has {len(gpus)} on {name}")
         sets = [",".join(str(g) for g in gpus[i * per_task:(i + 1) * per_task]) for i in range(ntasks)]
         nodes.append(pb.StepNode(node=name, address=addresses[name], node_rank=node_rank,
-                                 ranks=list(range(rank, rank + ntasks)), gpu_sets=sets))
+                                 ranks=list(range(rank, rank + ntasks)), gpu_sets=sets,
+                                 memory_limit_bytes=memory_limit_bytes(job.request.mem_per_node_mb,
+                                                                       job.request.mem_per_gpu_mb, len(gpus))))
         rank += ntasks
     return nodes, rank
 

@@ -59,7 +59,7 @@ class JobCgroups:
         of an old run never touches the new one), with its memory limit (0: none)."""
         if self.base is None:
             return None
-        path = self.base / f"job{job_id}.{run}"
+        path = self.run_path(job_id, run)
         path.mkdir(parents=True, exist_ok=True)
         if memory_bytes:
             if self.mode == "v2":
@@ -71,6 +71,10 @@ class JobCgroups:
         with self._lock:
             self._current[job_id] = path
         return path
+
+    def run_path(self, job_id: int, run: int) -> Path | None:
+        """Where the group of this run of the job is (or would be) on this node."""
+        return self.base / f"job{job_id}.{run}" if self.base is not None else None
 
     def current(self, job_id: int) -> Path | None:
         """The group of the job's run on this node now, if it has one (its ranks join it)."""
@@ -166,11 +170,3 @@ def _enable_memory(root: Path, base: Path) -> None:
             control.write_text("+memory")
         here = here / part
 
-
-def memory_limit_bytes(mem_per_node_mb: int, mem_per_gpu_mb: int, gpus_here: int) -> int:
-    """--mem (per node) or --mem-per-gpu times the GPUs on this node; 0 for no limit."""
-    if mem_per_node_mb:
-        return mem_per_node_mb * 1024 * 1024
-    if mem_per_gpu_mb and gpus_here:
-        return mem_per_gpu_mb * gpus_here * 1024 * 1024
-    return 0

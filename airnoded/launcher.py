@@ -23,11 +23,12 @@ import psutil
 from airctld import arrays
 from airctld.steps import tasks_per_node
 from airnoded import fence, jobfiles, progress, shepherding
-from airnoded.cgroups import JobCgroups, memory_limit_bytes
+from airnoded.cgroups import JobCgroups
 from airnoded.procs import as_owner, killpg
 from airnoded.shepherd import start_time
-from airnoded.shepherding import Child, Herd
+from airnoded.shepherding import BATCH, Child, Herd
 from protos import air_pb2 as pb
+from protos.limits import memory_limit_bytes
 from protos.states import REASON_NAMES, Reason
 
 log = logging.getLogger("airnoded")
@@ -36,7 +37,6 @@ DEFAULT_OUTPUT = "air-%j.out"
 MAX_STATUS_BYTES = 64 * 1024   # what the start-up shell may say before the script runs
 
 MAX_RUNS_REMEMBERED = 100_000   # jobs whose newest run a node remembers (to refuse older launches)
-BATCH = "batch"                 # the batch script's shepherd, in the run's folder
 JOB_FILE = "job.pb"             # the run's job as launched, for a daemon that adopts it
 MAX_JOB_FILE = 256 << 20
 

@@ -35,6 +35,7 @@ from airnoded.shepherd import boot_id, start_time
 log = logging.getLogger("airnoded")
 
 PROGRAM = str(Path(__file__).with_name("shepherd.py"))
+BATCH = "batch"   # the tag of a run's batch script's shepherd (a step's is step<N>-<random>)
 MAX_RECORD = 1 << 20
 START_TIMEOUT_S = 30.0
 SHEPHERD_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}

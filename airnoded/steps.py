@@ -80,6 +80,10 @@ class StepRunner:
         self._ranks = 0                             # ranks running here
         self._adopted: dict[tuple[int, int], _Stream] = {}   # (job, step) -> adopted, airrun not back yet
         self._live: set[_Stream] = set()
+        # run -> its cgroup here, where no batch script runs: the steps' own, made by the first and
+        # removed (what is left in it killed) with the last; _group_lock orders the two
+        self._own_groups: dict[RunKey, Path] = {}
+        self._group_lock = threading.Lock()
         self.detaching = threading.Event()
         self.spawner: shepherding.Spawner | None = None   # forks shepherds cheaply, once started
         self._lock = threading.Lock()
@@ -125,10 +129,51 @@ class StepRunner:
     def signal(self, job_id: int, run: int, sig: int) -> bool:
         with self._lock:
             groups = [(g, t) for (j, r), gs in self._groups.items() if j == job_id and r <= run for g, t in gs.items()]
+            own = [g for (j, r), g in self._own_groups.items() if j == job_id and r <= run]
         for pgid, began in groups:   # a rank reaped by its shepherd and not yet seen here: its number is not ours
             if began is None or start_time(pgid) in (began, 0):
                 killpg(pgid, sig or signal.SIGKILL)
-        return bool(groups)
+        if sig in (0, signal.SIGKILL):   # and whatever the ranks started that left their process groups
+            for group in own:
+                self.cgroups.kill(group)
+        return bool(groups) or any(self.cgroups.pids(g) for g in own)
+
+    def run_group(self, step: pb.Step, index: int, folder: Path) -> Path | None:
+        """The cgroup the step's ranks join here: on the batch node, the batch script's (the launcher
+        made it); on a node where only ranks run, the run's own, made now with the job's memory limit
+        on this node and recorded in the run's folder (for the fence keeper, and for a daemon that
+        adopts the ranks)."""
+        if not self.cgroups.enabled:
+            return None
+        key = (step.job_id, step.run)
+        with self._group_lock:
+            with self._lock:
+                group = self._own_groups.get(key)
+            if group is not None and group.is_dir():
+                return group
+            batch = self.cgroups.current(step.job_id)
+            if batch is not None and batch == self.cgroups.run_path(*key):
+                return batch
+            group = self.cgroups.create(step.job_id, step.run, step.nodes[index].memory_limit_bytes)
+            jobfiles.write_root_file(folder, fence.CGROUP, str(group).encode(), 0o600)
+            with self._lock:
+                self._own_groups[key] = group
+            return group
+
+    def _end_group(self, key: RunKey) -> None:
+        """The run's last step here has ended: kill what its ranks left in the run's own cgroup, and
+        remove it (unless a step of the run started meanwhile)."""
+        with self._group_lock:
+            with self._lock:
+                if self._streams.get(key):
+                    return
+                group = self._own_groups.pop(key, None)
+            if group is None:
+                return
+            if self.cgroups.kill(group):
+                log.warning("job %d: killed processes its ranks left on %s (run %d)", key[0], self.node, key[1])
+                time.sleep(0.1)
+            self.cgroups.remove(group)
 
     def attach(self, job_id: int, step_id: int, uid: int) -> tuple[Iterator[pb.StepEvent], Callable[[], None]]:
         """Follow a step an earlier daemon started here (airrun again after a restart); once."""
@@ -214,6 +259,7 @@ class StepRunner:
             if idle:
                 del self._streams[key]
         if idle and not self.detaching.is_set():
+            self._end_group(key)
             self.on_idle(*key)
 
     def detach(self) -> None:
@@ -255,7 +301,11 @@ class StepRunner:
                 here = step.nodes[index]
                 stream = _Stream(self, step, key, len(here.ranks))
                 stream.tag = tag
+                group = self.cgroups.run_path(*key)
+                own = group is not None and shepherding.BATCH not in shepherding.tags(folder) and group.is_dir()
                 with self._lock:
+                    if own:   # the run's own group here (no batch script ran here): it goes with the last step
+                        self._own_groups[key] = group
                     self._adopted[(step.job_id, step.step_id)] = stream
                     self._live.add(stream)
                     self._user_streams[step.uid] = self._user_streams.get(step.uid, 0) + 1
@@ -332,7 +382,7 @@ class _Stream:
             self.herd = shepherding.spawn(folder, self.tag, children,
                                           None if step.uid == os.getuid() else step.uid, step.gid,
                                           list(kwargs.get("extra_groups", [step.gid])),
-                                          runner.cgroups.current(job_id),   # ranks join the job's cgroup on its batch node
+                                          runner.run_group(step, index, folder),
                                           holds=[folder / f"{self.tag}.{i}.{s}" for i in range(len(children))
                                                  for s in ("out", "err")], spawner=runner.spawner)
         except BaseException:

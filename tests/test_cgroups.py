@@ -7,7 +7,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from airnoded.cgroups import JobCgroups, detect, memory_limit_bytes
+from airnoded.cgroups import JobCgroups, detect
+from protos.limits import memory_limit_bytes
 from cluster import wait_for
 
 BASE_ADDRESS = "127.0.17.1"
@@ -60,3 +61,32 @@ def test_cancel_reaches_processes_that_left_the_job_group(cluster, tmp_path):
     cluster.wait_state(job, "CANCELLED", timeout=40)
     wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
              timeout=10, what="the escaped process to be killed")
+
+
+@pytest.mark.skipif(MODE == "none", reason="no writable cgroup hierarchy on this host (checked by the test above)")
+def test_ranks_on_a_node_without_the_batch_script_are_held_in_a_cgroup_of_the_run(cluster):
+    """On the node where only ranks run, what a rank starts and detaches (setsid) dies when the job is
+    cancelled, and --mem holds there too: a rank that goes over it is killed by the kernel."""
+    marker = cluster.work / "rank-escaped.pid"
+    rank = cluster.write_script("rank.sh", f"#!/bin/sh\n[ \"$SLURM_NODEID\" = 1 ] || exec sleep 300\n"
+                                f"setsid sh -c 'echo $$ > {marker}; exec sleep 300' &\nexec sleep 300\n")
+    job = cluster.submit(cluster.write_script("two.sh", f"#!/bin/sh\nairrun -N 2 --ntasks-per-node=1 sh {rank}\n"),
+                         "-N", "2", "--gpus-per-node=1", "--mem=1G")
+    cluster.wait_state(job, "RUNNING")
+    pid = int(wait_for(lambda: marker.exists() and marker.read_text().strip(), what="the escaped process"))
+    groups = [g for g in Path("/sys/fs/cgroup").rglob(f"job{job}.0") if g.is_dir()]
+    assert any(str(pid) in (g / "cgroup.procs").read_text().split() for g in groups), groups
+    cluster.cli("aircancel", str(job))
+    cluster.wait_state(job, "CANCELLED", timeout=40)
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+             timeout=10, what="the escaped process to be killed")
+
+    hog = cluster.write_script("rank-hog.sh", f"#!/bin/sh\n[ \"$SLURM_NODEID\" = 1 ] || exit 0\nexec {sys.executable} "
+                               "-c 'b = [bytearray(16 << 20) for _ in range(40)]; print(len(b))'\n")
+    over = cluster.submit(cluster.write_script("hog2.sh", f"#!/bin/sh\nairrun -N 2 --ntasks-per-node=1 sh {hog}\n"),
+                          "-N", "2", "--gpus-per-node=1", "--mem=64M", "--no-requeue")
+    done = cluster.wait_state(over, "COMPLETED", "FAILED", timeout=60)
+    assert done["state"] == "FAILED", done
+    fits = cluster.submit(cluster.write_script("hog3.sh", f"#!/bin/sh\nairrun -N 2 --ntasks-per-node=1 sh {hog}\n"),
+                          "-N", "2", "--gpus-per-node=1", "--mem=2G")
+    assert cluster.wait_state(fits, "COMPLETED", "FAILED", timeout=60)["state"] == "COMPLETED"
