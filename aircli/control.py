@@ -349,6 +349,7 @@ def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_
 @local.command("down")
 @click.option("--dir", "directory", default="air-local", show_default=True, type=click.Path(file_okay=False))
 def local_down(directory):
+    """Stop the local cluster's daemons and kill the jobs still running on it."""
     from aircli.local import down
     count = down(Path(directory))
     click.echo(f"local cluster down: {count} daemons stopped")

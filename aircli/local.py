@@ -157,7 +157,8 @@ def _alive(pid: int) -> bool:
 
 
 def down(directory: Path, wait_s: float = 10.0) -> int:
-    """Stop the daemons (nodes first); returns how many were running."""
+    """Stop the daemons (nodes first), then kill what jobs they leave running (a node daemon that stops
+    leaves its jobs to the next one; this cluster has no next one); returns how many daemons ran."""
     pids_file = directory.resolve() / "pids"
     if not pids_file.exists():
         raise CliError(f"no local cluster in {directory} (no pids file)")
@@ -171,7 +172,12 @@ def down(directory: Path, wait_s: float = 10.0) -> int:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
     pids_file.unlink()
-    _stop_fence_keepers(directory.resolve() / "spool")
+    spool_root = directory.resolve() / "spool"
+    _stop_fence_keepers(spool_root)
+    for spool in sorted(spool_root.iterdir()) if spool_root.is_dir() else ():
+        if spool.is_dir():
+            subprocess.run([sys.executable, "-m", "airnoded.fence", "--kill-runs", str(spool)],
+                           stdin=subprocess.DEVNULL, check=False)
     return len(pids)
 
 

@@ -11,6 +11,7 @@ shepherds recorded them in the run's folder) and to its cgroup, then SIGKILL aft
 the controller's node timeout.
 
     python -m airnoded.fence SPOOL FENCE_AFTER_S GRACE_S
+    python -m airnoded.fence --kill-runs SPOOL     # SIGKILL every run there (a local cluster taken down)
 """
 from __future__ import annotations
 
@@ -169,6 +170,12 @@ def stop_keeper(spool: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s airnoded-fence %(levelname)s %(message)s")
+    if args[:1] == ["--kill-runs"]:
+        spool = Path(args[1])
+        for _ in range(3):   # (a rank that was starting as the first pass ran)
+            stop_runs(spool, signal.SIGKILL)
+            time.sleep(0.1)
+        return 0
     signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a daemon's stop (systemctl) leaves the keeper on guard
     keep(Path(args[0]), float(args[1]), float(args[2]))
     return 0

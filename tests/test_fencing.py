@@ -27,8 +27,9 @@ def cluster():
 class Runs:
     """Samples the processes of one job and records which runs were alive together."""
 
-    def __init__(self, job_id: int):
+    def __init__(self, job_id: int, cluster: LocalCluster):
         self.job_id = str(job_id)
+        self.spool = str(cluster.dir / "spool")   # this cluster's job (other modules' clusters count from 1 too)
         self.overlaps: list[set[str]] = []
         self.seen: set[str] = set()
         self._stop = threading.Event()
@@ -49,7 +50,8 @@ class Runs:
                 env = p.info["environ"] or {}
             except psutil.Error:
                 continue
-            if env.get("AIR_JOB_ID") == self.job_id and p.status() != psutil.STATUS_ZOMBIE:
+            if env.get("AIR_JOB_ID") == self.job_id and env.get("AIR_STOP_REASON_FILE", "").startswith(self.spool) \
+                    and p.status() != psutil.STATUS_ZOMBIE:
                 runs.add(env.get("AIR_RESTART_COUNT", "?"))
         return runs
 
@@ -86,7 +88,7 @@ def test_a_frozen_node_daemon_never_leaves_two_runs_of_a_job(cluster):
     first = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
     wait_for(lambda: "start 0" in (cluster.work / f"air-{job_id}.out").read_text(), what="run 0 to start")
     daemon = _daemon(cluster, first)
-    with Runs(job_id) as runs:
+    with Runs(job_id, cluster) as runs:
         daemon.suspend()        # a hung daemon: its job's processes run on, the keeper does not freeze
         try:
             job = wait_for(lambda: (j := cluster.job(job_id))["restart_count"] >= 1 and j["state"] == "RUNNING"
@@ -110,7 +112,7 @@ def test_a_job_that_ignores_sigterm_is_killed_before_the_controller_may_start_it
     node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
     wait_for(lambda: "start 0" in (cluster.work / f"air-{job_id}.out").read_text(), what="run 0 to start")
     daemon = _daemon(cluster, node)
-    runs = Runs(job_id)
+    runs = Runs(job_id, cluster)
     daemon.suspend()
     try:
         lease = _lease(cluster, node)   # the keeper's view: the last renewal before the freeze
@@ -129,7 +131,7 @@ def test_a_node_that_loses_the_controller_stops_its_jobs_and_says_so(cluster):
     node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
     wait_for(lambda: "start 0" in (cluster.work / f"air-{job_id}.out").read_text(), what="run 0 to start")
     controller = psutil.Process(cluster.pids[0])
-    with Runs(job_id) as runs:
+    with Runs(job_id, cluster) as runs:
         controller.suspend()    # every node hears nothing from it, as if cut off
         try:
             began = time.monotonic()
@@ -198,3 +200,29 @@ def test_a_node_refuses_a_launch_of_an_older_run_and_kills_an_older_run_it_finds
     assert launcher.runs() == [(5, 2)]
     launcher.kill_run(5, 2)
     wait_for(lambda: len(exits) == 2, timeout=10, what="run 2's end")
+
+
+def test_a_local_cluster_taken_down_leaves_no_job_running():
+    """A node daemon that stops leaves its jobs for the next one (a restart keeps them); a local cluster
+    taken down has no next one, so `aircontrol local down` kills them."""
+    c = LocalCluster("127.0.33.1", nodes=2, gpus_per_node=4).up()
+    try:
+        job_id = c.submit(c.write_script("left.sh", "#!/bin/sh\nsleep 300 &\nairrun -N 2 sleep 300\n"),
+                          "-N", "2", "--gpus-per-node=1")
+        c.wait_state(job_id, "RUNNING")
+        spool = str(c.dir / "spool")
+
+        def alive():
+            found = []
+            for p in psutil.process_iter(["environ"]):
+                try:
+                    if (p.info["environ"] or {}).get("AIR_STOP_REASON_FILE", "").startswith(spool) \
+                            and p.status() != psutil.STATUS_ZOMBIE:
+                        found.append(p.pid)
+                except psutil.Error:
+                    continue
+            return found
+        wait_for(lambda: len(alive()) >= 4, what="the batch script and a rank on each node")
+    finally:
+        c.down()
+    wait_for(lambda: not alive(), timeout=5, what="the job's processes to be gone")
