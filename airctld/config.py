@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import tomllib
 from dataclasses import dataclass
@@ -416,6 +417,8 @@ def _build(cls, where: str, raw: dict, **extra):
         if not ok:
             kind = "list of strings" if want == "tuple" else want
             raise ConfigError(f"{where} {key} = {value!r}: expected a {kind}")
+        if want == "float" and not math.isfinite(value):   # (nan passes every comparison)
+            raise ConfigError(f"{where} {key} = {value!r}: must be a finite number")
         if want in ("int", "float") and value < 0:
             raise ConfigError(f"{where} {key} = {value!r}: must not be negative")
         values[key] = tuple(value) if want == "tuple" else value
