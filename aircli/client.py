@@ -43,7 +43,7 @@ class Client:
     """A Controller stub bound to the configured address, with errors mapped to CliError."""
 
     def __init__(self, config_path: str | None = None):
-        from airctld import config as configuration
+        from protos import config as configuration
         import grpc
         from protos import air_pb2_grpc as rpc
         from protos.credential import signed

@@ -8,7 +8,7 @@ from typing import Callable
 
 import hostlist
 
-from airctld.timefmt import format_duration, format_limit
+from protos.timefmt import format_duration, format_limit
 from protos import air_pb2 as pb
 from protos.reports import report_numbers
 from protos.states import JobPhase, REASON_NAMES, Reason, long_state, node_state_name, state_code
@@ -145,7 +145,7 @@ def job_id_text(job: pb.Job) -> str:
 
 def compact_arrays(jobs) -> list[pb.Job]:
     """The listing with each array's pending tasks folded into one row, as squeue shows them."""
-    from airctld.arrays import compact
+    from protos.arrays import compact
     out: list = []
     rows: dict[int, tuple[pb.Job, list[int]]] = {}
     for job in jobs:
@@ -281,7 +281,7 @@ def goodput_keyvalues(g: pb.Goodput) -> list[str]:
 def job_keyvalues(job: pb.Job, now: float) -> list[str]:
     """scontrol show job: Key=Value pairs, a few to a line."""
     req = job.request
-    from airnoded.launcher import output_paths
+    from protos.outputs import output_paths
     out, err = output_paths(job, job.allocation[0].node if job.allocation else "%N")
     gpus = ";".join(f"{a.node}:{','.join(map(str, a.gpus)) or '-'}" for a in job.allocation)
     lines = [

@@ -93,7 +93,7 @@ def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base
     config = write_config(directory, nodes, gpus_per_node, cpus_per_node, base_address, node_timeout_s,
                           auth, munge_socket, extra, operators, private_jobs, health_program, max_gpu_temp_c,
                           health_auto_resume, heartbeat_s)
-    from airctld.config import load
+    from protos.config import load
     cfg = load(str(config))
     env = dict(os.environ, AIR_CONF=str(config))
     pids = [_spawn([sys.executable, "-m", "airctld", "--config", str(config)], directory / "log" / "airctld.log", env)]
@@ -107,7 +107,7 @@ def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base
 
 def metrics_urls(config: Path) -> list[str]:
     """Where the local cluster's daemons serve /metrics: the controller's first."""
-    from airctld.config import load
+    from protos.config import load
     cfg = load(str(config))
     urls = [f"http://{cfg.controller.metrics_address}/metrics"] if cfg.controller.metrics_address else []
     return urls + [f"http://{n.address}:{n.metrics_port}/metrics" for n in cfg.nodes if n.metrics_port]

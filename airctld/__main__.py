@@ -12,12 +12,12 @@ from concurrent import futures
 
 import grpc
 
-from airctld import config as configuration
+from protos import config as configuration
 from airctld import retention, store_file
 from airctld.controller import Controller
 from airctld.metrics import StateCollector
 from airctld.nodes import NodeClients
-from airctld.sdnotify import notify
+from protos.sdnotify import notify
 from airctld.service import handlers
 from airctld.errors import StoreFailed
 from airctld.store import SCHEMA_VERSION, Store, StoreError

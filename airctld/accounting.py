@@ -11,7 +11,7 @@ import logging
 from typing import Iterable
 
 from airctld import fairshare
-from airctld.config import Config
+from protos.config import Config
 from airctld.errors import Conflict, InvalidRequest, NotFound
 from airctld.fairshare import ROOT, Assoc, Share
 from airctld.model import Job

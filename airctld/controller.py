@@ -17,9 +17,10 @@ from typing import Callable, Iterable
 
 import hostlist
 
-from airctld import arrays, deps, events, goodput, history, scheduler, steps
+from airctld import deps, events, goodput, history, scheduler, steps
+from protos import arrays
 from airctld.accounting import Accounting
-from airctld.config import Config
+from protos.config import Config
 from airctld.fairshare import Assoc
 from airctld.jobtable import JobTable
 from airctld.launching import Launching

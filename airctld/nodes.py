@@ -5,7 +5,7 @@ import threading
 
 import grpc
 
-from airctld.config import Config
+from protos.config import Config
 from protos import air_pb2 as pb
 from protos import air_pb2_grpc as rpc
 from protos.credential import signed

@@ -10,7 +10,7 @@ from typing import Callable
 
 from airctld import deps, scheduler
 from airctld.accounting import Accounting
-from airctld.config import Config
+from protos.config import Config
 from airctld.model import Job
 from airctld.priority import PriorityModel
 from airctld.priority_cache import LEAF, PriorityCache

@@ -10,7 +10,7 @@ import os
 import pwd
 from functools import lru_cache
 
-from airctld.config import Config
+from protos.config import Config
 from airctld.errors import Denied, InvalidRequest
 from protos.credential import Identity
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from airctld.config import PartitionConfig, QosConfig, SchedulerConfig
+from protos.config import PartitionConfig, QosConfig, SchedulerConfig
 from airctld.model import Job
 
 

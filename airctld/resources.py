@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from airctld.config import PartitionConfig
+from protos.config import PartitionConfig
 from airctld.model import Job, Node
-from airctld.timefmt import format_limit
+from protos.timefmt import format_limit
 from protos.states import NodeState
 
 

@@ -33,7 +33,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
-from airctld.config import PartitionConfig, QosConfig
+from protos.config import PartitionConfig, QosConfig
 from airctld.model import Job, NodeAlloc
 from airctld.preemption import may_preempt, place_holds, rank, victims  # noqa: F401 (rank: API)
 from airctld.resources import FreeNode, free_resources, infeasible, pick_gpus  # noqa: F401 (the scheduler's API)

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from airctld import fairshare, scheduler
-from airctld.config import PartitionConfig, QosConfig, SchedulerConfig
+from protos.config import PartitionConfig, QosConfig, SchedulerConfig
 from airctld.fairshare import Assoc
 from airctld.model import Job, Node, evolve
 from airctld.priority import PriorityModel, association

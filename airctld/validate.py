@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from airctld.config import ControllerConfig
+from protos.config import ControllerConfig
 from airctld.errors import InvalidRequest
 from protos import air_pb2 as pb
 

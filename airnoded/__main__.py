@@ -19,8 +19,8 @@ from concurrent import futures
 
 import grpc
 
-from airctld import config as configuration
-from airctld.sdnotify import notify
+from protos import config as configuration
+from protos.sdnotify import notify
 from airnoded.agent import Agent, AgentService
 from airnoded.metrics import NodeCollector
 from airnoded.gpus import GpuError, open_backend

@@ -10,7 +10,7 @@ import time
 import grpc
 import psutil
 
-from airctld.config import Config, NodeConfig
+from protos.config import Config, NodeConfig
 from airnoded import fence, jobfiles, progress, shepherding
 from airnoded.cgroups import JobCgroups
 from airnoded.gpus import GpuBackend, GpuError

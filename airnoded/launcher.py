@@ -20,8 +20,7 @@ from typing import Callable
 import hostlist
 import psutil
 
-from airctld import arrays
-from airctld.steps import tasks_per_node
+from protos import arrays
 from airnoded import fence, jobfiles, progress, shepherding
 from airnoded.cgroups import JobCgroups
 from airnoded.procs import as_owner, killpg
@@ -29,11 +28,12 @@ from airnoded.shepherd import start_time
 from airnoded.shepherding import BATCH, Child, Herd
 from protos import air_pb2 as pb
 from protos.limits import memory_limit_bytes
+from protos.outputs import output_paths
+from protos.stepenv import tasks_per_node
 from protos.states import REASON_NAMES, Reason
 
 log = logging.getLogger("airnoded")
 
-DEFAULT_OUTPUT = "air-%j.out"
 MAX_STATUS_BYTES = 64 * 1024   # what the start-up shell may say before the script runs
 
 MAX_RUNS_REMEMBERED = 100_000   # jobs whose newest run a node remembers (to refuse older launches)
@@ -53,31 +53,6 @@ exec 3>&-
 shift 4
 exec "$@"
 """
-
-
-def expand_pattern(pattern: str, job: pb.Job, node: str) -> str:
-    """Slurm's filename patterns: %j job id, %x job name, %u user, %N node, %A array job id, %a array task
-    id, %% a percent sign."""
-    values = {"j": str(job.job_id), "x": job.request.name or "batch", "u": job.user, "N": node, "%": "%",
-              "A": str(job.array_job_id or job.job_id), "a": str(job.array_task_id) if job.array_job_id else "4294967294"}
-    out, i = [], 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "%" and i + 1 < len(pattern) and pattern[i + 1] in values:
-            out.append(values[pattern[i + 1]])
-            i += 2
-        else:
-            out.append(ch)
-            i += 1
-    return "".join(out)
-
-
-def output_paths(job: pb.Job, node: str) -> tuple[str, str | None]:
-    """(stdout path, stderr path or None when stderr goes with stdout), absolute."""
-    req = job.request
-    out = os.path.join(req.workdir, expand_pattern(req.output or DEFAULT_OUTPUT, job, node))
-    err = os.path.join(req.workdir, expand_pattern(req.error, job, node)) if req.error else None
-    return out, err
 
 
 class StaleRun(Exception):

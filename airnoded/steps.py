@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from airctld.steps import rank_environment
 from airnoded import fence, jobfiles, progress, shepherding
 from airnoded.outbox import Outbox
 from airnoded.cgroups import JobCgroups
@@ -27,6 +26,7 @@ from airnoded.procs import as_owner, killpg
 from airnoded.shepherding import Child, Herd
 from airnoded.shepherd import start_time
 from protos import air_pb2 as pb
+from protos.stepenv import rank_environment
 
 log = logging.getLogger("airnoded")
 

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, os.environ.get("AIR_BENCH_TREE", str(ROOT)))   # another commit's airctld: see --before
 
 from airctld import fairshare, scheduler  # noqa: E402
-from airctld.config import PartitionConfig, QosConfig, SchedulerConfig  # noqa: E402
+from protos.config import PartitionConfig, QosConfig, SchedulerConfig  # noqa: E402
 from airctld.fairshare import Assoc  # noqa: E402
 from airctld.model import Job, NodeAlloc  # noqa: E402
 from airctld.priority import PriorityModel, association  # noqa: E402

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import sched_oracle as oracle
 from airctld import scheduler
-from airctld.config import PartitionConfig
+from protos.config import PartitionConfig
 from airctld.model import Job, Node, NodeAlloc
 from protos import air_pb2 as pb
 from protos.states import JobPhase, NodeState

@@ -1,7 +1,7 @@
 """Configuration: every bad key or value stops start-up with a message naming it."""
 import pytest
 
-from airctld.config import ConfigError, load, parse
+from protos.config import ConfigError, load, parse
 
 GOOD = {
     "controller": {"address": "127.0.0.1:6817", "node_timeout_s": 3, "heartbeat_interval_s": 0.5},

@@ -9,7 +9,7 @@ import traceback
 import grpc
 import pytest
 
-from airctld import config as cfg
+from protos import config as cfg
 from airctld.controller import Controller
 from airctld.errors import StoreFailed
 from airctld.service import ControllerService

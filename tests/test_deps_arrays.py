@@ -1,7 +1,8 @@
 """Dependencies and arrays, pure: parsing, judging against job states, compact task lists."""
 import pytest
 
-from airctld import arrays, deps
+from airctld import deps
+from protos import arrays
 from airctld.deps import DepState
 from protos.states import JobPhase, JobResult
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from airctld import fairshare
-from airctld.config import PartitionConfig, QosConfig, SchedulerConfig
+from protos.config import PartitionConfig, QosConfig, SchedulerConfig
 from airctld.fairshare import Assoc
 from airctld.model import Job
 from airctld.priority import PriorityModel

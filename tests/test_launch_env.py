@@ -2,7 +2,8 @@
 import os
 import subprocess
 
-from airnoded.launcher import START_AS_OWNER, expand_pattern, job_environment, output_paths
+from airnoded.launcher import START_AS_OWNER, job_environment
+from protos.outputs import expand_pattern, output_paths
 from protos import air_pb2 as pb
 
 

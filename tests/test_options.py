@@ -2,7 +2,7 @@
 import pytest
 
 from aircli.options import OptionError, export_environment, from_environment, parse_directives, parse_tokens
-from airctld.timefmt import format_duration, parse_duration
+from protos.timefmt import format_duration, parse_duration
 
 
 @pytest.mark.parametrize("text,seconds", [

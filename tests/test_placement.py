@@ -1,6 +1,6 @@
 """Placement, limits and preemption in the pure scheduler, as table tests on small clusters."""
 from airctld import scheduler
-from airctld.config import PartitionConfig, QosConfig
+from protos.config import PartitionConfig, QosConfig
 from airctld.model import Job, Node, NodeAlloc
 from protos import air_pb2 as pb
 from protos.states import JobPhase, NodeState, Reason

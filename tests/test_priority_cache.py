@@ -12,7 +12,7 @@ import os
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from airctld import priority_cache, scheduler
-from airctld.config import PartitionConfig, QosConfig, SchedulerConfig
+from protos.config import PartitionConfig, QosConfig, SchedulerConfig
 from airctld.model import Job, evolve
 from airctld.priority import PriorityModel
 from airctld.priority_cache import LEAF, PriorityCache

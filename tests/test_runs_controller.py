@@ -3,7 +3,8 @@ a stale run's exit, report or step never counts for the current run, the node is
 it, and a requeued job starts again only once its last run is surely gone from every node."""
 import pytest
 
-from airctld import config as cfg, events
+from airctld import events
+from protos import config as cfg
 from airctld.controller import Controller
 from airctld.errors import Conflict
 from airctld.model import NodeAlloc

@@ -2,7 +2,7 @@
 reasons, and the never-satisfiable check. Table tests; test_scheduler_properties.py has the
 property tests over random clusters."""
 from airctld import scheduler
-from airctld.config import PartitionConfig
+from protos.config import PartitionConfig
 from airctld.model import Job, Node, NodeAlloc
 from protos import air_pb2 as pb
 from protos.states import JobPhase, NodeState, Reason

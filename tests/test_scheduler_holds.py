@@ -2,7 +2,7 @@
 pass to the next as the controller carries them: the preemptor keeps all the nodes it counted,
 preempts once, and never delays a higher-priority job."""
 from airctld import scheduler
-from airctld.config import PartitionConfig
+from protos.config import PartitionConfig
 from airctld.model import evolve
 from protos.states import JobPhase, Reason
 

@@ -4,7 +4,7 @@ import copy
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from airctld import scheduler
-from airctld.config import PartitionConfig, QosConfig
+from protos.config import PartitionConfig, QosConfig
 from airctld.model import Job, Node, NodeAlloc
 from protos import air_pb2 as pb
 from protos.states import JobPhase, NodeState

@@ -3,7 +3,8 @@ in the test's hands (no node daemons): the same judgement before and after a res
 started that changed while the pass was planned."""
 import pytest
 
-from airctld import config as cfg, events
+from airctld import events
+from protos import config as cfg
 from airctld.controller import Controller
 from airctld.model import NodeAlloc
 from airctld.store import Store

@@ -2,7 +2,8 @@
 import psutil
 
 from airctld.model import Job, NodeAlloc
-from airctld.steps import layout, rank_environment
+from airctld.steps import layout
+from protos.stepenv import rank_environment
 from cluster import wait_for
 from protos import air_pb2 as pb
 

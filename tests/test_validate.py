@@ -1,7 +1,7 @@
 """Request limits and environment filtering, pure."""
 import pytest
 
-from airctld.config import ControllerConfig
+from protos.config import ControllerConfig
 from airctld.errors import InvalidRequest
 from airctld.validate import check_request, filtered_environment
 from protos import air_pb2 as pb

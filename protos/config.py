@@ -15,7 +15,7 @@ from pathlib import Path
 
 import hostlist
 
-from airctld.timefmt import parse_duration
+from protos.timefmt import parse_duration
 
 DEFAULT_PATH = "/etc/air/air.toml"
 AUTH_MODES = ("none", "munge")
