@@ -7,7 +7,7 @@ import time
 
 import click
 
-from aircli.client import CliError, entry
+from air.aircli.client import CliError, entry
 
 
 def _each(values: tuple[str, ...]) -> list[str]:
@@ -42,8 +42,8 @@ def _each(values: tuple[str, ...]) -> list[str]:
 def command(jobs, users, allusers, accounts, partitions, qos, names, states, since, until, allocations, duplicates,
             noheader, parsable2, parsable, delimiter, fmt, long_, brief, helpformat, as_json, config):
     """Show jobs from the controller's history, the ones that have ended too (sacct)."""
-    from aircli import acct_fields, slurmtime
-    from aircli.queue import job_ids, state_filter, uid_of
+    from air.aircli import acct_fields, slurmtime
+    from air.aircli.queue import job_ids, state_filter, uid_of
     if helpformat:
         names_ = list(acct_fields.FIELDS)
         for i in range(0, len(names_), 5):
@@ -58,7 +58,7 @@ def command(jobs, users, allusers, accounts, partitions, qos, names, states, sin
     if not delimiter:
         raise CliError("--delimiter: give at least one character")
     now = time.time()
-    from protos import air_pb2 as pb
+    from air.protos import air_pb2 as pb
     req = pb.HistoryRequest(all_users=allusers, accounts=_each(accounts), partitions=_each(partitions),
                             qos=_each(qos), names=_each(names), no_steps=allocations and not as_json)
     tasks: list = []
@@ -84,7 +84,7 @@ def command(jobs, users, allusers, accounts, partitions, qos, names, states, sin
     if req.until and req.since and req.until < req.since:
         raise CliError("-E is before -S: no job can match")
 
-    from aircli.client import Client
+    from air.aircli.client import Client
     client = Client(config)
     found: list = []
     while True:   # one page at a time: the controller bounds each reply

@@ -12,9 +12,9 @@ from typing import Callable
 
 import hostlist
 
-from aircli.slurmtime import stamp
-from protos import air_pb2 as pb
-from protos.states import JobPhase, REASON_NAMES, Reason, long_state
+from air.aircli.slurmtime import stamp
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, REASON_NAMES, Reason, long_state
 
 DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 LONG_FORMAT = ("JobID,JobIDRaw,JobName,Partition,QOS,Account,User,Submit,Eligible,Start,End,Elapsed,Timelimit,"

@@ -6,8 +6,8 @@ import socket
 
 import click
 
-from aircli.client import CliError, entry
-from aircli.options import (FLAG_KINDS, OPTIONS, OptionError, export_environment, from_environment,
+from air.aircli.client import CliError, entry
+from air.aircli.options import (FLAG_KINDS, OPTIONS, OptionError, export_environment, from_environment,
                             parse_directives, resolve_tasks)
 
 SUBMIT_LINE_CHARS = 4096   # as airctld keeps it (validate.MAX_SUBMIT_LINE)
@@ -33,7 +33,7 @@ def _read_script(path: str) -> str:
 
 
 def _cli_values(kwargs: dict) -> dict[str, object]:
-    from aircli.options import convert
+    from air.aircli.options import convert
     values = {}
     for opt in OPTIONS:
         raw = kwargs.get(opt.long[2:].replace("-", "_"))
@@ -102,8 +102,8 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
     if not os.path.isdir(workdir):
         raise CliError(f"--chdir: {workdir} is not a directory")
 
-    from protos import air_pb2 as pb
-    from aircli.client import Client
+    from air.protos import air_pb2 as pb
+    from air.aircli.client import Client
     req = pb.JobRequest(
         name=values.get("name") or name_default, script=text, argv=list(args),
         partition=values.get("partition", ""), account=values.get("account", ""),
@@ -142,8 +142,8 @@ def _wait(client, job_id: int) -> int:
     """--wait: poll until the job (every task of an array) has ended, riding out a controller that is
     away a while; 0 if each completed, else the highest exit code (1 for one that had none), as sbatch -W."""
     import time
-    from protos import air_pb2 as pb
-    from protos.states import JobPhase, JobResult
+    from air.protos import air_pb2 as pb
+    from air.protos.states import JobPhase, JobResult
     delay, away_since = 0.2, None
     while True:
         try:

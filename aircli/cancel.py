@@ -5,8 +5,8 @@ import signal as signals
 
 import click
 
-from aircli.client import CliError, entry
-from aircli.queue import job_ids, state_filter, uid_of
+from air.aircli.client import CliError, entry
+from air.aircli.queue import job_ids, state_filter, uid_of
 
 
 def signal_number(text: str) -> int:
@@ -30,8 +30,8 @@ def signal_number(text: str) -> int:
 @click.option("-v", "--verbose", is_flag=True, help="say which jobs were acted on")
 @click.option("--config", hidden=True)
 def command(ids, user, states, name, sig, batch, verbose, config):
-    from aircli.client import Client
-    from protos import air_pb2 as pb
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
     filt = pb.JobFilter()
     tasks: list = []
     for text in ids:

@@ -43,10 +43,10 @@ class Client:
     """A Controller stub bound to the configured address, with errors mapped to CliError."""
 
     def __init__(self, config_path: str | None = None):
-        from protos import config as configuration
+        from air.protos import config as configuration
         import grpc
-        from protos import air_pb2_grpc as rpc
-        from protos.credential import signed
+        from air.protos import air_pb2_grpc as rpc
+        from air.protos.credential import signed
         try:
             self.config = configuration.load(config_path)
         except configuration.ConfigError as e:
@@ -60,7 +60,7 @@ class Client:
         self._grpc = grpc
 
     def call(self, method: str, request, timeout: float = 30.0):
-        from protos.credential import CredentialError
+        from air.protos.credential import CredentialError
         grpc = self._grpc
         try:
             return getattr(self._stub, method)(request, timeout=timeout)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from aircli.client import CliError, entry
+from air.aircli.client import CliError, entry
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,9 +26,9 @@ def show():
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--config", hidden=True)
 def show_job(job_id, as_json, config):
-    from aircli import formats
-    from aircli.client import Client
-    from protos import air_pb2 as pb
+    from air.aircli import formats
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
     if not job_id.isdigit():
         raise click.BadParameter(f"{job_id!r} is not a job id", param_hint="'JOB_ID'")
     job = Client(config).call("GetJob", pb.GetJobRequest(job_id=int(job_id)))
@@ -43,9 +43,9 @@ def show_job(job_id, as_json, config):
 @click.argument("name")
 @click.option("--config", hidden=True)
 def show_node(name, config):
-    from aircli import formats
-    from aircli.client import Client
-    from protos import air_pb2 as pb
+    from air.aircli import formats
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
     node = Client(config).call("GetNode", pb.GetNodeRequest(name=name))
     click.echo("\n".join(formats.node_keyvalues(node)))
 
@@ -55,9 +55,9 @@ def show_node(name, config):
 @click.option("--config", hidden=True)
 def show_partition(name, config):
     """Every partition, or one."""
-    from aircli import formats
-    from aircli.client import Client
-    from protos import air_pb2 as pb
+    from air.aircli import formats
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
     reply = Client(config).call("ListNodes", pb.ListNodesRequest())
     parts = [p for p in reply.partitions if name is None or p.name == name]
     if not parts:
@@ -83,9 +83,9 @@ def show_hostnames(hostlist_text):
 
 
 def _hold(ids, hold, config):
-    from aircli.client import Client
-    from aircli.queue import job_ids
-    from protos import air_pb2 as pb
+    from air.aircli.client import Client
+    from air.aircli.queue import job_ids
+    from air.protos import air_pb2 as pb
     filt = pb.JobFilter()
     for text in ids:
         filt.job_ids.extend(job_ids(text, "'JOB_ID'"))
@@ -97,9 +97,9 @@ def _hold(ids, hold, config):
 @click.option("--config", hidden=True)
 def requeue(ids, config):
     """Stop running jobs cleanly (SIGTERM, grace time to checkpoint) and put them back in the queue."""
-    from aircli.client import Client
-    from aircli.queue import job_ids
-    from protos import air_pb2 as pb
+    from air.aircli.client import Client
+    from air.aircli.queue import job_ids
+    from air.protos import air_pb2 as pb
     filt = pb.JobFilter()
     for text in ids:
         filt.job_ids.extend(job_ids(text, "'JOB_ID'"))
@@ -128,9 +128,9 @@ def node():
 
 
 def _update_node(name, state, reason, config):
-    from aircli import formats
-    from aircli.client import Client
-    from protos import air_pb2 as pb
+    from air.aircli import formats
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
     node = Client(config).call("UpdateNode", pb.UpdateNodeRequest(name=name, state=state, reason=reason))
     click.echo(f"{node.name}: {formats.node_state(node)}" + (f" ({node.reason})" if node.reason else ""))
 
@@ -141,7 +141,7 @@ def _update_node(name, state, reason, config):
 @click.option("--config", hidden=True)
 def node_drain(name, reason, config):
     """Take a node out of service: running jobs finish, no new ones start."""
-    from protos import air_pb2 as pb
+    from air.protos import air_pb2 as pb
     _update_node(name, pb.NODE_STATE_DRAIN, reason, config)
 
 
@@ -150,7 +150,7 @@ def node_drain(name, reason, config):
 @click.option("--config", hidden=True)
 def node_resume(name, config):
     """Return a drained node to service."""
-    from protos import air_pb2 as pb
+    from air.protos import air_pb2 as pb
     _update_node(name, pb.NODE_STATE_UP, "", config)
 
 
@@ -165,8 +165,8 @@ def node_resume(name, config):
 @click.option("--config", hidden=True)
 def node_fault(name, gpu, xid, ecc_dbe, nvlink_down, ib_down, temp, config):
     """Inject a hardware fault into a node with simulated GPUs (for tests and drills)."""
-    from aircli.client import Client
-    from protos import air_pb2 as pb
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
     if not (xid or ecc_dbe or nvlink_down is not None or ib_down or temp is not None):
         raise CliError("say which fault: --xid, --ecc-dbe, --nvlink-down, --ib-down or --temp")
     if (xid or ecc_dbe or nvlink_down is not None or temp is not None) and gpu < 0:
@@ -185,9 +185,9 @@ def account():
 
 
 def _account_call(op, name, user, parent, shares, max_gpus, config):
-    from aircli import formats
-    from aircli.client import Client
-    from protos import air_pb2 as pb
+    from air.aircli import formats
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
     assoc = pb.Association(account=name, user=user or "", parent=parent or "", shares=shares or 0,
                            max_gpus=max_gpus or 0)
     fields = [f for f, v in (("parent", parent), ("shares", shares), ("max_gpus", max_gpus)) if v is not None]
@@ -219,7 +219,7 @@ def _with_options(fn):
 @_with_options
 def account_add(name, user, parent, shares, max_gpus, config):
     """Add an account (under --parent), or a user to an account (--user)."""
-    from protos import air_pb2 as pb
+    from air.protos import air_pb2 as pb
     _account_call(pb.ACCOUNT_OP_ADD, name, user, parent, shares, max_gpus, config)
 
 
@@ -227,7 +227,7 @@ def account_add(name, user, parent, shares, max_gpus, config):
 @_with_options
 def account_modify(name, user, parent, shares, max_gpus, config):
     """Change an account's (or a user's) shares, parent or GPU quota."""
-    from protos import air_pb2 as pb
+    from air.protos import air_pb2 as pb
     _account_call(pb.ACCOUNT_OP_MODIFY, name, user, parent, shares, max_gpus, config)
 
 
@@ -237,7 +237,7 @@ def account_modify(name, user, parent, shares, max_gpus, config):
 @click.option("--config", hidden=True)
 def account_remove(name, user, config):
     """Remove an account (with nothing under it), or a user from an account."""
-    from protos import air_pb2 as pb
+    from air.protos import air_pb2 as pb
     _account_call(pb.ACCOUNT_OP_REMOVE, name, user, None, None, None, config)
 
 
@@ -253,7 +253,7 @@ def slurm_commands():
 @click.option("--force", is_flag=True, help="replace files of those names that are not AIR's, or write into a "
               "folder others may write to")
 def slurm_install(directory, force):
-    from aircli import slurm
+    from air.aircli import slurm
     for path in slurm.install(directory, force):
         click.echo(f"wrote {path}")
 
@@ -261,7 +261,7 @@ def slurm_install(directory, force):
 @slurm_commands.command("uninstall")
 @click.option("--dir", "directory", required=True, type=click.Path(file_okay=False, path_type=Path))
 def slurm_uninstall(directory):
-    from aircli import slurm
+    from air.aircli import slurm
     for path in slurm.uninstall(directory):
         click.echo(f"removed {path}")
 
@@ -274,7 +274,7 @@ def store():
 
 def _controller_store(config, *args: str) -> None:
     import os
-    argv = [sys.executable, "-m", "airctld"] + (["--config", config] if config else []) + ["store", *args]
+    argv = [sys.executable, "-m", "air.airctld"] + (["--config", config] if config else []) + ["store", *args]
     sys.stdout.flush()
     os.execv(sys.executable, argv)
 
@@ -332,14 +332,14 @@ def local():
               help="nodes drained by a condition that clears return by themselves once it has")
 def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_timeout, auth, munge_socket,
              extra_config, operators, private_jobs, health_program, max_gpu_temp, health_auto_resume, heartbeat):
-    from aircli.local import up
+    from air.aircli.local import up
     extra = Path(extra_config).read_text() if extra_config else ""
     config = up(Path(directory), nodes, gpus_per_node, cpus_per_node, base_address, node_timeout,
                 auth=auth, munge_socket=munge_socket, extra=extra, operators=operators,
                 private_jobs=private_jobs, health_program=health_program, max_gpu_temp_c=max_gpu_temp,
                 health_auto_resume=health_auto_resume, heartbeat_s=heartbeat)
     click.echo(f"local cluster up: {nodes} nodes with {gpus_per_node} GPUs each; logs in {config.parent / 'log'}")
-    from aircli.local import metrics_urls
+    from air.aircli.local import metrics_urls
     urls = metrics_urls(config)
     if urls:
         click.echo(f"metrics: {urls[0]} (controller), {' '.join(urls[1:])} (nodes)")
@@ -350,7 +350,7 @@ def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_
 @click.option("--dir", "directory", default="air-local", show_default=True, type=click.Path(file_okay=False))
 def local_down(directory):
     """Stop the local cluster's daemons and kill the jobs still running on it."""
-    from aircli.local import down
+    from air.aircli.local import down
     count = down(Path(directory))
     click.echo(f"local cluster down: {count} daemons stopped")
 

@@ -8,10 +8,10 @@ from typing import Callable
 
 import hostlist
 
-from protos.timefmt import format_duration, format_limit
-from protos import air_pb2 as pb
-from protos.reports import report_numbers
-from protos.states import JobPhase, REASON_NAMES, Reason, long_state, node_state_name, state_code
+from air.protos.timefmt import format_duration, format_limit
+from air.protos import air_pb2 as pb
+from air.protos.reports import report_numbers
+from air.protos.states import JobPhase, REASON_NAMES, Reason, long_state, node_state_name, state_code
 
 SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 SINFO_DEFAULT = "%9P %.5a %.10l %.6D %.6t %.11G %N"
@@ -145,7 +145,7 @@ def job_id_text(job: pb.Job) -> str:
 
 def compact_arrays(jobs) -> list[pb.Job]:
     """The listing with each array's pending tasks folded into one row, as squeue shows them."""
-    from protos.arrays import compact
+    from air.protos.arrays import compact
     out: list = []
     rows: dict[int, tuple[pb.Job, list[int]]] = {}
     for job in jobs:
@@ -281,7 +281,7 @@ def goodput_keyvalues(g: pb.Goodput) -> list[str]:
 def job_keyvalues(job: pb.Job, now: float) -> list[str]:
     """scontrol show job: Key=Value pairs, a few to a line."""
     req = job.request
-    from protos.outputs import output_paths
+    from air.protos.outputs import output_paths
     out, err = output_paths(job, job.allocation[0].node if job.allocation else "%N")
     gpus = ";".join(f"{a.node}:{','.join(map(str, a.gpus)) or '-'}" for a in job.allocation)
     lines = [

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from aircli.client import entry
+from air.aircli.client import entry
 
 
 @click.command(context_settings={"help_option_names": ["--help"]})
@@ -17,9 +17,9 @@ from aircli.client import entry
 @click.option("-p", "--partition", "partitions", help="only these partitions (comma-separated)")
 @click.option("--config", hidden=True)
 def command(per_node, noheader, fmt, as_json, partitions, config):
-    from aircli import formats
-    from aircli.client import Client
-    from protos import air_pb2 as pb
+    from air.aircli import formats
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
     default = formats.SINFO_NODE_DEFAULT if per_node else formats.SINFO_DEFAULT
     try:
         items = formats.compile_format(fmt or default, formats.node_fields())

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from aircli.client import CliError
+from air.aircli.client import CliError
 
 CONTROLLER_PORT = 6817
 NODE_PORT = 6818
@@ -93,12 +93,12 @@ def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base
     config = write_config(directory, nodes, gpus_per_node, cpus_per_node, base_address, node_timeout_s,
                           auth, munge_socket, extra, operators, private_jobs, health_program, max_gpu_temp_c,
                           health_auto_resume, heartbeat_s)
-    from protos.config import load
+    from air.protos.config import load
     cfg = load(str(config))
     env = dict(os.environ, AIR_CONF=str(config))
-    pids = [_spawn([sys.executable, "-m", "airctld", "--config", str(config)], directory / "log" / "airctld.log", env)]
+    pids = [_spawn([sys.executable, "-m", "air.airctld", "--config", str(config)], directory / "log" / "airctld.log", env)]
     for node in cfg.nodes:
-        pids.append(_spawn([sys.executable, "-m", "airnoded", "--config", str(config), "--name", node.name],
+        pids.append(_spawn([sys.executable, "-m", "air.airnoded", "--config", str(config), "--name", node.name],
                            directory / "log" / f"{node.name}.log", env))
     pids_file.write_text("\n".join(map(str, pids)) + "\n")
     _wait_idle(config, len(cfg.nodes), pids, directory, wait_s)
@@ -107,15 +107,15 @@ def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base
 
 def metrics_urls(config: Path) -> list[str]:
     """Where the local cluster's daemons serve /metrics: the controller's first."""
-    from protos.config import load
+    from air.protos.config import load
     cfg = load(str(config))
     urls = [f"http://{cfg.controller.metrics_address}/metrics"] if cfg.controller.metrics_address else []
     return urls + [f"http://{n.address}:{n.metrics_port}/metrics" for n in cfg.nodes if n.metrics_port]
 
 
 def _wait_idle(config: Path, count: int, pids: list[int], directory: Path, wait_s: float) -> None:
-    from aircli.client import Client
-    from protos import air_pb2 as pb
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
     client = Client(str(config))
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
@@ -176,7 +176,7 @@ def down(directory: Path, wait_s: float = 10.0) -> int:
     _stop_fence_keepers(spool_root)
     for spool in sorted(spool_root.iterdir()) if spool_root.is_dir() else ():
         if spool.is_dir():
-            subprocess.run([sys.executable, "-m", "airnoded.fence", "--kill-runs", str(spool)],
+            subprocess.run([sys.executable, "-m", "air.airnoded.fence", "--kill-runs", str(spool)],
                            stdin=subprocess.DEVNULL, check=False)
     return len(pids)
 

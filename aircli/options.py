@@ -9,7 +9,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from protos.timefmt import parse_duration
+from air.protos.timefmt import parse_duration
 
 
 class OptionError(Exception):
@@ -103,7 +103,7 @@ def convert(opt: Opt, value: str | None) -> object:
         except ValueError:
             raise OptionError(f"{opt.long}={value!r}: give a whole number") from None
     if opt.kind == "array":
-        from protos import arrays
+        from air.protos import arrays
         try:
             arrays.parse(value)
         except ValueError as e:

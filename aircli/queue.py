@@ -9,7 +9,7 @@ import time
 
 import click
 
-from aircli.client import CliError, entry
+from air.aircli.client import CliError, entry
 
 
 def uid_of(user: str) -> int:
@@ -41,7 +41,7 @@ def job_ids(text: str, option: str, tasks: list | None = None) -> list[int]:
 
 def state_filter(text: str, option: str) -> tuple[list[int], list[int]]:
     """States as codes or long names (PD, R, CG, CD, F, CA, TO, NF; PENDING, ...): (phases, results)."""
-    from protos.states import CODE_TO_LONG, JobPhase, JobResult
+    from air.protos.states import CODE_TO_LONG, JobPhase, JobResult
     phases, results = [], []
     for part in text.upper().split(","):
         long = CODE_TO_LONG.get(part, part)
@@ -79,9 +79,9 @@ def state_filter(text: str, option: str) -> tuple[list[int], list[int]]:
 @click.option("--config", hidden=True)
 def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions, as_json, expand_arrays, long_,
             show_priority, show_start, config):
-    from aircli.client import Client
-    from aircli import formats
-    from protos import air_pb2 as pb
+    from air.aircli.client import Client
+    from air.aircli import formats
+    from air.protos import air_pb2 as pb
     filt = pb.JobFilter()
     tasks: list = []
     if users:

@@ -10,7 +10,7 @@ import time
 
 import click
 
-from aircli.client import CliError, entry
+from air.aircli.client import CliError, entry
 
 REQUEUE_EXIT = 75   # runtime.REQUEUE_EXIT: a rank checkpointed and stopped for requeue
 NODE_LOST_EXIT = 76  # a node of the step stopped answering: the controller requeues the job
@@ -39,10 +39,10 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
             error, unbuffered, open_mode, config, command):
     import grpc
     import hostlist
-    from aircli.client import Client
-    from protos import air_pb2 as pb
-    from protos import air_pb2_grpc as rpc
-    from protos.credential import signed
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
+    from air.protos import air_pb2_grpc as rpc
+    from air.protos.credential import signed
     job_id = jobid or int(os.environ.get("AIR_JOB_ID", "0") or 0)
     if not job_id:
         raise CliError("not inside a job: $AIR_JOB_ID is not set (use airbatch, or --jobid)")
@@ -206,7 +206,7 @@ class _Follower:
 
     def run(self) -> None:
         import grpc
-        from protos import air_pb2 as pb
+        from air.protos import air_pb2 as pb
         attach, lost_since, problem = False, None, ""
         while True:
             began = time.monotonic()

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from aircli.client import entry
+from air.aircli.client import entry
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,9 +17,9 @@ from aircli.client import entry
 @click.option("--json", "as_json", is_flag=True, help="JSON for programs")
 @click.option("--config", hidden=True)
 def command(accounts, users, long_, noheader, as_json, config):
-    from aircli import formats
-    from aircli.client import Client
-    from protos import air_pb2 as pb
+    from air.aircli import formats
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
     req = pb.SharesRequest(accounts=[a for a in (accounts or "").split(",") if a],
                            users=[u for u in (users or "").split(",") if u])
     rows = Client(config).call("Shares", req).rows

@@ -14,17 +14,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from aircli.client import CliError, run
+from air.aircli.client import CliError, run
 
 # Slurm's name -> the AIR tool's module (its click command is `command`)
 FRONT_ENDS = {
-    "sbatch": "aircli.batch",
-    "srun": "aircli.run",
-    "squeue": "aircli.queue",
-    "scancel": "aircli.cancel",
-    "sinfo": "aircli.info",
-    "sacct": "aircli.acct",
-    "scontrol": "aircli.control",
+    "sbatch": "air.aircli.batch",
+    "srun": "air.aircli.run",
+    "squeue": "air.aircli.queue",
+    "scancel": "air.aircli.cancel",
+    "sinfo": "air.aircli.info",
+    "sacct": "air.aircli.acct",
+    "scontrol": "air.aircli.control",
 }
 MARK = "# A Slurm command name for AIR, written by: aircontrol slurm-commands install"
 
@@ -78,7 +78,7 @@ def install(directory: Path, force: bool = False, python: str = sys.executable) 
                        "nothing was written; give --force to replace them")
     written = []
     for name, module in FRONT_ENDS.items():
-        text = f"#!{python}\n{MARK}\nfrom aircli.slurm import main\nmain({name!r})\n"
+        text = f"#!{python}\n{MARK}\nfrom air.aircli.slurm import main\nmain({name!r})\n"
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
         try:
             os.fchmod(fd, 0o755)   # through the descriptor: the name could be swapped for a link meanwhile

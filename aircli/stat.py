@@ -8,9 +8,9 @@ import sys
 
 import click
 
-from protos.reports import report_numbers
+from air.protos.reports import report_numbers
 
-from aircli.client import CliError, entry
+from air.aircli.client import CliError, entry
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -35,8 +35,8 @@ def series(reports: list[str]) -> dict[str, list]:
 @click.option("--width", type=click.IntRange(40, 400), default=None, help="plot width in columns")
 @click.option("--config", hidden=True)
 def command(job_id, as_json, width, config):
-    from aircli.client import Client
-    from protos import air_pb2 as pb
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
     if not job_id.isdigit():
         raise click.BadParameter(f"{job_id!r} is not a job id", param_hint="'JOB_ID'")
     reports = Client(config).call("Reports", pb.ReportsRequest(job_id=int(job_id))).reports

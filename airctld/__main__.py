@@ -12,16 +12,16 @@ from concurrent import futures
 
 import grpc
 
-from protos import config as configuration
-from airctld import retention, store_file
-from airctld.controller import Controller
-from airctld.metrics import StateCollector
-from airctld.nodes import NodeClients
-from protos.sdnotify import notify
-from airctld.service import handlers
-from airctld.errors import StoreFailed
-from airctld.store import SCHEMA_VERSION, Store, StoreError
-from protos import metrics_http
+from air.protos import config as configuration
+from air.airctld import retention, store_file
+from air.airctld.controller import Controller
+from air.airctld.metrics import StateCollector
+from air.airctld.nodes import NodeClients
+from air.protos.sdnotify import notify
+from air.airctld.service import handlers
+from air.airctld.errors import StoreFailed
+from air.airctld.store import SCHEMA_VERSION, Store, StoreError
+from air.protos import metrics_http
 
 
 def main(argv: list[str] | None = None) -> int:

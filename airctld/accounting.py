@@ -10,15 +10,15 @@ from __future__ import annotations
 import logging
 from typing import Iterable
 
-from airctld import fairshare
-from protos.config import Config
-from airctld.errors import Conflict, InvalidRequest, NotFound
-from airctld.fairshare import ROOT, Assoc, Share
-from airctld.model import Job
-from airctld.priority import association
-from airctld.store import Store
-from protos import air_pb2 as pb
-from protos.states import JobPhase
+from air.airctld import fairshare
+from air.protos.config import Config
+from air.airctld.errors import Conflict, InvalidRequest, NotFound
+from air.airctld.fairshare import ROOT, Assoc, Share
+from air.airctld.model import Job
+from air.airctld.priority import association
+from air.airctld.store import Store
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase
 
 log = logging.getLogger("airctld")
 

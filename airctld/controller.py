@@ -17,26 +17,26 @@ from typing import Callable, Iterable
 
 import hostlist
 
-from airctld import deps, events, goodput, history, scheduler, steps
-from protos import arrays
-from airctld.accounting import Accounting
-from protos.config import Config
-from airctld.fairshare import Assoc
-from airctld.jobtable import JobTable
-from airctld.launching import Launching
-from airctld.metrics import ControllerMetrics
-from airctld.errors import Conflict, Denied, InvalidRequest, NotFound, StoreFailed
-from airctld.model import Job, Node, evolve
-from airctld.node_reports import CONTROLLER_UID, NodeReports
-from airctld.passes import SchedulingPass
-from airctld.nodes import NodeClients
-from airctld.planning import Planner
-from airctld.policy import Policy, user_name
-from airctld.store import Store
-from airctld.validate import check_request, check_step, filtered_environment
-from protos import air_pb2 as pb
-from protos.credential import Identity
-from protos.states import ACTIVE_PHASES, REASON_NAMES, JobPhase, JobResult, NodeState, Reason, long_state
+from air.airctld import deps, events, goodput, history, scheduler, steps
+from air.protos import arrays
+from air.airctld.accounting import Accounting
+from air.protos.config import Config
+from air.airctld.fairshare import Assoc
+from air.airctld.jobtable import JobTable
+from air.airctld.launching import Launching
+from air.airctld.metrics import ControllerMetrics
+from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound, StoreFailed
+from air.airctld.model import Job, Node, evolve
+from air.airctld.node_reports import CONTROLLER_UID, NodeReports
+from air.airctld.passes import SchedulingPass
+from air.airctld.nodes import NodeClients
+from air.airctld.planning import Planner
+from air.airctld.policy import Policy, user_name
+from air.airctld.store import Store
+from air.airctld.validate import check_request, check_step, filtered_environment
+from air.protos import air_pb2 as pb
+from air.protos.credential import Identity
+from air.protos.states import ACTIVE_PHASES, REASON_NAMES, JobPhase, JobResult, NodeState, Reason, long_state
 
 log = logging.getLogger("airctld")
 

@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from protos.states import JobPhase, JobResult
+from air.protos.states import JobPhase, JobResult
 
 KINDS = ("after", "afterok", "afternotok", "afterany", "singleton")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import signal as signals
 
-from airctld.model import Job, NodeAlloc, evolve
-from protos.states import JobPhase, JobResult, Reason, long_state
+from air.airctld.model import Job, NodeAlloc, evolve
+from air.protos.states import JobPhase, JobResult, Reason, long_state
 
 
 class TransitionError(Exception):

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from protos import air_pb2 as pb
-from protos.reports import number
+from air.protos import air_pb2 as pb
+from air.protos.reports import number
 
 # the runtime's figures, and the largest value each may take (a job writes them: hostile input)
 _FIELDS = {"run": 1e9, "first_step_time": 1e12, "train_s": 1e9, "ckpt_s": 1e9, "ckpt_pre_s": 1e9, "restore_s": 1e9,

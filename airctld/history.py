@@ -11,8 +11,8 @@ import json
 import sqlite3
 from typing import Iterable
 
-from protos import air_pb2 as pb
-from protos.states import JobPhase, JobResult
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, JobResult
 
 CHUNK = 500             # ids per IN (...) list: well under SQLite's limit on variables
 MAX_NAMED = 10_000      # job ids and array tasks one request may name

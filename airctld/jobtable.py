@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from airctld.model import Job
-from protos.states import ACTIVE_PHASES, JobPhase
+from air.airctld.model import Job
+from air.protos.states import ACTIVE_PHASES, JobPhase
 
 
 class JobTable:

@@ -12,10 +12,10 @@ import logging
 
 import grpc
 
-from airctld import events
-from airctld.model import Job
-from airctld.node_reports import CONTROLLER_UID
-from protos.states import ACTIVE_PHASES, JobPhase
+from air.airctld import events
+from air.airctld.model import Job
+from air.airctld.node_reports import CONTROLLER_UID
+from air.protos.states import ACTIVE_PHASES, JobPhase
 
 log = logging.getLogger("airctld")
 

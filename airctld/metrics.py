@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from airctld import goodput
-from airctld.model import Job
-from protos import air_pb2 as pb
-from protos.reports import report_numbers
-from protos.signals import signal_kind
-from protos.states import REASON_NAMES, JobPhase, Reason, long_state, node_state_name
+from air.airctld import goodput
+from air.airctld.model import Job
+from air.protos import air_pb2 as pb
+from air.protos.reports import report_numbers
+from air.protos.signals import signal_kind
+from air.protos.states import REASON_NAMES, JobPhase, Reason, long_state, node_state_name
 
 if TYPE_CHECKING:
-    from airctld.controller import Controller
+    from air.airctld.controller import Controller
 
 # seconds, from a tenth of a second to a day: queue waits
 WAIT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protos import air_pb2 as pb
-from protos.states import JobPhase, JobResult, NodeState, Reason
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, JobResult, NodeState, Reason
 
 
 def evolve(record, **changes):

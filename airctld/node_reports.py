@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 
-from airctld import events, scheduler
-from airctld.errors import Conflict, Denied, InvalidRequest, NotFound
-from airctld.model import Job, Node, evolve
-from protos import air_pb2 as pb
-from protos.credential import Identity
-from protos.states import ACTIVE_PHASES, JobPhase, NodeState, Reason
+from air.airctld import events, scheduler
+from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound
+from air.airctld.model import Job, Node, evolve
+from air.protos import air_pb2 as pb
+from air.protos.credential import Identity
+from air.protos.states import ACTIVE_PHASES, JobPhase, NodeState, Reason
 
 log = logging.getLogger("airctld")
 

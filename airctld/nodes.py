@@ -5,10 +5,10 @@ import threading
 
 import grpc
 
-from protos.config import Config
-from protos import air_pb2 as pb
-from protos import air_pb2_grpc as rpc
-from protos.credential import signed
+from air.protos.config import Config
+from air.protos import air_pb2 as pb
+from air.protos import air_pb2_grpc as rpc
+from air.protos.credential import signed
 
 CALL_TIMEOUT_S = 10.0
 SIGNAL_WAIT_S = 5.0   # a stop, for a daemon that restarts

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import time
 
-from airctld import events, scheduler
-from airctld.model import evolve
-from airctld.node_reports import CONTROLLER_UID
-from protos.states import JobPhase, JobResult, NodeState
+from air.airctld import events, scheduler
+from air.airctld.model import evolve
+from air.airctld.node_reports import CONTROLLER_UID
+from air.protos.states import JobPhase, JobResult, NodeState
 
 log = logging.getLogger("airctld")
 

@@ -8,14 +8,14 @@ import time
 
 from typing import Callable
 
-from airctld import deps, scheduler
-from airctld.accounting import Accounting
-from protos.config import Config
-from airctld.model import Job
-from airctld.priority import PriorityModel
-from airctld.priority_cache import LEAF, PriorityCache
-from protos import air_pb2 as pb
-from protos.states import JobPhase, JobResult, Reason
+from air.airctld import deps, scheduler
+from air.airctld.accounting import Accounting
+from air.protos.config import Config
+from air.airctld.model import Job
+from air.airctld.priority import PriorityModel
+from air.airctld.priority_cache import LEAF, PriorityCache
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, JobResult, Reason
 
 
 class Planner:

@@ -10,9 +10,9 @@ import os
 import pwd
 from functools import lru_cache
 
-from protos.config import Config
-from airctld.errors import Denied, InvalidRequest
-from protos.credential import Identity
+from air.protos.config import Config
+from air.airctld.errors import Denied, InvalidRequest
+from air.protos.credential import Identity
 
 
 @lru_cache(maxsize=4096)

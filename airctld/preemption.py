@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
-from airctld.model import Job
+from air.airctld.model import Job
 
 if TYPE_CHECKING:
-    from airctld.scheduler import Limits, Plan, Reservation, _Pass
+    from air.airctld.scheduler import Limits, Plan, Reservation, _Pass
 
 INF = float("inf")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from protos.config import PartitionConfig, QosConfig, SchedulerConfig
-from airctld.model import Job
+from air.protos.config import PartitionConfig, QosConfig, SchedulerConfig
+from air.airctld.model import Job
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ import math
 from operator import itemgetter
 from typing import Mapping, Sequence
 
-from airctld.model import Job
-from airctld.priority import PriorityModel
-from airctld.scheduler import pass_order
+from air.airctld.model import Job
+from air.airctld.priority import PriorityModel
+from air.airctld.scheduler import pass_order
 
 # a job's row: what never changes for it, its place in submit order, then its number and the
 # bounds it holds within

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from protos.config import PartitionConfig
-from airctld.model import Job, Node
-from protos.timefmt import format_limit
-from protos.states import NodeState
+from air.protos.config import PartitionConfig
+from air.airctld.model import Job, Node
+from air.protos.timefmt import format_limit
+from air.protos.states import NodeState
 
 
 @dataclass

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from airctld.store import Store
+from air.airctld.store import Store
 
 log = logging.getLogger("airctld")
 

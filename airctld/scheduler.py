@@ -33,11 +33,11 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
-from protos.config import PartitionConfig, QosConfig
-from airctld.model import Job, NodeAlloc
-from airctld.preemption import may_preempt, place_holds, rank, victims  # noqa: F401 (rank: API)
-from airctld.resources import FreeNode, free_resources, infeasible, pick_gpus  # noqa: F401 (the scheduler's API)
-from protos.states import JobPhase, Reason
+from air.protos.config import PartitionConfig, QosConfig
+from air.airctld.model import Job, NodeAlloc
+from air.airctld.preemption import may_preempt, place_holds, rank, victims  # noqa: F401 (rank: API)
+from air.airctld.resources import FreeNode, free_resources, infeasible, pick_gpus  # noqa: F401 (the scheduler's API)
+from air.protos.states import JobPhase, Reason
 
 INF = float("inf")
 

@@ -8,11 +8,11 @@ import time
 
 import grpc
 
-from airctld.controller import Controller
-from airctld.errors import RequestError
-from airctld.events import TransitionError
-from protos import air_pb2 as pb
-from protos.states import NodeState
+from air.airctld.controller import Controller
+from air.airctld.errors import RequestError
+from air.airctld.events import TransitionError
+from air.protos import air_pb2 as pb
+from air.protos.states import NodeState
 
 log = logging.getLogger("airctld")
 

@@ -8,14 +8,14 @@ import inspect
 import time
 from dataclasses import dataclass, field
 
-from airctld import fairshare, scheduler
-from protos.config import PartitionConfig, QosConfig, SchedulerConfig
-from airctld.fairshare import Assoc
-from airctld.model import Job, Node, evolve
-from airctld.priority import PriorityModel, association
-from airctld.priority_cache import LEAF, PriorityCache
-from protos import air_pb2 as pb
-from protos.states import JobPhase, NodeState, Reason
+from air.airctld import fairshare, scheduler
+from air.protos.config import PartitionConfig, QosConfig, SchedulerConfig
+from air.airctld.fairshare import Assoc
+from air.airctld.model import Job, Node, evolve
+from air.airctld.priority import PriorityModel, association
+from air.airctld.priority_cache import LEAF, PriorityCache
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, NodeState, Reason
 
 
 @dataclass(frozen=True)

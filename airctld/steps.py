@@ -1,10 +1,10 @@
 """Laying out a job step (airrun) over a job's allocation: which ranks and GPUs go where. Pure."""
 from __future__ import annotations
 
-from airctld.errors import InvalidRequest
-from airctld.model import Job
-from protos import air_pb2 as pb
-from protos.limits import memory_limit_bytes
+from air.airctld.errors import InvalidRequest
+from air.airctld.model import Job
+from air.protos import air_pb2 as pb
+from air.protos.limits import memory_limit_bytes
 
 
 def layout(job: Job, spec: pb.StepSpec, addresses: dict[str, str]) -> tuple[list[pb.StepNode], int]:

@@ -19,12 +19,12 @@ from typing import Callable, Iterable, Iterator, Mapping
 import hostlist
 import sqlite_utils
 
-from airctld import history
-from airctld.errors import StoreFailed
-from airctld.fairshare import Assoc
-from airctld.model import Job, Node, NodeAlloc
-from protos import air_pb2 as pb
-from protos.states import JobPhase, JobResult, NodeState, Reason, long_state
+from air.airctld import history
+from air.airctld.errors import StoreFailed
+from air.airctld.fairshare import Assoc
+from air.airctld.model import Job, Node, NodeAlloc
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, JobResult, NodeState, Reason, long_state
 
 _JOB_COLUMNS = ("uid", "gid", "user", "name", "partition", "num_nodes", "gpus_per_node",
                 "cpus_per_node", "time_limit_s", "submit_time", "priority", "phase", "result",

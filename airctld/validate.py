@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 
-from protos.config import ControllerConfig
-from airctld.errors import InvalidRequest
-from protos import air_pb2 as pb
+from air.protos.config import ControllerConfig
+from air.airctld.errors import InvalidRequest
+from air.protos import air_pb2 as pb
 
 MAX_PATH = 4096
 MAX_DEPENDENCY_CHARS = 64 * 1024

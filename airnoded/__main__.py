@@ -19,15 +19,15 @@ from concurrent import futures
 
 import grpc
 
-from protos import config as configuration
-from protos.sdnotify import notify
-from airnoded.agent import Agent, AgentService
-from airnoded.metrics import NodeCollector
-from airnoded.gpus import GpuError, open_backend
-from airnoded import fence
-from airnoded.jobfiles import check_spool
-from protos import air_pb2_grpc as rpc
-from protos import metrics_http
+from air.protos import config as configuration
+from air.protos.sdnotify import notify
+from air.airnoded.agent import Agent, AgentService
+from air.airnoded.metrics import NodeCollector
+from air.airnoded.gpus import GpuError, open_backend
+from air.airnoded import fence
+from air.airnoded.jobfiles import check_spool
+from air.protos import air_pb2_grpc as rpc
+from air.protos import metrics_http
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,17 +10,17 @@ import time
 import grpc
 import psutil
 
-from protos.config import Config, NodeConfig
-from airnoded import fence, jobfiles, progress, shepherding
-from airnoded.cgroups import JobCgroups
-from airnoded.gpus import GpuBackend, GpuError
-from airnoded.health import HealthMonitor
-from airnoded.launcher import Launcher, StaleRun
-from airnoded.metrics import NodeMetrics
-from airnoded.steps import StepError, StepLimit, StepRunner, Stopping
-from protos import air_pb2 as pb
-from protos import air_pb2_grpc as rpc
-from protos.credential import signed
+from air.protos.config import Config, NodeConfig
+from air.airnoded import fence, jobfiles, progress, shepherding
+from air.airnoded.cgroups import JobCgroups
+from air.airnoded.gpus import GpuBackend, GpuError
+from air.airnoded.health import HealthMonitor
+from air.airnoded.launcher import Launcher, StaleRun
+from air.airnoded.metrics import NodeMetrics
+from air.airnoded.steps import StepError, StepLimit, StepRunner, Stopping
+from air.protos import air_pb2 as pb
+from air.protos import air_pb2_grpc as rpc
+from air.protos.credential import signed
 
 log = logging.getLogger("airnoded")
 

@@ -10,8 +10,8 @@ sends SIGTERM to each run's process groups (the batch script's and its steps' ra
 shepherds recorded them in the run's folder) and to its cgroup, then SIGKILL after the grace, which ends before
 the controller's node timeout.
 
-    python -m airnoded.fence SPOOL FENCE_AFTER_S GRACE_S
-    python -m airnoded.fence --kill-runs SPOOL     # SIGKILL every run there (a local cluster taken down)
+    python -m air.airnoded.fence SPOOL FENCE_AFTER_S GRACE_S
+    python -m air.airnoded.fence --kill-runs SPOOL     # SIGKILL every run there (a local cluster taken down)
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from airnoded import jobfiles, shepherding
+from air.airnoded import jobfiles, shepherding
 
 log = logging.getLogger("airnoded.fence")
 
@@ -141,7 +141,7 @@ def start(spool: Path, after: float, grace: float) -> int:
     """Start this node's keeper (a new session: it outlives the daemon), replacing an earlier one; it
     writes to the daemon's standard error (the journal, or the local cluster's log)."""
     stop_keeper(spool)
-    proc = subprocess.Popen([sys.executable, "-m", "airnoded.fence", str(spool), repr(after), repr(grace)],
+    proc = subprocess.Popen([sys.executable, "-m", "air.airnoded.fence", str(spool), repr(after), repr(grace)],
                             stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/")
     try:   # the last process the kernel picks when memory runs out
         with open(f"/proc/{proc.pid}/oom_score_adj", "w") as f:

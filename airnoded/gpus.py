@@ -5,7 +5,7 @@ import threading
 import uuid
 from typing import Protocol
 
-from protos import air_pb2 as pb
+from air.protos import air_pb2 as pb
 
 SIM_NAME = "NVIDIA H100 80GB HBM3 (simulated)"
 SIM_MEMORY_MB = 81559

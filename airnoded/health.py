@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from protos import air_pb2 as pb
-from protos.signals import signal_kind
+from air.protos import air_pb2 as pb
+from air.protos.signals import signal_kind
 
 log = logging.getLogger("airnoded")
 

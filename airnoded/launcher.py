@@ -20,17 +20,17 @@ from typing import Callable
 import hostlist
 import psutil
 
-from protos import arrays
-from airnoded import fence, jobfiles, progress, shepherding
-from airnoded.cgroups import JobCgroups
-from airnoded.procs import as_owner, killpg
-from airnoded.shepherd import start_time
-from airnoded.shepherding import BATCH, Child, Herd
-from protos import air_pb2 as pb
-from protos.limits import memory_limit_bytes
-from protos.outputs import output_paths
-from protos.stepenv import tasks_per_node
-from protos.states import REASON_NAMES, Reason
+from air.protos import arrays
+from air.airnoded import fence, jobfiles, progress, shepherding
+from air.airnoded.cgroups import JobCgroups
+from air.airnoded.procs import as_owner, killpg
+from air.airnoded.shepherd import start_time
+from air.airnoded.shepherding import BATCH, Child, Herd
+from air.protos import air_pb2 as pb
+from air.protos.limits import memory_limit_bytes
+from air.protos.outputs import output_paths
+from air.protos.stepenv import tasks_per_node
+from air.protos.states import REASON_NAMES, Reason
 
 log = logging.getLogger("airnoded")
 

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from airnoded.health import IB_COUNTERS, ib_counters, ib_port_states
+from air.airnoded.health import IB_COUNTERS, ib_counters, ib_port_states
 
 if TYPE_CHECKING:
-    from airnoded.agent import Agent
+    from air.airnoded.agent import Agent
 
 RTT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 

@@ -13,9 +13,9 @@ import os
 import stat
 from pathlib import Path
 
-from airnoded import jobfiles
-from airnoded.jobfiles import UnsafeFile
-from protos import air_pb2 as pb
+from air.airnoded import jobfiles
+from air.airnoded.jobfiles import UnsafeFile
+from air.protos import air_pb2 as pb
 
 log = logging.getLogger("airnoded")
 

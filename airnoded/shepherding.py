@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from airnoded import jobfiles
-from airnoded.shepherd import boot_id, start_time
+from air.airnoded import jobfiles
+from air.airnoded.shepherd import boot_id, start_time
 
 log = logging.getLogger("airnoded")
 

@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from airnoded import fence, jobfiles, progress, shepherding
-from airnoded.outbox import Outbox
-from airnoded.cgroups import JobCgroups
-from airnoded.procs import as_owner, killpg
-from airnoded.shepherding import Child, Herd
-from airnoded.shepherd import start_time
-from protos import air_pb2 as pb
-from protos.stepenv import rank_environment
+from air.airnoded import fence, jobfiles, progress, shepherding
+from air.airnoded.outbox import Outbox
+from air.airnoded.cgroups import JobCgroups
+from air.airnoded.procs import as_owner, killpg
+from air.airnoded.shepherding import Child, Herd
+from air.airnoded.shepherd import start_time
+from air.protos import air_pb2 as pb
+from air.protos.stepenv import rank_environment
 
 log = logging.getLogger("airnoded")
 

@@ -236,7 +236,7 @@ class Chaos:
         self.state: dict = {}
 
     def refresh(self) -> dict | None:
-        from aircli.client import CliError
+        from air.aircli.client import CliError
         try:
             self.state = self.cluster.job(self.job)
             return self.state
@@ -245,7 +245,7 @@ class Chaos:
 
     def ready(self) -> bool:
         """The job trains (a step since the last fault), every node is up, no preemptor is left."""
-        from aircli.client import CliError
+        from air.aircli.client import CliError
         if self.state.get("state") != "RUNNING":
             return False
         lines = self.steps.steps.get(self.state["restart_count"], [])

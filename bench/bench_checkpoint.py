@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 warnings.filterwarnings("ignore")
 
-import runtime  # noqa: E402
+from air import runtime  # noqa: E402
 
 
 def _state(layers: int = 6, width: int = 4096):

@@ -37,8 +37,8 @@ def _timed(args: list[str], env: dict) -> float:
 
 def _api_submit(args) -> int:
     config, count, hold, workdir = args
-    from aircli.client import Client
-    from protos import air_pb2 as pb
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
     client = Client(config)
     req = pb.SubmitRequest(job=pb.JobRequest(name="bench", script="#!/bin/sh\ntrue\n", workdir=workdir,
                                              output="/dev/null", hold=hold, nodes=1, ntasks_per_node=1,
@@ -95,8 +95,8 @@ class Air:
 
     def start_latency_api(self, runs: int = 9) -> float:
         """The same, submitting through the API: the system's own latency, without the CLI's start-up."""
-        from aircli.client import Client
-        from protos import air_pb2 as pb
+        from air.aircli.client import Client
+        from air.protos import air_pb2 as pb
         client = Client(self.config)
         marks = []
         for i in range(runs):

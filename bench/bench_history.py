@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
 
-from airctld.store import Store, _JOB_COLUMNS  # noqa: E402
-from protos import air_pb2 as pb  # noqa: E402
+from air.airctld.store import Store, _JOB_COLUMNS  # noqa: E402
+from air.protos import air_pb2 as pb  # noqa: E402
 
 USERS = 50
 ACCOUNTS = 10
@@ -131,7 +131,7 @@ def main() -> int:
         fill(db, args.jobs, now)
         fill_s = time.perf_counter() - began
         log = open(d / "log" / "airctld.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "airctld", "--config", str(cfg)], stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "air.airctld", "--config", str(cfg)], stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         pids[0] = proc.pid
         (d / "pids").write_text("\n".join(map(str, pids)) + "\n")

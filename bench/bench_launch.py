@@ -81,8 +81,8 @@ def slurm_launch(tasks: int, runs: int) -> float:
 def health_cost(checks: int = 200) -> tuple[float, float]:
     """(CPU ms per check without a health program, with a trivial one)."""
     sys.path.insert(0, str(ROOT))
-    from airnoded.gpus import SimulatedGpus
-    from airnoded.health import HealthMonitor
+    from air.airnoded.gpus import SimulatedGpus
+    from air.airnoded.health import HealthMonitor
     root = Path(tempfile.mkdtemp(prefix="air-bench-ib-"))
     try:
         for dev in range(8):

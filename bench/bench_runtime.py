@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples" / "tinygpt"))
 
-import runtime  # noqa: E402
+from air import runtime  # noqa: E402
 import torch  # noqa: E402
 from data import CharDataset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402

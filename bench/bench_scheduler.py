@@ -39,14 +39,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, os.environ.get("AIR_BENCH_TREE", str(ROOT)))   # another commit's airctld: see --before
 
-from airctld import fairshare, scheduler  # noqa: E402
-from protos.config import PartitionConfig, QosConfig, SchedulerConfig  # noqa: E402
-from airctld.fairshare import Assoc  # noqa: E402
-from airctld.model import Job, NodeAlloc  # noqa: E402
-from airctld.priority import PriorityModel, association  # noqa: E402
-from airctld.simulate import TraceJob, make_nodes, simulate  # noqa: E402
-from protos import air_pb2 as pb  # noqa: E402
-from protos.states import JobPhase  # noqa: E402
+from air.airctld import fairshare, scheduler  # noqa: E402
+from air.protos.config import PartitionConfig, QosConfig, SchedulerConfig  # noqa: E402
+from air.airctld.fairshare import Assoc  # noqa: E402
+from air.airctld.model import Job, NodeAlloc  # noqa: E402
+from air.airctld.priority import PriorityModel, association  # noqa: E402
+from air.airctld.simulate import TraceJob, make_nodes, simulate  # noqa: E402
+from air.protos import air_pb2 as pb  # noqa: E402
+from air.protos.states import JobPhase  # noqa: E402
 
 SIZES = [1, 1, 1, 1, 2, 2, 4, 8, 16, 32, 64]          # nodes a job asks for
 GPUS = [1, 2, 4, 8, 8, 8]                             # GPUs per node, for one-node jobs
@@ -110,7 +110,7 @@ def one_pass(nodes, switches, active, pending, usage, now: float = 0.0, kept=Non
         model = PriorityModel(sched, partitions, qos, {k: s.fairshare for k, s in shares.items() if k[1]}, *capacity)
         priority = model.priorities(pending, now)
     else:
-        from airctld.priority_cache import LEAF
+        from air.airctld.priority_cache import LEAF
         cache = kept.priorities
         rows = cache.rows(pending, PriorityModel(sched, partitions, qos, {}, *capacity))
         tree = fairshare.complete_tree(ACCOUNTS, {r[LEAF] for r in rows} | set(usage))
@@ -129,7 +129,7 @@ def one_pass(nodes, switches, active, pending, usage, now: float = 0.0, kept=Non
 
 def keep():
     """What the controller's planner keeps from pass to pass, new."""
-    from airctld.priority_cache import PriorityCache
+    from air.airctld.priority_cache import PriorityCache
     return types.SimpleNamespace(priorities=PriorityCache(), gpu_memo={})
 
 
@@ -191,7 +191,7 @@ def priority_table(n_nodes: int, pending_counts) -> list[str]:
     """Fairshare, priorities and the pass's order alone (what the placement budget does not bound):
     from scratch (PriorityModel.priorities and scheduler.pass_order, as every pass did before the
     cache), and with the cache: its first pass and a pass 10 s later. Best of five."""
-    from airctld.priority_cache import LEAF
+    from air.airctld.priority_cache import LEAF
     sched = SchedulerConfig()
     lines = ["| pending jobs | from scratch | cache, first pass | cache, 10 s later |",
              "| ---: | ---: | ---: | ---: |"]

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from airnoded import shepherding  # noqa: E402
+from air.airnoded import shepherding  # noqa: E402
 
 
 def one_run(folder: Path, spawner) -> None:

@@ -24,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from airctld import retention  # noqa: E402
-from airctld.model import Job, NodeAlloc, evolve  # noqa: E402
-from airctld.store import Store  # noqa: E402
-from protos import air_pb2 as pb  # noqa: E402
-from protos.states import JobPhase, JobResult, Reason  # noqa: E402
+from air.airctld import retention  # noqa: E402
+from air.airctld.model import Job, NodeAlloc, evolve  # noqa: E402
+from air.airctld.store import Store  # noqa: E402
+from air.protos import air_pb2 as pb  # noqa: E402
+from air.protos.states import JobPhase, JobResult, Reason  # noqa: E402
 
 NODES = 256
 GPUS = 8

@@ -192,11 +192,11 @@ class Cluster:
         return proc.pid
 
     def start_controller(self) -> None:
-        self._spawn("airctld", [sys.executable, "-m", "airctld", "--config", str(self.config)])
+        self._spawn("airctld", [sys.executable, "-m", "air.airctld", "--config", str(self.config)])
         _wait(self._answers, 30, "airctld to answer")
 
     def start_node(self, name: str) -> int:
-        return self._spawn(name, [*self.net.enter(name), sys.executable, "-m", "airnoded",
+        return self._spawn(name, [*self.net.enter(name), sys.executable, "-m", "air.airnoded",
                                   "--config", str(self.config), "--name", name])
 
     def signal(self, key: str, sig: int) -> None:
@@ -211,7 +211,7 @@ class Cluster:
             return False
 
     def down(self) -> None:
-        from aircli.local import down
+        from air.aircli.local import down
         if (self.dir / "pids").exists():
             try:
                 down(self.dir)
@@ -228,13 +228,13 @@ class Cluster:
     @property
     def client(self):
         if self._client is None:
-            from aircli.client import Client
+            from air.aircli.client import Client
             self._client = Client(str(self.config))
         return self._client
 
     def _answers(self) -> bool:
-        from aircli.client import CliError
-        from protos import air_pb2 as pb
+        from air.aircli.client import CliError
+        from air.protos import air_pb2 as pb
         try:
             self.client.call("ListNodes", pb.ListNodesRequest(), timeout=2)
             return True
@@ -242,13 +242,13 @@ class Cluster:
             return False
 
     def job(self, job_id: int) -> dict:
-        from aircli import formats
-        from protos import air_pb2 as pb
+        from air.aircli import formats
+        from air.protos import air_pb2 as pb
         return formats.job_json(self.client.call("GetJob", pb.GetJobRequest(job_id=job_id), timeout=5), time.time())
 
     def node_states(self) -> dict[str, str]:
-        from aircli import formats
-        from protos import air_pb2 as pb
+        from air.aircli import formats
+        from air.protos import air_pb2 as pb
         reply = self.client.call("ListNodes", pb.ListNodesRequest(), timeout=5)
         return {n.name: formats.node_state(n) for n in reply.nodes}
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import air_pb2 as protos_dot_air__pb2
+from air.protos import air_pb2 as air_dot_protos_dot_air__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/air_pb2_grpc.py depends on'
+        + ' but the generated code in air/protos/air_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,83 +37,83 @@ class ControllerStub:
         """
         self.Submit = channel.unary_unary(
                 '/air.v1.Controller/Submit',
-                request_serializer=protos_dot_air__pb2.SubmitRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.SubmitReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.SubmitRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.SubmitReply.FromString,
                 _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/air.v1.Controller/Cancel',
-                request_serializer=protos_dot_air__pb2.CancelRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.CancelReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.CancelRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.CancelReply.FromString,
                 _registered_method=True)
         self.Hold = channel.unary_unary(
                 '/air.v1.Controller/Hold',
-                request_serializer=protos_dot_air__pb2.HoldRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.CancelReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.HoldRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.CancelReply.FromString,
                 _registered_method=True)
         self.Requeue = channel.unary_unary(
                 '/air.v1.Controller/Requeue',
-                request_serializer=protos_dot_air__pb2.JobFilter.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.CancelReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.CancelReply.FromString,
                 _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/air.v1.Controller/ListJobs',
-                request_serializer=protos_dot_air__pb2.JobFilter.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.ListJobsReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.ListJobsReply.FromString,
                 _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/air.v1.Controller/GetJob',
-                request_serializer=protos_dot_air__pb2.GetJobRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.Job.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.Job.FromString,
                 _registered_method=True)
         self.ListNodes = channel.unary_unary(
                 '/air.v1.Controller/ListNodes',
-                request_serializer=protos_dot_air__pb2.ListNodesRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.ListNodesReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.ListNodesRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.ListNodesReply.FromString,
                 _registered_method=True)
         self.GetNode = channel.unary_unary(
                 '/air.v1.Controller/GetNode',
-                request_serializer=protos_dot_air__pb2.GetNodeRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.Node.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.GetNodeRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.Node.FromString,
                 _registered_method=True)
         self.CreateStep = channel.unary_unary(
                 '/air.v1.Controller/CreateStep',
-                request_serializer=protos_dot_air__pb2.StepSpec.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.Step.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.StepSpec.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.Step.FromString,
                 _registered_method=True)
         self.UpdateNode = channel.unary_unary(
                 '/air.v1.Controller/UpdateNode',
-                request_serializer=protos_dot_air__pb2.UpdateNodeRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.Node.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.UpdateNodeRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.Node.FromString,
                 _registered_method=True)
         self.InjectFault = channel.unary_unary(
                 '/air.v1.Controller/InjectFault',
-                request_serializer=protos_dot_air__pb2.FaultRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.FaultReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.FaultRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.FaultReply.FromString,
                 _registered_method=True)
         self.Pending = channel.unary_unary(
                 '/air.v1.Controller/Pending',
-                request_serializer=protos_dot_air__pb2.JobFilter.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.PendingReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.PendingReply.FromString,
                 _registered_method=True)
         self.Shares = channel.unary_unary(
                 '/air.v1.Controller/Shares',
-                request_serializer=protos_dot_air__pb2.SharesRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.SharesReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.SharesRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.SharesReply.FromString,
                 _registered_method=True)
         self.UpdateAccount = channel.unary_unary(
                 '/air.v1.Controller/UpdateAccount',
-                request_serializer=protos_dot_air__pb2.AccountRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.SharesReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.AccountRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.SharesReply.FromString,
                 _registered_method=True)
         self.Reports = channel.unary_unary(
                 '/air.v1.Controller/Reports',
-                request_serializer=protos_dot_air__pb2.ReportsRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.ReportsReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.ReportsRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.ReportsReply.FromString,
                 _registered_method=True)
         self.History = channel.unary_unary(
                 '/air.v1.Controller/History',
-                request_serializer=protos_dot_air__pb2.HistoryRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.HistoryReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.HistoryRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.HistoryReply.FromString,
                 _registered_method=True)
 
 
@@ -227,83 +227,83 @@ def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Submit': grpc.unary_unary_rpc_method_handler(
                     servicer.Submit,
-                    request_deserializer=protos_dot_air__pb2.SubmitRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.SubmitReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.SubmitRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.SubmitReply.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
-                    request_deserializer=protos_dot_air__pb2.CancelRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.CancelReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.CancelRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.CancelReply.SerializeToString,
             ),
             'Hold': grpc.unary_unary_rpc_method_handler(
                     servicer.Hold,
-                    request_deserializer=protos_dot_air__pb2.HoldRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.CancelReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.HoldRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.CancelReply.SerializeToString,
             ),
             'Requeue': grpc.unary_unary_rpc_method_handler(
                     servicer.Requeue,
-                    request_deserializer=protos_dot_air__pb2.JobFilter.FromString,
-                    response_serializer=protos_dot_air__pb2.CancelReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.JobFilter.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.CancelReply.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
-                    request_deserializer=protos_dot_air__pb2.JobFilter.FromString,
-                    response_serializer=protos_dot_air__pb2.ListJobsReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.JobFilter.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.ListJobsReply.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
-                    request_deserializer=protos_dot_air__pb2.GetJobRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.Job.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.GetJobRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.Job.SerializeToString,
             ),
             'ListNodes': grpc.unary_unary_rpc_method_handler(
                     servicer.ListNodes,
-                    request_deserializer=protos_dot_air__pb2.ListNodesRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.ListNodesReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.ListNodesRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.ListNodesReply.SerializeToString,
             ),
             'GetNode': grpc.unary_unary_rpc_method_handler(
                     servicer.GetNode,
-                    request_deserializer=protos_dot_air__pb2.GetNodeRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.Node.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.GetNodeRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.Node.SerializeToString,
             ),
             'CreateStep': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateStep,
-                    request_deserializer=protos_dot_air__pb2.StepSpec.FromString,
-                    response_serializer=protos_dot_air__pb2.Step.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.StepSpec.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.Step.SerializeToString,
             ),
             'UpdateNode': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateNode,
-                    request_deserializer=protos_dot_air__pb2.UpdateNodeRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.Node.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.UpdateNodeRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.Node.SerializeToString,
             ),
             'InjectFault': grpc.unary_unary_rpc_method_handler(
                     servicer.InjectFault,
-                    request_deserializer=protos_dot_air__pb2.FaultRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.FaultReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.FaultRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.FaultReply.SerializeToString,
             ),
             'Pending': grpc.unary_unary_rpc_method_handler(
                     servicer.Pending,
-                    request_deserializer=protos_dot_air__pb2.JobFilter.FromString,
-                    response_serializer=protos_dot_air__pb2.PendingReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.JobFilter.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.PendingReply.SerializeToString,
             ),
             'Shares': grpc.unary_unary_rpc_method_handler(
                     servicer.Shares,
-                    request_deserializer=protos_dot_air__pb2.SharesRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.SharesReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.SharesRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.SharesReply.SerializeToString,
             ),
             'UpdateAccount': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateAccount,
-                    request_deserializer=protos_dot_air__pb2.AccountRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.SharesReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.AccountRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.SharesReply.SerializeToString,
             ),
             'Reports': grpc.unary_unary_rpc_method_handler(
                     servicer.Reports,
-                    request_deserializer=protos_dot_air__pb2.ReportsRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.ReportsReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.ReportsRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.ReportsReply.SerializeToString,
             ),
             'History': grpc.unary_unary_rpc_method_handler(
                     servicer.History,
-                    request_deserializer=protos_dot_air__pb2.HistoryRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.HistoryReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.HistoryRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.HistoryReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -332,8 +332,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/Submit',
-            protos_dot_air__pb2.SubmitRequest.SerializeToString,
-            protos_dot_air__pb2.SubmitReply.FromString,
+            air_dot_protos_dot_air__pb2.SubmitRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.SubmitReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -359,8 +359,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/Cancel',
-            protos_dot_air__pb2.CancelRequest.SerializeToString,
-            protos_dot_air__pb2.CancelReply.FromString,
+            air_dot_protos_dot_air__pb2.CancelRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.CancelReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -386,8 +386,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/Hold',
-            protos_dot_air__pb2.HoldRequest.SerializeToString,
-            protos_dot_air__pb2.CancelReply.FromString,
+            air_dot_protos_dot_air__pb2.HoldRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.CancelReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -413,8 +413,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/Requeue',
-            protos_dot_air__pb2.JobFilter.SerializeToString,
-            protos_dot_air__pb2.CancelReply.FromString,
+            air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
+            air_dot_protos_dot_air__pb2.CancelReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -440,8 +440,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/ListJobs',
-            protos_dot_air__pb2.JobFilter.SerializeToString,
-            protos_dot_air__pb2.ListJobsReply.FromString,
+            air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
+            air_dot_protos_dot_air__pb2.ListJobsReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -467,8 +467,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/GetJob',
-            protos_dot_air__pb2.GetJobRequest.SerializeToString,
-            protos_dot_air__pb2.Job.FromString,
+            air_dot_protos_dot_air__pb2.GetJobRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,
@@ -494,8 +494,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/ListNodes',
-            protos_dot_air__pb2.ListNodesRequest.SerializeToString,
-            protos_dot_air__pb2.ListNodesReply.FromString,
+            air_dot_protos_dot_air__pb2.ListNodesRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.ListNodesReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -521,8 +521,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/GetNode',
-            protos_dot_air__pb2.GetNodeRequest.SerializeToString,
-            protos_dot_air__pb2.Node.FromString,
+            air_dot_protos_dot_air__pb2.GetNodeRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.Node.FromString,
             options,
             channel_credentials,
             insecure,
@@ -548,8 +548,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/CreateStep',
-            protos_dot_air__pb2.StepSpec.SerializeToString,
-            protos_dot_air__pb2.Step.FromString,
+            air_dot_protos_dot_air__pb2.StepSpec.SerializeToString,
+            air_dot_protos_dot_air__pb2.Step.FromString,
             options,
             channel_credentials,
             insecure,
@@ -575,8 +575,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/UpdateNode',
-            protos_dot_air__pb2.UpdateNodeRequest.SerializeToString,
-            protos_dot_air__pb2.Node.FromString,
+            air_dot_protos_dot_air__pb2.UpdateNodeRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.Node.FromString,
             options,
             channel_credentials,
             insecure,
@@ -602,8 +602,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/InjectFault',
-            protos_dot_air__pb2.FaultRequest.SerializeToString,
-            protos_dot_air__pb2.FaultReply.FromString,
+            air_dot_protos_dot_air__pb2.FaultRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.FaultReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -629,8 +629,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/Pending',
-            protos_dot_air__pb2.JobFilter.SerializeToString,
-            protos_dot_air__pb2.PendingReply.FromString,
+            air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
+            air_dot_protos_dot_air__pb2.PendingReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -656,8 +656,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/Shares',
-            protos_dot_air__pb2.SharesRequest.SerializeToString,
-            protos_dot_air__pb2.SharesReply.FromString,
+            air_dot_protos_dot_air__pb2.SharesRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.SharesReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -683,8 +683,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/UpdateAccount',
-            protos_dot_air__pb2.AccountRequest.SerializeToString,
-            protos_dot_air__pb2.SharesReply.FromString,
+            air_dot_protos_dot_air__pb2.AccountRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.SharesReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -710,8 +710,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/Reports',
-            protos_dot_air__pb2.ReportsRequest.SerializeToString,
-            protos_dot_air__pb2.ReportsReply.FromString,
+            air_dot_protos_dot_air__pb2.ReportsRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.ReportsReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -737,8 +737,8 @@ class Controller:
             request,
             target,
             '/air.v1.Controller/History',
-            protos_dot_air__pb2.HistoryRequest.SerializeToString,
-            protos_dot_air__pb2.HistoryReply.FromString,
+            air_dot_protos_dot_air__pb2.HistoryRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.HistoryReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -762,13 +762,13 @@ class NodeRegistryStub:
         """
         self.Register = channel.unary_unary(
                 '/air.v1.NodeRegistry/Register',
-                request_serializer=protos_dot_air__pb2.RegisterRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.RegisterReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.RegisterReply.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/air.v1.NodeRegistry/Heartbeat',
-                request_serializer=protos_dot_air__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.HeartbeatReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
 
 
@@ -793,13 +793,13 @@ def add_NodeRegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
-                    request_deserializer=protos_dot_air__pb2.RegisterRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.RegisterReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.RegisterRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.RegisterReply.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
-                    request_deserializer=protos_dot_air__pb2.HeartbeatRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.HeartbeatReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.HeartbeatRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.HeartbeatReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -828,8 +828,8 @@ class NodeRegistry:
             request,
             target,
             '/air.v1.NodeRegistry/Register',
-            protos_dot_air__pb2.RegisterRequest.SerializeToString,
-            protos_dot_air__pb2.RegisterReply.FromString,
+            air_dot_protos_dot_air__pb2.RegisterRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.RegisterReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -855,8 +855,8 @@ class NodeRegistry:
             request,
             target,
             '/air.v1.NodeRegistry/Heartbeat',
-            protos_dot_air__pb2.HeartbeatRequest.SerializeToString,
-            protos_dot_air__pb2.HeartbeatReply.FromString,
+            air_dot_protos_dot_air__pb2.HeartbeatRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.HeartbeatReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -880,28 +880,28 @@ class NodeAgentStub:
         """
         self.Launch = channel.unary_unary(
                 '/air.v1.NodeAgent/Launch',
-                request_serializer=protos_dot_air__pb2.LaunchRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.LaunchReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.LaunchRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.LaunchReply.FromString,
                 _registered_method=True)
         self.Signal = channel.unary_unary(
                 '/air.v1.NodeAgent/Signal',
-                request_serializer=protos_dot_air__pb2.SignalRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.SignalReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.SignalRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.SignalReply.FromString,
                 _registered_method=True)
         self.PrepareStep = channel.unary_unary(
                 '/air.v1.NodeAgent/PrepareStep',
-                request_serializer=protos_dot_air__pb2.Step.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.PrepareStepReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.Step.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.PrepareStepReply.FromString,
                 _registered_method=True)
         self.RunStep = channel.unary_stream(
                 '/air.v1.NodeAgent/RunStep',
-                request_serializer=protos_dot_air__pb2.RunStepRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.StepEvent.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.RunStepRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.StepEvent.FromString,
                 _registered_method=True)
         self.InjectFault = channel.unary_unary(
                 '/air.v1.NodeAgent/InjectFault',
-                request_serializer=protos_dot_air__pb2.FaultRequest.SerializeToString,
-                response_deserializer=protos_dot_air__pb2.FaultReply.FromString,
+                request_serializer=air_dot_protos_dot_air__pb2.FaultRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.FaultReply.FromString,
                 _registered_method=True)
 
 
@@ -947,28 +947,28 @@ def add_NodeAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Launch': grpc.unary_unary_rpc_method_handler(
                     servicer.Launch,
-                    request_deserializer=protos_dot_air__pb2.LaunchRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.LaunchReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.LaunchRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.LaunchReply.SerializeToString,
             ),
             'Signal': grpc.unary_unary_rpc_method_handler(
                     servicer.Signal,
-                    request_deserializer=protos_dot_air__pb2.SignalRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.SignalReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.SignalRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.SignalReply.SerializeToString,
             ),
             'PrepareStep': grpc.unary_unary_rpc_method_handler(
                     servicer.PrepareStep,
-                    request_deserializer=protos_dot_air__pb2.Step.FromString,
-                    response_serializer=protos_dot_air__pb2.PrepareStepReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.Step.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.PrepareStepReply.SerializeToString,
             ),
             'RunStep': grpc.unary_stream_rpc_method_handler(
                     servicer.RunStep,
-                    request_deserializer=protos_dot_air__pb2.RunStepRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.StepEvent.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.RunStepRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.StepEvent.SerializeToString,
             ),
             'InjectFault': grpc.unary_unary_rpc_method_handler(
                     servicer.InjectFault,
-                    request_deserializer=protos_dot_air__pb2.FaultRequest.FromString,
-                    response_serializer=protos_dot_air__pb2.FaultReply.SerializeToString,
+                    request_deserializer=air_dot_protos_dot_air__pb2.FaultRequest.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.FaultReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -997,8 +997,8 @@ class NodeAgent:
             request,
             target,
             '/air.v1.NodeAgent/Launch',
-            protos_dot_air__pb2.LaunchRequest.SerializeToString,
-            protos_dot_air__pb2.LaunchReply.FromString,
+            air_dot_protos_dot_air__pb2.LaunchRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.LaunchReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1024,8 +1024,8 @@ class NodeAgent:
             request,
             target,
             '/air.v1.NodeAgent/Signal',
-            protos_dot_air__pb2.SignalRequest.SerializeToString,
-            protos_dot_air__pb2.SignalReply.FromString,
+            air_dot_protos_dot_air__pb2.SignalRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.SignalReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1051,8 +1051,8 @@ class NodeAgent:
             request,
             target,
             '/air.v1.NodeAgent/PrepareStep',
-            protos_dot_air__pb2.Step.SerializeToString,
-            protos_dot_air__pb2.PrepareStepReply.FromString,
+            air_dot_protos_dot_air__pb2.Step.SerializeToString,
+            air_dot_protos_dot_air__pb2.PrepareStepReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1078,8 +1078,8 @@ class NodeAgent:
             request,
             target,
             '/air.v1.NodeAgent/RunStep',
-            protos_dot_air__pb2.RunStepRequest.SerializeToString,
-            protos_dot_air__pb2.StepEvent.FromString,
+            air_dot_protos_dot_air__pb2.RunStepRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.StepEvent.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1105,8 +1105,8 @@ class NodeAgent:
             request,
             target,
             '/air.v1.NodeAgent/InjectFault',
-            protos_dot_air__pb2.FaultRequest.SerializeToString,
-            protos_dot_air__pb2.FaultReply.FromString,
+            air_dot_protos_dot_air__pb2.FaultRequest.SerializeToString,
+            air_dot_protos_dot_air__pb2.FaultReply.FromString,
             options,
             channel_credentials,
             insecure,

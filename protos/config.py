@@ -15,7 +15,7 @@ from pathlib import Path
 
 import hostlist
 
-from protos.timefmt import parse_duration
+from air.protos.timefmt import parse_duration
 
 DEFAULT_PATH = "/etc/air/air.toml"
 AUTH_MODES = ("none", "munge")
@@ -81,7 +81,7 @@ class ControllerConfig:
             raise ConfigError(f"[controller] service_user = {self.service_user!r}: no such user on this host") from None
 
     def authenticator(self):
-        from protos.credential import from_settings
+        from air.protos.credential import from_settings
         return from_settings(self.auth, self.munge_socket)
 
 

@@ -69,18 +69,18 @@ class MungeCredentials:
     """auth = "munge": credentials from and checked by munged (see protos/munge.py)."""
 
     def __init__(self, socket: str = ""):
-        from protos.munge import Munge
+        from air.protos.munge import Munge
         self.munge = Munge(socket)
 
     def metadata(self, method: str, target: str, request: bytes) -> tuple[tuple[str, str], ...]:
-        from protos.munge import MungeError
+        from air.protos.munge import MungeError
         try:
             return ((CRED_KEY, self.munge.encode(binding(method, target, request))),)
         except MungeError as e:
             raise CredentialError(f"cannot get a MUNGE credential: {e}") from None
 
     def identify(self, context: grpc.ServicerContext, method: str, request, target: str) -> Identity:
-        from protos import munge
+        from air.protos import munge
         cred = dict(context.invocation_metadata()).get(CRED_KEY)
         if not cred:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "the request carries no MUNGE credential")

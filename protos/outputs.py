@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from protos import air_pb2 as pb
+from air.protos import air_pb2 as pb
 
 DEFAULT_OUTPUT = "air-%j.out"
 

@@ -5,7 +5,7 @@ Slurm codes that the command-line tools print.
 """
 import enum
 
-from protos import air_pb2 as pb
+from air.protos import air_pb2 as pb
 
 
 def _from_proto(name: str, proto_enum, prefix: str) -> type[enum.IntEnum]:

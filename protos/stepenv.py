@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hostlist
 
-from protos import air_pb2 as pb
+from air.protos import air_pb2 as pb
 
 
 def tasks_per_node(counts: list[int]) -> str:

@@ -12,13 +12,13 @@
             ckpt.save(step, state, blocking=True)
             break
 """
-from runtime import early   # noqa: F401  (first: catches SIGTERM while torch is still importing)
-from runtime.checkpoint import Checkpointer
-from runtime.context import Context, init
-from runtime.data import ResumableSampler
-from runtime.parallel import average_gradients, broadcast_parameters
-from runtime.report import Reporter, peak_flops, transformer_flops_per_token
-from runtime.stop import REQUEUE_EXIT, StopSignal
+from air.runtime import early   # noqa: F401  (first: catches SIGTERM while torch is still importing)
+from air.runtime.checkpoint import Checkpointer
+from air.runtime.context import Context, init
+from air.runtime.data import ResumableSampler
+from air.runtime.parallel import average_gradients, broadcast_parameters
+from air.runtime.report import Reporter, peak_flops, transformer_flops_per_token
+from air.runtime.stop import REQUEUE_EXIT, StopSignal
 
 __all__ = ["Checkpointer", "Context", "REQUEUE_EXIT", "Reporter", "ResumableSampler", "StopSignal",
            "average_gradients", "broadcast_parameters", "init", "peak_flops", "transformer_flops_per_token"]

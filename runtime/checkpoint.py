@@ -48,8 +48,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
-from runtime.context import Context
-from runtime.data import ResumableSampler
+from air.runtime.context import Context
+from air.runtime.data import ResumableSampler
 
 log = logging.getLogger("air.runtime")
 # DCP warns on every save without a process group; a single-rank job is meant to save that way.

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from runtime.goodput import Ledger
-from runtime.report import Reporter, peak_flops
-from runtime.stop import StopSignal
+from air.runtime.goodput import Ledger
+from air.runtime.report import Reporter, peak_flops
+from air.runtime.stop import StopSignal
 
 
 @dataclass

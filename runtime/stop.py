@@ -16,7 +16,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from runtime import early
+from air.runtime import early
 
 REQUEUE_EXIT = 75   # EX_TEMPFAIL: stopped cleanly for requeue
 

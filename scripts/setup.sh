@@ -7,5 +7,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v -i "warning" || true
-.venv/bin/python -m pip install -q -e '.[test,runtime]' 2>&1 | grep -v -i "warning" || true
-.venv/bin/python -c "import torch, grpc, airctld, airnoded, aircli" || { echo "setup: install failed" >&2; exit 1; }
+# Installed as air.* (not editable: the daemons and tests run what was installed; run this again
+# after a change, and the test suite checks that it was).
+.venv/bin/python -m pip install -q '.[test,runtime]' 2>&1 | grep -v -i "warning" || true
+.venv/bin/python -c "import torch, grpc, air.airctld, air.airnoded, air.aircli, air.runtime" || { echo "setup: install failed" >&2; exit 1; }

@@ -77,7 +77,7 @@ class LocalCluster:
 
     def start_controller(self) -> None:
         log = open(self.dir / "log" / "airctld.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "airctld", "--config", str(self.config)],
+        proc = subprocess.Popen([sys.executable, "-m", "air.airctld", "--config", str(self.config)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         pids = self.pids
@@ -126,7 +126,7 @@ class LocalCluster:
         """Start node0<index+1>'s daemon again (after kill_node), as its unit would."""
         name = f"node{index + 1:02d}"
         log = open(self.dir / "log" / f"{name}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "airnoded", "--config", str(self.config), "--name", name],
+        proc = subprocess.Popen([sys.executable, "-m", "air.airnoded", "--config", str(self.config), "--name", name],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         pids = self.pids

@@ -1,6 +1,27 @@
+import hashlib
+from pathlib import Path
+
 import pytest
 
 from cluster import LocalCluster
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("protos", "airctld", "airnoded", "aircli", "runtime")
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".proto")}
+
+
+def pytest_sessionstart(session):
+    """The tests and the daemons they start run the installed air.* package: it must be this checkout's."""
+    import air.protos
+    installed = Path(air.protos.__file__).resolve().parent.parent
+    stale = [name for name in PACKAGES if _tree(installed / name) != _tree(ROOT / name)]
+    if stale:
+        pytest.exit(f"the installed air package ({installed}) differs from this checkout in {', '.join(stale)}: "
+                    "run `bash scripts/setup.sh` first", returncode=2)
 
 LOG_LINES = 40   # of each daemon's log, shown under a failed test that used a cluster
 

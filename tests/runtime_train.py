@@ -12,7 +12,7 @@ import time
 
 import torch
 
-import runtime
+from air import runtime
 
 
 def main() -> None:

@@ -3,9 +3,9 @@ import datetime as dt
 
 import pytest
 
-from aircli import acct_fields, slurmtime
-from protos import air_pb2 as pb
-from protos.states import JobPhase, JobResult, Reason
+from air.aircli import acct_fields, slurmtime
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, JobResult, Reason
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2026, 11, 26, 17, 19, 34, tzinfo=UTC).timestamp()

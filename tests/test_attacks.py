@@ -17,9 +17,9 @@ import pytest
 
 from cluster import LocalCluster, wait_for
 from munged import started_for_test_users
-from protos import air_pb2 as pb
-from protos import air_pb2_grpc as rpc
-from protos.credential import MungeCredentials
+from air.protos import air_pb2 as pb
+from air.protos import air_pb2_grpc as rpc
+from air.protos.credential import MungeCredentials
 
 BASE_ADDRESS = "127.0.20.1"
 CONTROLLER = f"{BASE_ADDRESS}:6817"

@@ -11,11 +11,11 @@ import os
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import sched_brute as brute
-from airctld import scheduler
-from protos.config import PartitionConfig
-from airctld.model import Job, Node, NodeAlloc
-from protos import air_pb2 as pb
-from protos.states import JobPhase, NodeState
+from air.airctld import scheduler
+from air.protos.config import PartitionConfig
+from air.airctld.model import Job, Node, NodeAlloc
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, NodeState
 
 EXAMPLES = int(os.environ.get("AIR_BRUTE_EXAMPLES", "300"))
 NOW = 100

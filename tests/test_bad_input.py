@@ -88,11 +88,11 @@ def test_bad_configuration_stops_the_daemon_naming_the_key(cluster, tmp_path):
     import sys
     conf = tmp_path / "air.toml"
     conf.write_text(cluster.config.read_text().replace("kill_wait_s = 5", "kill_wait_s = 5\nkil_wait = 3"))
-    proc = subprocess.run([sys.executable, "-m", "airctld", "--config", str(conf)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "air.airctld", "--config", str(conf)], capture_output=True,
                           text=True, timeout=30)
     assert proc.returncode != 0
     assert "unknown key 'kil_wait' in [controller]" in proc.stderr
     conf.write_text(cluster.config.read_text().replace('gpus = "sim:4"', 'gpus = "sim:four"'))
-    proc = subprocess.run([sys.executable, "-m", "airnoded", "--config", str(conf), "--name", "node01"],
+    proc = subprocess.run([sys.executable, "-m", "air.airnoded", "--config", str(conf), "--name", "node01"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode != 0 and "gpus = 'sim:four'" in proc.stderr

@@ -7,8 +7,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from airnoded.cgroups import JobCgroups, detect
-from protos.limits import memory_limit_bytes
+from air.airnoded.cgroups import JobCgroups, detect
+from air.protos.limits import memory_limit_bytes
 from cluster import wait_for
 
 BASE_ADDRESS = "127.0.17.1"

@@ -19,9 +19,9 @@ sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402
 
-import runtime  # noqa: E402
-from runtime import checkpoint  # noqa: E402
-from runtime.checkpoint import Checkpointer, StaleRunError  # noqa: E402
+from air import runtime  # noqa: E402
+from air.runtime import checkpoint  # noqa: E402
+from air.runtime.checkpoint import Checkpointer, StaleRunError  # noqa: E402
 
 
 def _ctx(directory: Path, run: int) -> runtime.Context:

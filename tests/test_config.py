@@ -1,7 +1,7 @@
 """Configuration: every bad key or value stops start-up with a message naming it."""
 import pytest
 
-from protos.config import ConfigError, load, parse
+from air.protos.config import ConfigError, load, parse
 
 GOOD = {
     "controller": {"address": "127.0.0.1:6817", "node_timeout_s": 3, "heartbeat_interval_s": 0.5},
@@ -71,9 +71,9 @@ def test_who_may_use_a_qos():
     """A QOS is open to all unless it names users or accounts; one that preempts others must name
     them (or only operators may use it): else any user could take any other's running job."""
     import pwd
-    from airctld.errors import Denied
-    from airctld.policy import Policy
-    from protos.credential import Identity
+    from air.airctld.errors import Denied
+    from air.airctld.policy import Policy
+    from air.protos.credential import Identity
     cfg = parse({**GOOD, "accounts": [{"name": "ml"}, {"name": "bio"}],
                  "qos": [{"name": "normal"}, {"name": "team", "users": ["nobody"]},
                          {"name": "urgent", "preempt": ["normal"]},
@@ -96,8 +96,8 @@ def test_who_may_use_a_qos():
 
 def test_a_default_qos_that_preempts_stays_open_and_a_qos_names_only_real_accounts():
     import pwd
-    from airctld.policy import Policy
-    from protos.credential import Identity
+    from air.airctld.policy import Policy
+    from air.protos.credential import Identity
     cfg = parse({**GOOD, "scheduler": {"default_qos": "normal"},
                  "qos": [{"name": "normal", "preempt": ["scavenger"]}, {"name": "scavenger"}]})
     nobody = pwd.getpwnam("nobody")

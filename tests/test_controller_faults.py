@@ -9,15 +9,15 @@ import traceback
 import grpc
 import pytest
 
-from protos import config as cfg
-from airctld.controller import Controller
-from airctld.errors import StoreFailed
-from airctld.service import ControllerService
-from airctld.store import Store
+from air.protos import config as cfg
+from air.airctld.controller import Controller
+from air.airctld.errors import StoreFailed
+from air.airctld.service import ControllerService
+from air.airctld.store import Store
 from fakeclock import Clock
-from protos import air_pb2 as pb
-from protos.credential import Identity
-from protos.states import JobPhase, JobResult, NodeState, Reason
+from air.protos import air_pb2 as pb
+from air.protos.credential import Identity
+from air.protos.states import JobPhase, JobResult, NodeState, Reason
 
 ROOT = Identity(0, 0)
 DISK_FULL = "database or disk is full"
@@ -320,7 +320,7 @@ def test_a_launch_answered_on_a_retry_runs_and_a_job_that_may_not_requeue_ends_l
 
 
 def test_a_node_starts_a_run_once_when_its_launch_is_retried_while_the_first_is_still_starting(tmp_path):
-    from airnoded.launcher import Launcher
+    from air.airnoded.launcher import Launcher
     launcher = Launcher("n1", tmp_path, lambda exit: None)
     release, spawned = threading.Event(), []
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import grpc
 
-from protos import air_pb2 as pb
-from protos import air_pb2_grpc as rpc
+from air.protos import air_pb2 as pb
+from air.protos import air_pb2_grpc as rpc
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -60,7 +60,7 @@ default = true
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
             sock.bind(sock_path)
             sock.settimeout(30)
-            proc = subprocess.Popen([sys.executable, "-m", "airctld", "--config", str(conf)],
+            proc = subprocess.Popen([sys.executable, "-m", "air.airctld", "--config", str(conf)],
                                     env={**os.environ, "NOTIFY_SOCKET": sock_path},
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:

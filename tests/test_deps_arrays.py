@@ -1,10 +1,10 @@
 """Dependencies and arrays, pure: parsing, judging against job states, compact task lists."""
 import pytest
 
-from airctld import deps
-from protos import arrays
-from airctld.deps import DepState
-from protos.states import JobPhase, JobResult
+from air.airctld import deps
+from air.protos import arrays
+from air.airctld.deps import DepState
+from air.protos.states import JobPhase, JobResult
 
 DONE_OK = (JobPhase.DONE, JobResult.COMPLETED)
 DONE_BAD = (JobPhase.DONE, JobResult.FAILED)

@@ -1,10 +1,10 @@
 """Pure job state transitions."""
 import pytest
 
-from airctld import events
-from airctld.model import Job, NodeAlloc
-from protos import air_pb2 as pb
-from protos.states import JobPhase, JobResult, Reason, long_state, state_code
+from air.airctld import events
+from air.airctld.model import Job, NodeAlloc
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, JobResult, Reason, long_state, state_code
 
 
 def _job(**kw):

@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from airctld import fairshare
-from protos.config import PartitionConfig, QosConfig, SchedulerConfig
-from airctld.fairshare import Assoc
-from airctld.model import Job
-from airctld.priority import PriorityModel
-from airctld.simulate import TraceJob, make_nodes, simulate
-from protos import air_pb2 as pb
+from air.airctld import fairshare
+from air.protos.config import PartitionConfig, QosConfig, SchedulerConfig
+from air.airctld.fairshare import Assoc
+from air.airctld.model import Job
+from air.airctld.priority import PriorityModel
+from air.airctld.simulate import TraceJob, make_nodes, simulate
+from air.protos import air_pb2 as pb
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "scheduling.md"
 

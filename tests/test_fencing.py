@@ -10,9 +10,9 @@ import time
 import psutil
 import pytest
 
-from airnoded.launcher import Launcher, StaleRun
+from air.airnoded.launcher import Launcher, StaleRun
 from cluster import LocalCluster, wait_for
-from protos import air_pb2 as pb
+from air.protos import air_pb2 as pb
 
 BASE_ADDRESS = "127.0.24.1"
 

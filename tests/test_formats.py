@@ -1,6 +1,6 @@
 """squeue/sinfo-style rendering."""
-from aircli import formats
-from protos import air_pb2 as pb
+from air.aircli import formats
+from air.protos import air_pb2 as pb
 
 
 def _jobs():

@@ -7,8 +7,8 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from airctld import goodput
-from runtime import goodput as runtime_goodput
+from air.airctld import goodput
+from air.runtime import goodput as runtime_goodput
 
 
 def _fig(**kw) -> str:
@@ -67,10 +67,10 @@ def test_the_categories_cover_the_wall_time_whatever_a_job_claims(submit_offset,
 def test_every_reader_of_a_report_takes_numbers_only():
     """airq -l, airstat and the metrics read reports through one helper: a 400-digit step, NaN, text,
     a nest 100,000 deep, or not an object at all, gives nothing, and never raises."""
-    from aircli.formats import progress_of
-    from aircli.stat import series
-    from protos import air_pb2 as pb
-    from protos.reports import report_numbers
+    from air.aircli.formats import progress_of
+    from air.aircli.stat import series
+    from air.protos import air_pb2 as pb
+    from air.protos.reports import report_numbers
     big = '{"step": 1' + '0' * 400 + ', "loss": NaN, "mfu": 0.5, "name": "x", "ok": true}'
     assert report_numbers(big) == {"mfu": 0.5}
     assert report_numbers("[" * 100_000) == {} and report_numbers("[1]") == {} and report_numbers("") == {}
@@ -79,7 +79,7 @@ def test_every_reader_of_a_report_takes_numbers_only():
 
 
 def test_metrics_read_a_report_a_job_wrote_as_numbers_only():
-    from airctld.metrics import _report
+    from air.airctld.metrics import _report
     assert _report('{"step": 1' + '0' * 400 + ', "loss": 2.5}') == {"loss": 2.5}
     assert _report('{"step": NaN, "mfu": "x", "time": true}') == {}
 

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from airnoded.health import classify_xid, ib_port_faults
+from air.airnoded.health import classify_xid, ib_port_faults
 from cluster import LocalCluster, wait_for
 
 BASE_ADDRESS = "127.0.11.1"
@@ -117,8 +117,8 @@ def test_only_operators_resume_and_real_gpus_refuse_faults(cluster):
 
 
 def test_ib_error_counters_are_recorded_and_a_flapping_port_is_critical(tmp_path):
-    from airnoded.gpus import SimulatedGpus
-    from airnoded.health import HealthMonitor
+    from air.airnoded.gpus import SimulatedGpus
+    from air.airnoded.health import HealthMonitor
     counters = tmp_path / "mlx5_0" / "ports" / "1" / "counters"
     counters.mkdir(parents=True)
     (counters.parent / "state").write_text("4: ACTIVE\n")

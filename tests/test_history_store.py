@@ -5,11 +5,11 @@ import random
 
 import pytest
 
-from airctld import events
-from airctld.model import Job, NodeAlloc
-from airctld.store import Store
-from protos import air_pb2 as pb
-from protos.states import JobPhase, JobResult, Reason
+from air.airctld import events
+from air.airctld.model import Job, NodeAlloc
+from air.airctld.store import Store
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, JobResult, Reason
 
 USERS = (1000, 1001, 1002)
 ACCOUNTS = ("ml", "vision", "")

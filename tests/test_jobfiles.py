@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from airnoded import jobfiles, progress
-from airnoded.jobfiles import UnsafeFile
+from air.airnoded import jobfiles, progress
+from air.airnoded.jobfiles import UnsafeFile
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node daemon's file handling is root's")
 

@@ -2,9 +2,9 @@
 import os
 import subprocess
 
-from airnoded.launcher import START_AS_OWNER, job_environment
-from protos.outputs import expand_pattern, output_paths
-from protos import air_pb2 as pb
+from air.airnoded.launcher import START_AS_OWNER, job_environment
+from air.protos.outputs import expand_pattern, output_paths
+from air.protos import air_pb2 as pb
 
 
 def _job():

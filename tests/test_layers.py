@@ -1,7 +1,9 @@
-"""The layers: the three programs stand side by side on protos/ (the wire contract and the code they
+"""The layers (names as installed, air.*): the three programs stand side by side on protos/ (the wire contract and the code they
 share) and never import each other; the runtime a training script imports stands apart from all of
 them. Read from the source, every import statement (also those inside functions)."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,15 +20,23 @@ MAY_IMPORT = {
 def imports(path: Path) -> list[tuple[int, str]]:
     """(line, top-level package) of every import in a module that names one of ours."""
     found = []
+    for line, name in _imported(path):
+        parts = name.split(".")
+        if parts[0] == "air" and len(parts) > 1 and parts[1] in PACKAGES:
+            found.append((line, parts[1]))
+    return found
+
+
+def _imported(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) of every absolute import; `from air import runtime` names air.runtime."""
+    out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        found += [(node.lineno, n.split(".")[0]) for n in names if n.split(".")[0] in PACKAGES]
-    return found
+            out += [(node.lineno, f"{node.module}.{a.name}" if node.module == "air" else node.module)
+                    for a in node.names]
+    return out
 
 
 def test_no_program_imports_another_and_the_runtime_stands_apart():
@@ -43,5 +53,25 @@ def test_no_program_imports_another_and_the_runtime_stands_apart():
 
 def test_the_check_sees_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("import os\n\ndef f():\n    from airnoded.launcher import Launcher\n    import airctld.events\n")
-    assert imports(module) == [(4, "airnoded"), (5, "airctld")]
+    module.write_text("import os\n\ndef f():\n    from air.airnoded.launcher import Launcher\n"
+                      "    import air.airctld.events\n    from air import runtime\n")
+    assert imports(module) == [(4, "airnoded"), (5, "airctld"), (6, "runtime")]
+
+
+def test_everything_imports_the_installed_names():
+    """air.protos, never protos: a bare name imports only from the repository's root, and any folder
+    of that name on a user's path would shadow it."""
+    bare = []
+    for folder in (*PACKAGES, "tests", "bench", "examples", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            bare += [f"{path.relative_to(ROOT)}:{line} imports {name}" for line, name in _imported(path)
+                     if name.split(".")[0] in PACKAGES]
+    assert not bare, "\n".join(bare)
+
+
+def test_the_commands_never_import_torch():
+    """torch is the runtime's (an extra); a command that imported it would take seconds to start."""
+    modules = sorted(f"air.aircli.{p.stem}" for p in (ROOT / "aircli").glob("*.py") if p.stem != "__init__")
+    code = f"import sys\nfor m in {modules!r}:\n    __import__(m)\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)
+    assert out.stdout.strip() == "False"

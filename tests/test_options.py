@@ -1,8 +1,8 @@
 """Pure parsing: #AIR/#SBATCH directives, the option table, time formats, --export."""
 import pytest
 
-from aircli.options import OptionError, export_environment, from_environment, parse_directives, parse_tokens
-from protos.timefmt import format_duration, parse_duration
+from air.aircli.options import OptionError, export_environment, from_environment, parse_directives, parse_tokens
+from air.protos.timefmt import format_duration, parse_duration
 
 
 @pytest.mark.parametrize("text,seconds", [
@@ -109,7 +109,7 @@ def test_export_forms():
 ])
 def test_totals_become_amounts_on_each_node(given, expected):
     """sbatch's totals (-n, -G) and per-task GPUs in AIR's terms, where every node of a job is alike."""
-    from aircli.options import resolve_tasks
+    from air.aircli.options import resolve_tasks
     assert resolve_tasks(given) == expected
 
 
@@ -121,7 +121,7 @@ def test_totals_become_amounts_on_each_node(given, expected):
     ({"gpus_per_task": 2, "ntasks_per_node": 2, "gpus_per_node": 2}, "--gpus-per-task gives 4 GPUs on each node"),
 ])
 def test_totals_that_cannot_be_laid_out_evenly_are_refused(given, message):
-    from aircli.options import resolve_tasks
+    from air.aircli.options import resolve_tasks
     with pytest.raises(OptionError, match=message):
         resolve_tasks(given)
 

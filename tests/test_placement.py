@@ -1,9 +1,9 @@
 """Placement, limits and preemption in the pure scheduler, as table tests on small clusters."""
-from airctld import scheduler
-from protos.config import PartitionConfig, QosConfig
-from airctld.model import Job, Node, NodeAlloc
-from protos import air_pb2 as pb
-from protos.states import JobPhase, NodeState, Reason
+from air.airctld import scheduler
+from air.protos.config import PartitionConfig, QosConfig
+from air.airctld.model import Job, Node, NodeAlloc
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, NodeState, Reason
 
 
 def _cluster(names, gpus=8, cpus=64, drained=(), down=()):

@@ -11,13 +11,13 @@ import os
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from airctld import priority_cache, scheduler
-from protos.config import PartitionConfig, QosConfig, SchedulerConfig
-from airctld.model import Job, evolve
-from airctld.priority import PriorityModel
-from airctld.priority_cache import LEAF, PriorityCache
-from protos import air_pb2 as pb
-from protos.states import Reason
+from air.airctld import priority_cache, scheduler
+from air.protos.config import PartitionConfig, QosConfig, SchedulerConfig
+from air.airctld.model import Job, evolve
+from air.airctld.priority import PriorityModel
+from air.airctld.priority_cache import LEAF, PriorityCache
+from air.protos import air_pb2 as pb
+from air.protos.states import Reason
 
 EXAMPLES = int(os.environ.get("AIR_CACHE_EXAMPLES", "300"))
 PARTS = {"a": PartitionConfig("a", ("n1",), priority=3), "b": PartitionConfig("b", ("n1",), priority=2)}
@@ -145,7 +145,7 @@ def test_a_pass_with_no_jobs_after_one_with_many_empties_the_cache():
 def test_two_simulated_days_decide_alike_with_the_cache_and_from_scratch():
     """The simulator prices with the cache for a scheduler that takes in_order (this one), and from
     scratch for one that does not (an older one): every pass's plan is the same either way."""
-    from airctld.simulate import make_nodes, simulate
+    from air.airctld.simulate import make_nodes, simulate
     from test_scheduler_week import DAY, QOS, _trace
 
     def run(with_cache: bool):

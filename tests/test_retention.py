@@ -6,10 +6,10 @@ import time
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from airctld import retention
-from airctld.model import Job
-from airctld.store import Store
-from protos import air_pb2 as pb
+from air.airctld import retention
+from air.airctld.model import Job
+from air.airctld.store import Store
+from air.protos import air_pb2 as pb
 
 DAY = 86400.0
 LIMITS = retention.Limits(events_keep_s=3 * DAY, jobs_keep_s=10 * DAY, report_sample_s=60.0)

@@ -3,16 +3,16 @@ a stale run's exit, report or step never counts for the current run, the node is
 it, and a requeued job starts again only once its last run is surely gone from every node."""
 import pytest
 
-from airctld import events
-from protos import config as cfg
-from airctld.controller import Controller
-from airctld.errors import Conflict
-from airctld.model import NodeAlloc
-from airctld.store import Store
+from air.airctld import events
+from air.protos import config as cfg
+from air.airctld.controller import Controller
+from air.airctld.errors import Conflict
+from air.airctld.model import NodeAlloc
+from air.airctld.store import Store
 from fakeclock import Clock
-from protos import air_pb2 as pb
-from protos.credential import Identity
-from protos.states import JobPhase, NodeState, Reason
+from air.protos import air_pb2 as pb
+from air.protos.credential import Identity
+from air.protos.states import JobPhase, NodeState, Reason
 
 ROOT = Identity(0, 0)
 

@@ -93,7 +93,7 @@ def test_incomplete_or_damaged_newest_checkpoint_is_skipped(tmp_path):
 
 def test_keep_must_leave_a_fallback(tmp_path):
     sys.path.insert(0, str(ROOT))
-    import runtime
+    from air import runtime
     ctx = runtime.init(checkpoint_dir=str(tmp_path))
     with pytest.raises(ValueError, match="keep at least 2"):
         runtime.Checkpointer(ctx, keep=1)

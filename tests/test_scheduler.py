@@ -1,11 +1,11 @@
 """The pure scheduler: order, placement, gang starts, backfill, topology, limits, preemption,
 reasons, and the never-satisfiable check. Table tests; test_scheduler_properties.py has the
 property tests over random clusters."""
-from airctld import scheduler
-from protos.config import PartitionConfig
-from airctld.model import Job, Node, NodeAlloc
-from protos import air_pb2 as pb
-from protos.states import JobPhase, NodeState, Reason
+from air.airctld import scheduler
+from air.protos.config import PartitionConfig
+from air.airctld.model import Job, Node, NodeAlloc
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, NodeState, Reason
 
 PART = PartitionConfig(name="gpu", nodes=("n1", "n2"), default=True)
 PARTS = {"gpu": PART}

@@ -1,10 +1,10 @@
 """The scheduler's decisions in the cases a user would describe, as table tests: backfill that
 delays nobody, preemption that converges, holds made between passes."""
-from airctld import scheduler
-from protos.config import PartitionConfig, QosConfig
-from airctld.model import Job, Node, NodeAlloc
-from protos import air_pb2 as pb
-from protos.states import JobPhase, NodeState, Reason
+from air.airctld import scheduler
+from air.protos.config import PartitionConfig, QosConfig
+from air.airctld.model import Job, Node, NodeAlloc
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, NodeState, Reason
 
 HOUR = 3600
 
@@ -64,7 +64,7 @@ def test_once_reservations_run_out_no_later_job_passes_the_unreserved_one():
 
 def test_reservations_count_per_group_of_partitions_that_share_nodes():
     # partition A (a1, busy) spends the one reservation; B (b1, b2) is unrelated: its backfill goes on
-    from protos.config import PartitionConfig
+    from air.protos.config import PartitionConfig
     nodes = _nodes(["a1", "b1", "b2"])
     active = [_running(90, "a1"), _running(91, "b1", gpus=range(2))]
 
@@ -135,7 +135,7 @@ def test_the_nodes_a_victim_freed_are_held_for_its_preemptor():
 
 def test_a_qos_that_preempts_itself_or_a_cycle_of_qos_is_refused():
     import pytest
-    from protos import config
+    from air.protos import config
     base = {"controller": {"auth": "none"}, "nodes": [], "partitions": []}
     with pytest.raises(config.ConfigError, match=r"\[\[qos\]\] normal preempts itself"):
         config.parse({**base, "qos": [{"name": "normal", "preempt": ["normal"]}]})
@@ -150,7 +150,7 @@ def test_a_long_ladder_of_qos_is_checked_for_cycles_in_linear_time():
     import time
 
     import pytest
-    from protos import config
+    from air.protos import config
     base = {"controller": {"auth": "none"}, "nodes": [], "partitions": []}
     # q0 preempts every QOS below it: a DFS without memory walks every path, 2^40 of them
     ladder = [{"name": f"q{i}", "preempt": [f"q{k}" for k in range(i + 1, 40)]} for i in range(40)]

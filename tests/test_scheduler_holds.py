@@ -1,10 +1,10 @@
 """Preemption and holds across passes, with the nodes the scheduler says to hold carried from one
 pass to the next as the controller carries them: the preemptor keeps all the nodes it counted,
 preempts once, and never delays a higher-priority job."""
-from airctld import scheduler
-from protos.config import PartitionConfig
-from airctld.model import evolve
-from protos.states import JobPhase, Reason
+from air.airctld import scheduler
+from air.protos.config import PartitionConfig
+from air.airctld.model import evolve
+from air.protos.states import JobPhase, Reason
 
 from test_scheduler_cases import HOUR, QOS, _job, _nodes, _plan, _running
 
@@ -62,9 +62,9 @@ def test_a_preemptor_that_ends_before_the_reservation_may_preempt():
 
 def test_a_reservation_dropped_mid_pass_frees_its_nodes_for_later_jobs():
     # P holds n1 (its victim stops at 90) but starts at once on n5; J2 then finds n1 from 90
-    from airctld.model import Node
-    from protos import air_pb2 as pb
-    from protos.states import NodeState
+    from air.airctld.model import Node
+    from air.protos import air_pb2 as pb
+    from air.protos.states import NodeState
 
     def node(n, g):
         return Node(name=n, cpus=8, gpus=tuple(pb.Gpu(index=i) for i in range(g)), state=NodeState.UP)

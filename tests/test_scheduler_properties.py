@@ -3,11 +3,11 @@ import copy
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from airctld import scheduler
-from protos.config import PartitionConfig, QosConfig
-from airctld.model import Job, Node, NodeAlloc
-from protos import air_pb2 as pb
-from protos.states import JobPhase, NodeState
+from air.airctld import scheduler
+from air.protos.config import PartitionConfig, QosConfig
+from air.airctld.model import Job, Node, NodeAlloc
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, NodeState
 
 LIMITS = scheduler.Limits(
     qos={"normal": QosConfig("normal", max_gpus_per_user=12), "high": QosConfig("high", preempt=("normal",))},

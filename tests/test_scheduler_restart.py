@@ -3,15 +3,15 @@ in the test's hands (no node daemons): the same judgement before and after a res
 started that changed while the pass was planned."""
 import pytest
 
-from airctld import events
-from protos import config as cfg
-from airctld.controller import Controller
-from airctld.model import NodeAlloc
-from airctld.store import Store
+from air.airctld import events
+from air.protos import config as cfg
+from air.airctld.controller import Controller
+from air.airctld.model import NodeAlloc
+from air.airctld.store import Store
 from fakeclock import Clock
-from protos import air_pb2 as pb
-from protos.credential import Identity
-from protos.states import JobPhase, JobResult, Reason
+from air.protos import air_pb2 as pb
+from air.protos.credential import Identity
+from air.protos.states import JobPhase, JobResult, Reason
 
 ROOT = Identity(0, 0)
 
@@ -43,7 +43,7 @@ def _run_and_end(c, clock, job_id, code):
 def _judge(c, dependency):
     dep = c.planner.dependency(type("J", (), {"job_id": -1, "request": pb.JobRequest(dependency=dependency)})())
     c.planner.forget(-1)
-    from airctld import deps
+    from air.airctld import deps
     return deps.evaluate(dep, c._dep_states, True)
 
 
@@ -131,7 +131,7 @@ def test_a_job_released_during_a_pass_stops_only_the_starts_it_ranks_at_or_above
     build, clock = make
     c = build()
     _four_gpus(c)
-    from airctld.model import evolve
+    from air.airctld.model import evolve
     low, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1, nice=5000), ROOT)
     high, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1), ROOT)
     held, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1, hold=True), ROOT)
@@ -276,7 +276,7 @@ def test_a_requeued_job_held_across_a_restart_still_waits_for_its_fence(make):
 
 def test_a_job_may_start_only_so_many_steps(make, tmp_path):
     """Each step is a row kept with the job: a loop of airrun calls stops at max_steps_per_job."""
-    from airctld.errors import Conflict
+    from air.airctld.errors import Conflict
     build, clock = make
     c = build()
     c.config = cfg.parse({"controller": {"auth": "none", "state_dir": str(tmp_path), "max_steps_per_job": 2},

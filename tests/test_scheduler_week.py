@@ -2,8 +2,8 @@
 and backfill never delays the first waiting job."""
 import random
 
-from protos.config import QosConfig, SchedulerConfig
-from airctld.simulate import TraceJob, make_nodes, simulate
+from air.protos.config import QosConfig, SchedulerConfig
+from air.airctld.simulate import TraceJob, make_nodes, simulate
 
 DAY = 86400.0
 
@@ -47,7 +47,7 @@ def test_the_no_ping_pong_check_can_fail_and_the_configuration_is_what_prevents_
     # a pair (a preemption cycle); this shows the assertion above is able to fail, and why the check
     # in the configuration is needed
     import pytest
-    from protos import config
+    from air.protos import config
     trace = [TraceJob(t.job_id, t.submit, t.user, t.account, t.nodes, t.gpus_per_node, t.runtime, t.limit,
                       "a" if t.job_id % 2 else "b") for t in _trace(3, 8, seed=4, high_share=0.0)]
     pair = (QosConfig("normal"), QosConfig("a", preempt=("b",)), QosConfig("b", preempt=("a",)))

@@ -117,7 +117,7 @@ preempt = ["high"]
 name = "high"
 preempt = ["normal"]
 """)
-    proc = subprocess.run([sys.executable, "-m", "airctld", "--config", str(conf)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "air.airctld", "--config", str(conf)], capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode != 0
     assert proc.stderr.count("\n") == 1 and "preemption cycle: normal -> high -> normal" in proc.stderr

@@ -10,10 +10,10 @@ import pytest
 
 from cluster import LocalCluster
 from munged import Munged, started_for_test_users
-from protos import air_pb2 as pb
-from protos import air_pb2_grpc as rpc
-from protos.credential import binding, request_bytes
-from protos.munge import Munge
+from air.protos import air_pb2 as pb
+from air.protos import air_pb2_grpc as rpc
+from air.protos.credential import binding, request_bytes
+from air.protos.munge import Munge
 
 BASE_ADDRESS = "127.0.4.1"
 ACCOUNTS = """
@@ -162,7 +162,7 @@ def test_auth_none_refuses_a_non_loopback_address(cluster, tmp_path):
     conf = tmp_path / "air.toml"
     text = cluster.config.read_text().replace('auth = "munge"', 'auth = "none"')
     conf.write_text(text.replace(f'address = "{BASE_ADDRESS}:6817"', 'address = "10.11.12.13:6817"'))
-    proc = subprocess.run([sys.executable, "-m", "airctld", "--config", str(conf)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "air.airctld", "--config", str(conf)], capture_output=True,
                           text=True, timeout=30)
     assert proc.returncode != 0
     assert 'auth = "none" is allowed only on a loopback address, not 10.11.12.13:6817' in proc.stderr

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from airnoded import shepherding
-from airnoded.shepherd import boot_id, start_time
+from air.airnoded import shepherding
+from air.airnoded.shepherd import boot_id, start_time
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aircli import slurm
+from air.aircli import slurm
 
 BIN = Path(sys.executable).parent
 NAMES = ["sbatch", "srun", "squeue", "scancel", "sinfo", "sacct", "scontrol"]

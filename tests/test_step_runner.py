@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from airnoded import steps
-from airnoded.steps import StepError, StepLimit, StepRunner
-from protos import air_pb2 as pb
+from air.airnoded import steps
+from air.airnoded.steps import StepError, StepLimit, StepRunner
+from air.protos import air_pb2 as pb
 
 OWNER = os.getuid()
 
@@ -196,7 +196,7 @@ def test_a_step_whose_shepherd_died_with_its_ranks_while_no_daemon_ran_ends_at_a
 def test_a_rank_the_fence_stopped_says_so_and_one_that_was_killed_otherwise_does_not(runner):
     """The node's fence marks a run before it signals it: the rank's exit says it was fenced, so airrun
     ends with NODE_LOST_EXIT (a requeue), not with the rank's signal (a failure of the job's own)."""
-    from airnoded import fence, jobfiles
+    from air.airnoded import fence, jobfiles
     runner.prepare(_step(job_id=3, argv=("sleep", "30")))
     events, stop = runner.run(3, 0, OWNER)
     fence.mark_fenced(jobfiles.job_dir(runner.spool, 3, 0))

@@ -1,11 +1,11 @@
 """airrun: steps across the nodes of a job, with real torch.distributed ranks (gloo)."""
 import psutil
 
-from airctld.model import Job, NodeAlloc
-from airctld.steps import layout
-from protos.stepenv import rank_environment
+from air.airctld.model import Job, NodeAlloc
+from air.airctld.steps import layout
+from air.protos.stepenv import rank_environment
 from cluster import wait_for
-from protos import air_pb2 as pb
+from air.protos import air_pb2 as pb
 
 BASE_ADDRESS = "127.0.5.1"
 

@@ -3,11 +3,11 @@ import sqlite3
 
 import pytest
 
-from airctld import events
-from airctld.model import Job, Node, NodeAlloc
-from airctld.store import SCHEMA_VERSION, Store, StoreError
-from protos import air_pb2 as pb
-from protos.states import JobPhase, JobResult, NodeState, Reason
+from air.airctld import events
+from air.airctld.model import Job, Node, NodeAlloc
+from air.airctld.store import SCHEMA_VERSION, Store, StoreError
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase, JobResult, NodeState, Reason
 
 
 @pytest.fixture(params=["file", "memory"])

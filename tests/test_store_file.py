@@ -9,11 +9,11 @@ import sys
 import threading
 import time
 
-from airctld.model import Job
-from airctld.store import Store
+from air.airctld.model import Job
+from air.airctld.store import Store
 from cluster import BIN, wait_for
-from protos import air_pb2 as pb
-from protos.states import JobPhase
+from air.protos import air_pb2 as pb
+from air.protos.states import JobPhase
 
 BASE_ADDRESS = "127.0.60.1"
 
@@ -85,13 +85,13 @@ def test_backup_under_a_submission_storm_restores_every_acknowledged_job(cluster
     new_id = cluster.submit(script, "-H")
     assert new_id > max(everything)
     # one controller to a store
-    second = subprocess.run([sys.executable, "-m", "airctld", "--config", str(cluster.config)], capture_output=True,
+    second = subprocess.run([sys.executable, "-m", "air.airctld", "--config", str(cluster.config)], capture_output=True,
                             text=True, timeout=30)
     assert second.returncode == 2 and "an airctld runs on" in second.stderr, second.stderr[-500:]
 
 
 def test_a_restore_is_refused_a_newer_schema_and_a_killed_one_is_never_an_empty_store(tmp_path):
-    from airctld.store import SCHEMA_VERSION
+    from air.airctld.store import SCHEMA_VERSION
     newer = tmp_path / "newer.db"
     store = Store(str(newer))
     store.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")

@@ -1,10 +1,10 @@
 """Request limits and environment filtering, pure."""
 import pytest
 
-from protos.config import ControllerConfig
-from airctld.errors import InvalidRequest
-from airctld.validate import check_request, filtered_environment
-from protos import air_pb2 as pb
+from air.protos.config import ControllerConfig
+from air.airctld.errors import InvalidRequest
+from air.airctld.validate import check_request, filtered_environment
+from air.protos import air_pb2 as pb
 
 CC = ControllerConfig(max_script_bytes=1000, max_env_bytes=100)
 

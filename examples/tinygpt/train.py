@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-import runtime  # first: from here on a stop signal is caught, not fatal
+from air import runtime  # first: from here on a stop signal is caught, not fatal
 
 import torch
 
