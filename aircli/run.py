@@ -11,9 +11,7 @@ import time
 import click
 
 from air.aircli.client import CliError, entry
-
-REQUEUE_EXIT = 75   # runtime.REQUEUE_EXIT: a rank checkpointed and stopped for requeue
-NODE_LOST_EXIT = 76  # a node of the step stopped answering: the controller requeues the job
+from air.protos.states import ExitCode
 
 
 @click.command(context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]})
@@ -103,7 +101,7 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
                 streams_left -= 1
                 if value:  # a node's stream broke: its ranks are gone, most likely with the node
                     err.write(f"airrun: error: {value}; ending the step\n".encode())
-                    first_bad = first_bad or NODE_LOST_EXIT
+                    first_bad = first_bad or ExitCode.NODE_LOST
                     if kill_on_bad_exit:
                         break
                 continue
@@ -111,15 +109,15 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
             if event.exited:
                 remaining -= 1
                 code = event.exit_code or (128 + event.exit_signal if event.exit_signal else 0)
-                if event.fenced and code not in (0, REQUEUE_EXIT):
+                if event.fenced and code not in (0, ExitCode.REQUEUE):
                     # its node lost the controller and stopped it: the run is lost there, not failed; the
                     # other ranks are left their grace to checkpoint and stop
-                    first_bad = first_bad or NODE_LOST_EXIT
+                    first_bad = first_bad or ExitCode.NODE_LOST
                     continue
                 if code and not first_bad:
                     first_bad = code
                     # a rank that stopped cleanly for requeue is not a failure: the others follow
-                    if kill_on_bad_exit and remaining and code != REQUEUE_EXIT:
+                    if kill_on_bad_exit and remaining and code != ExitCode.REQUEUE:
                         err.write(f"airrun: rank {event.rank} exited with {code}; ending the step\n".encode())
                         break
                 continue

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal as signals
 
 from air.airctld.model import Job, NodeAlloc, evolve
-from air.protos.states import JobPhase, JobResult, Reason, long_state
+from air.protos.states import ExitCode, JobPhase, JobResult, Reason, long_state
 
 
 class TransitionError(Exception):
@@ -17,8 +17,6 @@ class TransitionError(Exception):
 
 # Stops after which a job goes back to the queue (when it allows requeue) rather than ending.
 REQUEUING = frozenset({Reason.REQUEUE_REQUESTED, Reason.PREEMPTED, Reason.HUNG})
-REQUEUE_EXIT = 75   # the runtime's exit code for "stopped cleanly for requeue" (EX_TEMPFAIL)
-NODE_LOST_EXIT = 76  # airrun's exit code when a node of its step stopped answering
 
 
 def _require(job: Job, *phases: JobPhase, doing: str) -> None:
@@ -114,18 +112,18 @@ def finished(job: Job, now: float, exit_code: int, exit_signal: int, detail: str
              launch_failed: bool = False, out_of_memory: bool = False, warned: bool = False,
              step_left_batch_node: bool = False) -> Job:
     """The batch script ended: back to the queue when a requeue was asked for, or when it failed on its
-    own and has retries left (--retries); otherwise done. Exit NODE_LOST_EXIT is airrun's word that a
+    own and has retries left (--retries); otherwise done. Exit ExitCode.NODE_LOST is airrun's word that a
     node of its step stopped answering; any script can exit with it, so it counts as a node failure
     only when a step of this run reached beyond the batch node (`step_left_batch_node`), and as an
     ordinary failure otherwise."""
     if job.phase == JobPhase.COMPLETING and job.reason in REQUEUING and job.requeue_allowed:
         return requeued(job, now, job.reason, job.reason_detail or "requeued on request", exit_code, exit_signal)
-    if job.phase == JobPhase.RUNNING and exit_code == REQUEUE_EXIT and not exit_signal and job.requeue_allowed:
+    if job.phase == JobPhase.RUNNING and exit_code == ExitCode.REQUEUE and not exit_signal and job.requeue_allowed:
         # stopped cleanly for requeue on its own: at the time-limit warning (--signal), or told by a
         # signal the cluster did not send
         reason = Reason.TIME_LIMIT if warned else Reason.REQUEUE_REQUESTED
         return requeued(job, now, reason, "checkpointed and stopped for requeue", exit_code)
-    if job.phase == JobPhase.RUNNING and exit_code == NODE_LOST_EXIT and step_left_batch_node and not exit_signal \
+    if job.phase == JobPhase.RUNNING and exit_code == ExitCode.NODE_LOST and step_left_batch_node and not exit_signal \
             and job.requeue_allowed:
         # airrun lost a node of its step before the controller noticed the node was gone
         return requeued(job, now, Reason.NODE_FAIL, "a node of the step stopped answering (airrun)", exit_code)

@@ -13,7 +13,7 @@ from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound
 from air.airctld.model import Job, Node, evolve
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
-from air.protos.states import ACTIVE_PHASES, JobPhase, NodeState, Reason
+from air.protos.states import ACTIVE_PHASES, ExitCode, JobPhase, NodeState, Reason
 
 log = logging.getLogger("airctld")
 
@@ -100,7 +100,7 @@ class NodeReports:
                         continue
                     # airrun's NODE_LOST_EXIT names no node: it may be any of this run's steps' other nodes
                     lost = (self.store.step_nodes(job.job_id, job.restart_count) & set(job.node_names)) - {req.name} \
-                        if e.exit_code == events.NODE_LOST_EXIT and not e.exit_signal else set()
+                        if e.exit_code == ExitCode.NODE_LOST and not e.exit_signal else set()
                     changes.append((job, events.finished(job, now, e.exit_code, e.exit_signal, e.detail,
                                                          e.launch_failed, e.out_of_memory,
                                                          warned=e.job_id in self._warned,

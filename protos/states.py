@@ -18,6 +18,15 @@ JobResult = _from_proto("JobResult", pb.JobResult, "JOB_RESULT_")
 Reason = _from_proto("Reason", pb.Reason, "REASON_")
 NodeState = _from_proto("NodeState", pb.NodeState, "NODE_STATE_")
 
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes that mean something to AIR beyond success or failure. The runtime, which imports
+    nothing of AIR's, keeps its own REQUEUE_EXIT; tests/test_layers.py checks that the two agree."""
+    REQUEUE = 75     # EX_TEMPFAIL: the job checkpointed and stopped, to be requeued
+    NODE_LOST = 76   # airrun: a node of its step stopped answering (a node failure, not the job's)
+
+
 # Long names as scontrol prints them, for a job in a given phase with a given result.
 _DONE_NAMES = {
     JobResult.NONE: "COMPLETED",

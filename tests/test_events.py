@@ -4,7 +4,7 @@ import pytest
 from air.airctld import events
 from air.airctld.model import Job, NodeAlloc
 from air.protos import air_pb2 as pb
-from air.protos.states import JobPhase, JobResult, Reason, long_state, state_code
+from air.protos.states import ExitCode, JobPhase, JobResult, Reason, long_state, state_code
 
 
 def _job(**kw):
@@ -87,16 +87,16 @@ def test_requeue_paths():
 
 def test_clean_stops_and_lost_nodes_reported_by_exit_codes():
     running = events.start(_job(), 1, ALLOC)
-    warned = events.finished(running, 2, events.REQUEUE_EXIT, 0, warned=True)
+    warned = events.finished(running, 2, ExitCode.REQUEUE, 0, warned=True)
     assert warned.phase == JobPhase.PENDING and warned.last_stop_reason == Reason.TIME_LIMIT
-    asked = events.finished(running, 2, events.REQUEUE_EXIT, 0)
+    asked = events.finished(running, 2, ExitCode.REQUEUE, 0)
     assert asked.phase == JobPhase.PENDING and asked.last_stop_reason == Reason.REQUEUE_REQUESTED
-    lost = events.finished(running, 2, events.NODE_LOST_EXIT, 0, step_left_batch_node=True)
+    lost = events.finished(running, 2, ExitCode.NODE_LOST, 0, step_left_batch_node=True)
     assert lost.phase == JobPhase.PENDING and lost.last_stop_reason == Reason.NODE_FAIL
-    own = events.finished(running, 2, events.NODE_LOST_EXIT, 0)   # no step of it left the batch node
-    assert own.result == JobResult.FAILED and own.exit_code == events.NODE_LOST_EXIT
+    own = events.finished(running, 2, ExitCode.NODE_LOST, 0)   # no step of it left the batch node
+    assert own.result == JobResult.FAILED and own.exit_code == ExitCode.NODE_LOST
     stuck = events.start(_job(request=pb.JobRequest(no_requeue=True)), 1, ALLOC)
-    assert events.finished(stuck, 2, events.REQUEUE_EXIT, 0).result == JobResult.FAILED
+    assert events.finished(stuck, 2, ExitCode.REQUEUE, 0).result == JobResult.FAILED
     hung = events.hung(running, 5, 120)
     assert hung.reason == Reason.HUNG and events.finished(hung, 6, 0, 9).phase == JobPhase.PENDING
     oom = events.finished(running, 2, 137, 0, out_of_memory=True)

@@ -75,3 +75,9 @@ def test_the_commands_never_import_torch():
     code = f"import sys\nfor m in {modules!r}:\n    __import__(m)\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_runtime_and_the_controller_agree_on_the_requeue_exit_code():
+    from air import runtime
+    from air.protos.states import ExitCode
+    assert runtime.REQUEUE_EXIT == ExitCode.REQUEUE == 75

@@ -195,7 +195,7 @@ def test_a_step_whose_shepherd_died_with_its_ranks_while_no_daemon_ran_ends_at_a
 
 def test_a_rank_the_fence_stopped_says_so_and_one_that_was_killed_otherwise_does_not(runner):
     """The node's fence marks a run before it signals it: the rank's exit says it was fenced, so airrun
-    ends with NODE_LOST_EXIT (a requeue), not with the rank's signal (a failure of the job's own)."""
+    ends with ExitCode.NODE_LOST (a requeue), not with the rank's signal (a failure of the job's own)."""
     from air.airnoded import fence, jobfiles
     runner.prepare(_step(job_id=3, argv=("sleep", "30")))
     events, stop = runner.run(3, 0, OWNER)
