@@ -13,6 +13,7 @@ from air.protos import air_pb2 as pb
 
 MAX_PATH = 4096
 MAX_DEPENDENCY_CHARS = 64 * 1024
+MAX_MEM_MB = 1 << 30          # --mem and --mem-per-gpu: 1 PiB
 MAX_ARGS = 1024
 MAX_ARGS_BYTES = 256 * 1024
 MAX_ENV_VARS = 4096
@@ -42,6 +43,9 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
                              "characters")
     if not req.workdir.startswith("/"):
         raise InvalidRequest(f"working directory {req.workdir!r} is not an absolute path")
+    for field, flag in (("mem_per_node_mb", "--mem"), ("mem_per_gpu_mb", "--mem-per-gpu")):
+        if getattr(req, field) > MAX_MEM_MB:   # (times a node's GPUs, in bytes, it must still fit the wire's 64 bits)
+            raise InvalidRequest(f"{flag}={getattr(req, field)}M: at most {MAX_MEM_MB}M (1 PiB)")
     for field in ("workdir", "output", "error"):
         value = getattr(req, field)
         if len(value) > MAX_PATH or "\0" in value or "\n" in value:

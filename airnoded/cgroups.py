@@ -4,16 +4,19 @@ that a kill reaches, with a memory limit (--mem) and an out-of-memory count read
 cgroup v2 (the unified hierarchy) where the host has it; the v1 memory controller on hosts that
 mount v1 (as this project's CI machine does); neither when the daemon is not root or the
 hierarchy cannot be written, in which case jobs are tracked by process group alone and the
-daemon says so in its log. Groups live under <root>/air/<node>/job<ID>.<RUN>, so several node daemons
-on one host stay apart.
+daemon says so in its log. Groups live under <root>/air/<node>.<spool>/job<ID>.<RUN> (<spool>: a
+hash of the daemon's spool folder), so several node daemons on one host (local clusters, whose
+nodes share names and number their jobs from 1) never touch each other's groups.
 """
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger("airnoded")
@@ -24,8 +27,10 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 class JobCgroups:
     """One node daemon's job groups. `mode` is "v2", "v1" or "none"."""
 
-    def __init__(self, node: str, root: Path = CGROUP_ROOT, mode: str | None = None):
+    def __init__(self, node: str, root: Path = CGROUP_ROOT, mode: str | None = None, spool: Path | None = None):
         self.node = node
+        if spool is not None:
+            node = f"{node}.{hashlib.sha256(str(Path(spool).resolve()).encode()).hexdigest()[:8]}"
         self._lock = threading.Lock()
         self._current: dict[int, Path] = {}
         self.mode = mode if mode is not None else detect(root)
@@ -95,6 +100,15 @@ class JobCgroups:
             return [int(p) for p in (path / "cgroup.procs").read_text().split()]
         except OSError:
             return []
+
+    def empty(self, path: Path, tries: int = 50) -> bool:
+        """SIGKILL what is in the group until nothing is (a process forking as it dies comes back in the
+        next round); whether it is empty now."""
+        for _ in range(tries):
+            if not self.kill(path):
+                return True
+            time.sleep(0.02)
+        return not self.pids(path)
 
     def kill(self, path: Path, sig: int = signal.SIGKILL) -> int:
         """Signal every process in the group; how many there were."""

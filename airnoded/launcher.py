@@ -315,10 +315,7 @@ class Launcher:
         the kernel killed any for memory, and remove the group."""
         if group is None:
             return False, 0
-        for _ in range(50):
-            if not self.cgroups.kill(group):
-                break
-            time.sleep(0.02)
+        self.cgroups.empty(group)
         oom, peak = self.cgroups.oom_kills(group) > 0, self.cgroups.peak_memory(group)
         self.cgroups.remove(group)
         return oom, peak

@@ -83,7 +83,7 @@ class StepRunner:
         # run -> its cgroup here, where no batch script runs: the steps' own, made by the first and
         # removed (what is left in it killed) with the last; _group_lock orders the two
         self._own_groups: dict[RunKey, Path] = {}
-        self._group_lock = threading.Lock()
+        self._group_locks = [threading.Lock() for _ in range(16)]
         self.detaching = threading.Event()
         self.spawner: shepherding.Spawner | None = None   # forks shepherds cheaply, once started
         self._lock = threading.Lock()
@@ -111,9 +111,11 @@ class StepRunner:
             return [g for (j, r), gs in self._groups.items() if j == job_id and r <= run for g in gs]
 
     def has_ranks(self, job_id: int, run: int) -> bool:
-        """Whether a step of this run of the job is starting or running here."""
+        """Whether a step of this run of the job is starting or running here, or left processes in the
+        run's group here that would not die (its folder keeps the group's record for the fence keeper)."""
         with self._lock:
-            return bool(self._groups.get((job_id, run))) or self._streams.get((job_id, run), 0) > 0
+            return bool(self._groups.get((job_id, run))) or self._streams.get((job_id, run), 0) > 0 \
+                or (job_id, run) in self._own_groups
 
     def rank_count(self) -> int:
         """Ranks starting or running here, all steps together."""
@@ -138,22 +140,27 @@ class StepRunner:
                 self.cgroups.kill(group)
         return bool(groups) or any(self.cgroups.pids(g) for g in own)
 
+    def _group_lock(self, key: RunKey) -> threading.Lock:
+        """One of a few locks that order a run's group being made and removed (one user's slow cleanup
+        holds up the steps of the runs that share its lock, not all)."""
+        return self._group_locks[hash(key) % len(self._group_locks)]
+
     def run_group(self, step: pb.Step, index: int, folder: Path) -> Path | None:
-        """The cgroup the step's ranks join here: on the batch node, the batch script's (the launcher
-        made it); on a node where only ranks run, the run's own, made now with the job's memory limit
-        on this node and recorded in the run's folder (for the fence keeper, and for a daemon that
-        adopts the ranks)."""
+        """The cgroup the step's ranks join here: where the run's batch script runs (its shepherd's
+        record is in the run's folder), the batch script's, made by the launcher; on a node where only
+        ranks run, the run's own, made now with the job's memory limit on this node and recorded in the
+        run's folder (for the fence keeper, and for a daemon that adopts the ranks)."""
         if not self.cgroups.enabled:
             return None
         key = (step.job_id, step.run)
-        with self._group_lock:
+        path = self.cgroups.run_path(*key)
+        if shepherding.BATCH in shepherding.tags(folder):
+            return path if path.is_dir() else None
+        with self._group_lock(key):
             with self._lock:
                 group = self._own_groups.get(key)
             if group is not None and group.is_dir():
                 return group
-            batch = self.cgroups.current(step.job_id)
-            if batch is not None and batch == self.cgroups.run_path(*key):
-                return batch
             group = self.cgroups.create(step.job_id, step.run, step.nodes[index].memory_limit_bytes)
             jobfiles.write_root_file(folder, fence.CGROUP, str(group).encode(), 0o600)
             with self._lock:
@@ -162,18 +169,25 @@ class StepRunner:
 
     def _end_group(self, key: RunKey) -> None:
         """The run's last step here has ended: kill what its ranks left in the run's own cgroup, and
-        remove it (unless a step of the run started meanwhile)."""
-        with self._group_lock:
+        remove it (unless a step of the run started meanwhile). A group that will not empty stays this
+        run's, so that the run's stop, a stale-run kill or a fence still reach what is in it."""
+        with self._group_lock(key):
             with self._lock:
                 if self._streams.get(key):
                     return
-                group = self._own_groups.pop(key, None)
+                group = self._own_groups.get(key)
             if group is None:
                 return
-            if self.cgroups.kill(group):
-                log.warning("job %d: killed processes its ranks left on %s (run %d)", key[0], self.node, key[1])
-                time.sleep(0.1)
+            if self.cgroups.pids(group):
+                log.warning("job %d: killing processes its ranks left on %s (run %d)", key[0], self.node, key[1])
+            if not self.cgroups.empty(group):
+                log.warning("job %d: processes its ranks left on %s (run %d) outlive SIGKILL; cgroup %s kept",
+                            key[0], self.node, key[1], group)
+                return
             self.cgroups.remove(group)
+            with self._lock:
+                if self._own_groups.get(key) == group:
+                    del self._own_groups[key]
 
     def attach(self, job_id: int, step_id: int, uid: int) -> tuple[Iterator[pb.StepEvent], Callable[[], None]]:
         """Follow a step an earlier daemon started here (airrun again after a restart); once."""

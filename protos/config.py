@@ -363,13 +363,15 @@ def _durations(where: str, raw: dict, keys: tuple[str, ...]) -> dict:
     for key in keys:
         if key in raw:
             value = raw[key]
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_NUMBER["int"]:
                 out[key + "_s"] = int(value)
                 continue
             try:
-                out[key + "_s"] = parse_duration(str(value))
+                out[key + "_s"] = parse_duration(str(value)[:64])
             except ValueError as e:
                 raise ConfigError(f"{where} {key}: {e}") from None
+            if out[key + "_s"] > MAX_NUMBER["int"]:
+                raise ConfigError(f"{where} {key} = {_short(value)}: at most {MAX_NUMBER['int']} s")
     return out
 
 
@@ -404,6 +406,14 @@ def _check_keys(where: str, raw: dict, allowed: set[str]) -> None:
         raise ConfigError(f"unknown key {unknown[0]!r} in {where}; known keys: {', '.join(sorted(allowed))}")
 
 
+MAX_NUMBER = {"int": 2**31 - 1, "float": 1e9}   # bytes, counts and seconds; 1e9 s is 31 years
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:20]}..."
+
+
 def _build(cls, where: str, raw: dict, **extra):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     _check_keys(where, raw, set(fields) - set(extra))
@@ -417,8 +427,10 @@ def _build(cls, where: str, raw: dict, **extra):
         if not ok:
             kind = "list of strings" if want == "tuple" else want
             raise ConfigError(f"{where} {key} = {value!r}: expected a {kind}")
-        if want == "float" and not math.isfinite(value):   # (nan passes every comparison)
+        if want == "float" and isinstance(value, float) and not math.isfinite(value):   # (nan passes every comparison)
             raise ConfigError(f"{where} {key} = {value!r}: must be a finite number")
+        if want in ("int", "float") and value > MAX_NUMBER[want]:   # (a timer, or a gRPC limit, over it fails)
+            raise ConfigError(f"{where} {key} = {_short(value)}: at most {MAX_NUMBER[want]:g}")
         if want in ("int", "float") and value < 0:
             raise ConfigError(f"{where} {key} = {value!r}: must not be negative")
         values[key] = tuple(value) if want == "tuple" else value
@@ -471,9 +483,11 @@ def _partition(where: str, raw: dict, known: set[str]) -> PartitionConfig:
     times = {}
     for key in ("max_time", "default_time"):
         try:
-            times[key] = parse_duration(str(raw.get(key, "UNLIMITED")))
+            times[key] = parse_duration(str(raw.get(key, "UNLIMITED"))[:64])
         except ValueError as e:
             raise ConfigError(f"{where} {key}: {e}") from None
+        if times[key] > MAX_NUMBER["int"]:
+            raise ConfigError(f"{where} {key} = {_short(raw[key])}: at most {MAX_NUMBER['int']} s")
     if not isinstance(raw.get("default", False), bool):
         raise ConfigError(f"{where} default = {raw['default']!r}: expected true or false")
     extra = _build(PartitionConfig, where, {k: raw[k] for k in ("priority", "accounts") if k in raw},

@@ -11,7 +11,6 @@ from air.airnoded.cgroups import JobCgroups, detect
 from air.protos.limits import memory_limit_bytes
 from cluster import wait_for
 
-BASE_ADDRESS = "127.0.17.1"
 MODE = detect()
 
 
@@ -26,6 +25,9 @@ def test_limits_and_layout_on_a_cgroup_tree(tmp_path):
         assert path == root / Path(limit_file).parent and groups.current(7) == path
         second = groups.create(7, 1, 0)    # a requeued run gets a group of its own
         assert second != path and groups.current(7) == second
+        apart = JobCgroups("n1", root=root, mode=mode, spool=tmp_path / "other-spool")
+        assert apart.base.parent == groups.base.parent and apart.base.name.startswith("n1.") \
+            and apart.create(7, 0, 0) != path   # another daemon named n1 on this host: groups of its own
     assert memory_limit_bytes(100, 512, 2) == 100 * 1024 * 1024
     assert memory_limit_bytes(0, 0, 8) == 0
 
@@ -84,9 +86,35 @@ def test_ranks_on_a_node_without_the_batch_script_are_held_in_a_cgroup_of_the_ru
     hog = cluster.write_script("rank-hog.sh", f"#!/bin/sh\n[ \"$SLURM_NODEID\" = 1 ] || exit 0\nexec {sys.executable} "
                                "-c 'b = [bytearray(16 << 20) for _ in range(40)]; print(len(b))'\n")
     over = cluster.submit(cluster.write_script("hog2.sh", f"#!/bin/sh\nairrun -N 2 --ntasks-per-node=1 sh {hog}\n"),
-                          "-N", "2", "--gpus-per-node=1", "--mem=64M", "--no-requeue")
-    done = cluster.wait_state(over, "COMPLETED", "FAILED", timeout=60)
-    assert done["state"] == "FAILED", done
+                          "-N", "2", "--gpus-per-node=1", "--mem=200M", "--no-requeue")
+    done = cluster.wait_state(over, "COMPLETED", "FAILED", "OUT_OF_MEMORY", timeout=60)
+    # the rank on node02 was killed by the kernel (SIGKILL: airrun ends 128 + 9); airrun on node01 fit
+    assert done["state"] == "FAILED" and done["exit_code"] == 137, done
     fits = cluster.submit(cluster.write_script("hog3.sh", f"#!/bin/sh\nairrun -N 2 --ntasks-per-node=1 sh {hog}\n"),
                           "-N", "2", "--gpus-per-node=1", "--mem=2G")
     assert cluster.wait_state(fits, "COMPLETED", "FAILED", timeout=60)["state"] == "COMPLETED"
+
+
+def test_a_steps_group_is_the_batch_scripts_where_it_runs_and_the_runs_own_elsewhere(tmp_path):
+    """On a fake cgroup tree: ranks join the batch script's group on its node (never one of their own that
+    the last step would empty, killing the script), and a run's own group on a node with ranks only."""
+    from air.airnoded.steps import StepRunner
+    from air.protos import air_pb2 as pb
+    root = tmp_path / "cg"
+    root.mkdir()
+    groups = JobCgroups("n1", root=root, mode="v1")
+    runner = StepRunner("n1", "127.0.0.1", groups)
+    step = pb.Step(job_id=7, run=2, nodes=[pb.StepNode(node="n1", memory_limit_bytes=64 << 20)])
+    batch_dir, ranks_dir = tmp_path / "batch-node", tmp_path / "ranks-node"
+    batch_dir.mkdir()
+    ranks_dir.mkdir()
+    (batch_dir / "batch.shepherd").write_text("1 2 3\n")
+    batch_group = groups.create(7, 2, 0)                     # what the launcher made for the script
+    assert runner.run_group(step, 0, batch_dir) == batch_group
+    assert 7 not in {k[0] for k in runner._own_groups}      # not the steps' to remove
+    groups.remove(batch_group)
+    own = runner.run_group(step, 0, ranks_dir)
+    assert own == root / "memory" / "air" / "n1" / "job7.2" and (own / "memory.limit_in_bytes").read_text() == str(64 << 20)
+    assert (ranks_dir / "cgroup").read_text() == str(own)   # for the fence keeper and a daemon that adopts them
+    assert runner.run_group(step, 0, ranks_dir) == own      # a second step of the run joins the same group
+    assert runner.has_ranks(7, 2)

@@ -41,6 +41,11 @@ def _with(section, change, index=None):
     (_with("controller", {"events_keep_days": 0}), "events_keep_days = 0: must be above 0"),
     (_with("controller", {"kill_wait_s": float("nan")}), "kill_wait_s = nan: must be a finite number"),
     (_with("controller", {"node_timeout_s": float("inf")}), "node_timeout_s = inf: must be a finite number"),
+    (_with("controller", {"kill_wait_s": 1e10}), "kill_wait_s = 10000000000.0: at most 1e+09"),
+    (_with("controller", {"kill_wait_s": 10 ** 400}), "kill_wait_s = 10000000000000000000...: at most 1e+09"),
+    (_with("controller", {"max_message_bytes": 2 ** 31}), "max_message_bytes = 2147483648: at most 2.14748e+09"),
+    ({**GOOD, "scheduler": {"max_age": float("inf")}}, "[scheduler] max_age: time 'inf' is not one of"),
+    (_with("partitions", {"max_time": 10 ** 12}, 0), "max_time = 1000000000000: at most 2147483647 s"),
     (_with("controller", {"metrics_address": "9817"}), "metrics_address = '9817': give host:port"),
     (_with("nodes", {"metrics_port": 70000}, 0), "metrics_port = 70000: not a port number"),
 ])

@@ -151,10 +151,20 @@ def test_exit_76_is_a_lost_node_only_when_a_step_of_the_run_reached_another_node
     assert ended.phase == JobPhase.DONE and ended.exit_code == 76 and ended.restart_count == 0
     assert c.suspect == {}
 
-    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", nodes=2, gpus_per_node=4), ROOT)
-    job = c.jobs.get(job_id)
-    job = c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0, 1, 2, 3), 1),
-                                                          NodeAlloc("n2", (0, 1, 2, 3), 1))))], clock.now, 0)[0]
+    def two_nodes():
+        job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", nodes=2, gpus_per_node=4), ROOT)
+        job = c.jobs.get(job_id)
+        c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0, 1, 2, 3), 1),
+                                                        NodeAlloc("n2", (0, 1, 2, 3), 1))))], clock.now, 0)
+        return job_id
+
+    home = two_nodes()      # two nodes, but its step stayed on the batch node: n2 took no part
+    c.create_step(pb.StepSpec(job_id=home, argv=["true"], nodelist=["n1"]), ROOT)
+    _beat(c, "n1", runs=[(home, 0)], exits=[pb.JobExit(job_id=home, run=0, exit_code=76)])
+    assert c.jobs.get(home).phase == JobPhase.DONE and c.jobs.get(home).exit_code == 76
+    assert c.suspect == {}
+
+    job_id = two_nodes()
     c.create_step(pb.StepSpec(job_id=job_id, argv=["true"], nodes=2), ROOT)
     _beat(c, "n1", runs=[(job_id, 0)], exits=[pb.JobExit(job_id=job_id, run=0, exit_code=76)])
     lost = c.jobs.get(job_id)
@@ -176,13 +186,13 @@ def test_a_wall_clock_set_forward_or_back_kills_no_node_and_hangs_no_job(tmp_pat
         job = c.jobs.get(job_id)
         c._commit([(job, events.start(job, wall.now, (NodeAlloc("n1", (0, 1, 2, 3), 1),)))], wall.now, 0)
         for jump in (3600, -7200, 3600):
-            wall.now += jump
+            wall.now += jump      # the clock is set; the next heartbeat has not come yet
             mono.now += 1
+            c.tick()
+            assert c.jobs.get(job_id).phase == JobPhase.RUNNING and c.jobs.get(job_id).reason != Reason.HUNG, jump
+            assert {n.name: n.state for n in c.nodes.values()} == {"n1": NodeState.UP, "n2": NodeState.UP}
             _beat(c, "n1", runs=[(job_id, 0)], progress=[pb.JobProgress(job_id=job_id, run=0, report='{"step": 1}')])
             _beat(c, "n2")
-            c.tick()
-            assert c.jobs.get(job_id).phase == JobPhase.RUNNING, jump
-            assert {n.name: n.state for n in c.nodes.values()} == {"n1": NodeState.UP, "n2": NodeState.UP}
         mono.now += 16                                        # n2 silent past node_timeout_s, n1 answers
         _beat(c, "n1", runs=[(job_id, 0)])
         c.tick()
@@ -216,5 +226,31 @@ def test_a_restarted_controller_gives_a_long_running_job_a_full_hang_timeout(tmp
         _beat(c, "n1", runs=[(job_id, 0)])
         c.tick()
         assert c.jobs.get(job_id).reason == Reason.HUNG
+    finally:
+        c.stop()
+
+
+def test_a_requeued_job_waits_for_the_silent_nodes_fence_on_the_monotonic_clock(tmp_path):
+    """The fence deadline is monotonic: the wall clock set an hour forward starts no second run while
+    the silent node may still run the first; monotonic time reaching the deadline does."""
+    wall, mono = Clock(), Clock()
+    c = _build(tmp_path, wall, mono)
+    try:
+        job = _running_on(c, wall, "n1")
+        _beat(c, "n1", runs=[(job.job_id, 0)])
+        silent_since = mono.now
+        c._commit([(job, events.node_lost(job, wall.now, Reason.NODE_FAIL, "airrun lost n1"))], wall.now, 0)
+        wall.now += 3600
+        mono.now += 0.5
+        _beat(c, "n2")
+        c._dirty = True
+        c.tick()
+        assert c.jobs.get(job.job_id).phase == JobPhase.PENDING
+        cc = c.config.controller
+        mono.now = silent_since + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s + 0.1
+        _beat(c, "n2")
+        c._dirty = True
+        c.tick()
+        assert c.jobs.get(job.job_id).phase == JobPhase.RUNNING
     finally:
         c.stop()

@@ -24,6 +24,8 @@ def test_good_request_passes():
     (dict(script="#!/bin/sh\n" + "x" * 1000), "bytes; the limit is 1000"),
     (dict(script="echo hi\n"), "must start with a #! line"),
     (dict(workdir="relative/dir"), "is not an absolute path"),
+    (dict(mem_per_node_mb=1 << 50), "--mem=1125899906842624M: at most 1073741824M"),
+    (dict(mem_per_gpu_mb=(1 << 30) + 1), "--mem-per-gpu=1073741825M: at most"),
     (dict(name="n" * 300), "at most 256 printable characters"),
     (dict(name="bad\nname"), "at most 256 printable characters"),
     (dict(output="/tmp/a\0b"), "without NUL or newline"),
