@@ -134,7 +134,7 @@ class Air:
 def python_floor_ms(runs: int = 20) -> tuple[float, float]:
     """Interpreter start alone, and start plus importing what airbatch imports before its RPC."""
     bare = statistics.median(_timed([sys.executable, "-c", "pass"], os.environ) for _ in range(runs))
-    imports = statistics.median(_timed([sys.executable, "-c", "import aircli.batch, grpc, protos.air_pb2_grpc"],
+    imports = statistics.median(_timed([sys.executable, "-c", "import air.aircli.batch, grpc, air.protos.air_pb2_grpc"],
                                        os.environ) for _ in range(runs))
     return bare * 1000, imports * 1000
 

@@ -1,10 +1,13 @@
 """A real local cluster for integration tests: airctld and airnoded processes on loopback addresses.
 
-Each test module brings up its own cluster on its own addresses (see `base_address`), so
-modules never share ports. Commands run as real subprocesses of the installed tools.
+Each cluster gets a block of loopback addresses of its own, 127.0.N.0/24, held through a lock file
+for as long as it lives (`reserve_block`): clusters of one test run, of two runs at once (two
+checkouts, CI beside a developer) or of a benchmark never share an address or a port. Commands run
+as real subprocesses of the installed tools.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pwd
@@ -20,6 +23,35 @@ from pathlib import Path
 import psutil
 
 BIN = Path(sys.executable).parent
+LOCKS = Path(tempfile.gettempdir()) / "air-test-addresses"
+BLOCKS = range(32, 250)   # 127.0.N.0/24 blocks tests may take (127.0.0.0/24 is the host's own)
+
+
+class Block:
+    """A reserved block of loopback addresses, 127.0.N.0/24, until release()."""
+
+    def __init__(self):
+        LOCKS.mkdir(mode=0o1777, exist_ok=True)
+        start = os.getpid() % len(BLOCKS)
+        for i in range(len(BLOCKS)):
+            n = BLOCKS[(start + i) % len(BLOCKS)]
+            fd = os.open(LOCKS / f"127.0.{n}.0", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.prefix, self._fd = f"127.0.{n}", fd
+            return
+        raise RuntimeError(f"every loopback block 127.0.{BLOCKS[0]}-{BLOCKS[-1]}.0/24 is taken by other tests")
+
+    def address(self, host: int) -> str:
+        return f"{self.prefix}.{host}"
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):
@@ -34,9 +66,12 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str
 
 
 class LocalCluster:
-    def __init__(self, base_address: str, nodes: int = 2, gpus_per_node: int = 4, node_timeout: float = 6.0,
+    """airctld on 127.0.N.1:6817 and node0K's airnoded on 127.0.N.(K+1):6818, N from a reserved block."""
+
+    def __init__(self, nodes: int = 2, gpus_per_node: int = 4, node_timeout: float = 6.0,
                  options: tuple[str, ...] = (), extra_config: str = ""):
-        self.base_address = base_address
+        self.block = Block()
+        self.base_address = self.block.address(1)
         self.options = options
         self.extra_config = extra_config
         self.nodes = nodes
@@ -63,9 +98,25 @@ class LocalCluster:
         return self
 
     def down(self) -> None:
-        if (self.dir / "pids").exists():
-            self.cli("aircontrol", "local", "down", "--dir", str(self.dir), env_conf=False, check=False)
-        shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            if (self.dir / "pids").exists():
+                self.cli("aircontrol", "local", "down", "--dir", str(self.dir), env_conf=False, check=False)
+            shutil.rmtree(self.root, ignore_errors=True)
+        finally:
+            self.block.release()
+
+    @property
+    def controller(self) -> str:
+        """The controller's host:port."""
+        return f"{self.base_address}:6817"
+
+    def node(self, index: int) -> str:
+        """node0<index+1>'s daemon, host:port."""
+        return f"{self.block.address(2 + index)}:6818"
+
+    def host(self, index: int) -> str:
+        """node0<index+1>'s address."""
+        return self.block.address(2 + index)
 
     @property
     def pids(self) -> list[int]:

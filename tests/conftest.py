@@ -28,9 +28,8 @@ LOG_LINES = 40   # of each daemon's log, shown under a failed test that used a c
 
 @pytest.fixture(scope="module")
 def cluster(request):
-    """A 2-node cluster with 4 simulated GPUs per node, on the module's own loopback addresses."""
-    base = getattr(request.module, "BASE_ADDRESS")
-    c = LocalCluster(base, node_timeout=getattr(request.module, "NODE_TIMEOUT", 6.0)).up()
+    """A 2-node cluster with 4 simulated GPUs per node, on loopback addresses of its own."""
+    c = LocalCluster(node_timeout=getattr(request.module, "NODE_TIMEOUT", 6.0)).up()
     yield c
     c.down()
 

@@ -21,9 +21,6 @@ from air.protos import air_pb2 as pb
 from air.protos import air_pb2_grpc as rpc
 from air.protos.credential import MungeCredentials
 
-BASE_ADDRESS = "127.0.20.1"
-CONTROLLER = f"{BASE_ADDRESS}:6817"
-NODE01, NODE02 = "127.0.20.2:6818", "127.0.20.3:6818"
 ACCOUNTS = """
 [[accounts]]
 name = "ml"
@@ -41,7 +38,7 @@ def munged():
 @pytest.fixture(scope="module")
 def cluster(munged):
     # jobs are NOT private here: scripts, environments and arguments must stay private anyway
-    c = LocalCluster(BASE_ADDRESS, options=("--auth", "munge", "--munge-socket", munged.socket,
+    c = LocalCluster(options=("--auth", "munge", "--munge-socket", munged.socket,
                                             "--operator", "airtest-op"), extra_config=ACCOUNTS).up()
     yield c
     c.down()
@@ -77,8 +74,8 @@ def _as_user(cluster, user, code, munged):
     """Run Python `code` as `user`, with a MUNGE authenticator `auth` ready; its stdout, stripped."""
     entry = pwd.getpwnam(user)
     prelude = ("import grpc, json, sys\n"
-               "from protos import air_pb2 as pb, air_pb2_grpc as rpc\n"
-               "from protos.credential import MungeCredentials, signed\n"
+               "from air.protos import air_pb2 as pb, air_pb2_grpc as rpc\n"
+               "from air.protos.credential import MungeCredentials, signed\n"
                f"auth = MungeCredentials({munged.socket!r})\n"
                "def err(e):\n"
                "    return e.code().name + ': ' + e.details()\n")
@@ -201,7 +198,7 @@ def test_other_users_never_see_a_jobs_script_environment_or_arguments(cluster, m
                  ("airq", "--start")):
         out = cluster.cli(*args, user="airtest-b", check=False).stdout
         assert not [s for s in secrets if s in out], args
-    code = (f"stub = rpc.ControllerStub(signed(grpc.insecure_channel({CONTROLLER!r}), auth, {CONTROLLER!r}))\n"
+    code = (f"stub = rpc.ControllerStub(signed(grpc.insecure_channel({cluster.controller!r}), auth, {cluster.controller!r}))\n"
             f"job = stub.GetJob(pb.GetJobRequest(job_id={job_id}), timeout=10)\n"
             "raw = stub.ListJobs(pb.JobFilter(), timeout=10).SerializeToString()\n"
             "print(json.dumps([job.request.script, dict(job.request.environment), list(job.request.argv),\n"
@@ -223,9 +220,9 @@ def test_captured_credential_cannot_be_replayed_on_another_method_request_or_nod
     before = cluster.db_rows()
     auth = MungeCredentials(munged.socket)
     listing = pb.JobFilter(job_ids=[job_id])
-    cred = dict(auth.metadata("/air.v1.Controller/ListJobs", CONTROLLER, listing.SerializeToString(deterministic=True)))
-    controller = rpc.ControllerStub(grpc.insecure_channel(CONTROLLER))
-    node = {n: rpc.NodeAgentStub(grpc.insecure_channel(a)) for n, a in (("node01", NODE01), ("node02", NODE02))}
+    cred = dict(auth.metadata("/air.v1.Controller/ListJobs", cluster.controller, listing.SerializeToString(deterministic=True)))
+    controller = rpc.ControllerStub(grpc.insecure_channel(cluster.controller))
+    node = {n: rpc.NodeAgentStub(grpc.insecure_channel(a)) for n, a in (("node01", cluster.node(0)), ("node02", cluster.node(1)))}
 
     def refused(call, request, credential, expect):
         with pytest.raises(grpc.RpcError) as e:
@@ -237,7 +234,7 @@ def test_captured_credential_cannot_be_replayed_on_another_method_request_or_nod
     refused(controller.Cancel, pb.CancelRequest(filter=listing), cred,
             "made for another method (/air.v1.Controller/ListJobs), not /air.v1.Controller/Cancel")
     # one made to list one job, used to list everything (another request)
-    cred = dict(auth.metadata("/air.v1.Controller/ListJobs", CONTROLLER, listing.SerializeToString(deterministic=True)))
+    cred = dict(auth.metadata("/air.v1.Controller/ListJobs", cluster.controller, listing.SerializeToString(deterministic=True)))
     refused(controller.ListJobs, pb.JobFilter(), cred, "made for another request")
     # the controller's signal to node01, taken to node02 (another node)
     kill = pb.SignalRequest(job_id=job_id, signal=9)
@@ -253,7 +250,7 @@ def test_captured_credential_cannot_be_replayed_on_another_method_request_or_nod
 def test_a_user_cannot_call_the_node_daemons_rpcs(cluster, munged):
     job_id = cluster.submit(cluster.write_script("target.sh", "#!/bin/sh\nsleep 30\n"), user="airtest-a")
     node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
-    address = NODE01 if node == "node01" else NODE02
+    address = cluster.node(0) if node == "node01" else cluster.node(1)
     code = (f"node = rpc.NodeAgentStub(signed(grpc.insecure_channel({address!r}), auth, {node!r}))\n"
             "out = []\n"
             f"for call, req in ((node.Signal, pb.SignalRequest(job_id={job_id}, signal=9)),\n"

@@ -1,7 +1,6 @@
 """Bad input: one clear line on stderr, a non-zero exit, and nothing changed in the store."""
 import pytest
 
-BASE_ADDRESS = "127.0.3.1"
 
 
 def _refused(cluster, *args, expect: str, tool: str = "airbatch"):
@@ -73,13 +72,13 @@ def test_bad_format_field(cluster):
 
 def test_controller_down(cluster, tmp_path):
     conf = tmp_path / "air.toml"
-    conf.write_text(cluster.config.read_text().replace("127.0.3.1:6817", "127.0.3.1:6999"))
+    conf.write_text(cluster.config.read_text().replace(cluster.controller, f"{cluster.base_address}:6999"))
     before = cluster.db_rows()
     for tool, args in [("airq", []), ("airbatch", ["--wrap", "true"]), ("aircancel", ["1"]), ("airinfo", [])]:
         proc = cluster.cli(tool, *args, check=False, env={"AIR_CONF": str(conf)}, env_conf=False)
         assert proc.returncode != 0
         assert proc.stderr.splitlines() == [proc.stderr.strip()]
-        assert proc.stderr.startswith(f"{tool}: error: cannot reach airctld at 127.0.3.1:6999")
+        assert proc.stderr.startswith(f"{tool}: error: cannot reach airctld at {cluster.base_address}:6999")
     assert cluster.db_rows() == before
 
 

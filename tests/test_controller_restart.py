@@ -3,7 +3,6 @@ output and exits arrive, airq is right. On a fresh cluster of its own (the node 
 enough that the nodes, which fence themselves at half of it, outlast the restart)."""
 from cluster import wait_for
 
-BASE_ADDRESS = "127.0.28.1"
 NODE_TIMEOUT = 24.0   # the nodes fence themselves at 12 s: a restart on a busy 2-core host takes several
 def test_controller_kill9_during_a_two_node_step_keeps_the_step_and_its_output(cluster):
     """airrun streams from both nodes while airctld is killed and restarted: the step goes on, every

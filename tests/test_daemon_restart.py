@@ -11,12 +11,11 @@ import pytest
 
 from cluster import LocalCluster, wait_for
 
-BASE_ADDRESS = "127.0.26.1"
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster(BASE_ADDRESS, nodes=2, gpus_per_node=2, node_timeout=12.0).up()
+    c = LocalCluster(nodes=2, gpus_per_node=2, node_timeout=12.0).up()
     yield c
     c.down()
 

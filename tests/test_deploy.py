@@ -11,6 +11,7 @@ import grpc
 
 from air.protos import air_pb2 as pb
 from air.protos import air_pb2_grpc as rpc
+from cluster import Block
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -41,15 +42,16 @@ def test_controller_unit_is_hardened():
 
 def test_airctld_says_ready_only_once_it_serves():
     root = Path(tempfile.mkdtemp(prefix="air-notify-"))
+    block = Block()
     try:
         conf = root / "air.toml"
         conf.write_text(f"""[controller]
-address = "127.0.6.1:6817"
+address = "{block.address(1)}:6817"
 state_dir = "{root / 'state'}"
 auth = "none"
 [[nodes]]
 name = "node01"
-address = "127.0.6.2"
+address = "{block.address(2)}"
 gpus = "sim:1"
 [[partitions]]
 name = "gpu"
@@ -69,7 +71,7 @@ default = true
                     message = sock.recv(4096).decode()
                 assert message.startswith("READY=1")
                 # at the moment it says so, it answers
-                stub = rpc.ControllerStub(grpc.insecure_channel("127.0.6.1:6817"))
+                stub = rpc.ControllerStub(grpc.insecure_channel(f"{block.address(1)}:6817"))
                 reply = stub.ListNodes(pb.ListNodesRequest(), timeout=5,
                                        metadata=(("air-uid", "0"), ("air-gid", "0")))
                 assert [n.name for n in reply.nodes] == ["node01"]
@@ -80,4 +82,5 @@ default = true
                 proc.kill()
                 proc.wait()
     finally:
+        block.release()
         shutil.rmtree(root, ignore_errors=True)

@@ -14,12 +14,11 @@ from air.airnoded.launcher import Launcher, StaleRun
 from cluster import LocalCluster, wait_for
 from air.protos import air_pb2 as pb
 
-BASE_ADDRESS = "127.0.24.1"
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster(BASE_ADDRESS, nodes=2, gpus_per_node=4, node_timeout=6.0).up()
+    c = LocalCluster(nodes=2, gpus_per_node=4, node_timeout=6.0).up()
     yield c
     c.down()
 
@@ -29,7 +28,7 @@ class Runs:
 
     def __init__(self, job_id: int, cluster: LocalCluster):
         self.job_id = str(job_id)
-        self.spool = str(cluster.dir / "spool")   # this cluster's job (other modules' clusters count from 1 too)
+        self.spool = str((cluster.dir / "spool").resolve())   # this cluster's job (others count from 1 too)
         self.overlaps: list[set[str]] = []
         self.seen: set[str] = set()
         self._stop = threading.Event()
@@ -113,6 +112,7 @@ def test_a_job_that_ignores_sigterm_is_killed_before_the_controller_may_start_it
     wait_for(lambda: "start 0" in (cluster.work / f"air-{job_id}.out").read_text(), what="run 0 to start")
     daemon = _daemon(cluster, node)
     runs = Runs(job_id, cluster)
+    assert runs.alive() == {"0"}
     daemon.suspend()
     try:
         lease = _lease(cluster, node)   # the keeper's view: the last renewal before the freeze
@@ -132,6 +132,7 @@ def test_a_node_that_loses_the_controller_stops_its_jobs_and_says_so(cluster):
     wait_for(lambda: "start 0" in (cluster.work / f"air-{job_id}.out").read_text(), what="run 0 to start")
     controller = psutil.Process(cluster.pids[0])
     with Runs(job_id, cluster) as runs:
+        assert runs.alive() == {"0"}
         controller.suspend()    # every node hears nothing from it, as if cut off
         try:
             began = time.monotonic()
@@ -205,12 +206,12 @@ def test_a_node_refuses_a_launch_of_an_older_run_and_kills_an_older_run_it_finds
 def test_a_local_cluster_taken_down_leaves_no_job_running():
     """A node daemon that stops leaves its jobs for the next one (a restart keeps them); a local cluster
     taken down has no next one, so `aircontrol local down` kills them."""
-    c = LocalCluster("127.0.33.1", nodes=2, gpus_per_node=4).up()
+    c = LocalCluster(nodes=2, gpus_per_node=4).up()
     try:
         job_id = c.submit(c.write_script("left.sh", "#!/bin/sh\nsleep 300 &\nairrun -N 2 sleep 300\n"),
                           "-N", "2", "--gpus-per-node=1")
         c.wait_state(job_id, "RUNNING")
-        spool = str(c.dir / "spool")
+        spool = str((c.dir / "spool").resolve())
 
         def alive():
             found = []

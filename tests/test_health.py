@@ -6,12 +6,11 @@ import pytest
 from air.airnoded.health import classify_xid, ib_port_faults
 from cluster import LocalCluster, wait_for
 
-BASE_ADDRESS = "127.0.11.1"
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    probe = LocalCluster(BASE_ADDRESS)
+    probe = LocalCluster()
     program = probe.root / "health.sh"
     program.write_text('#!/bin/sh\nf="$(dirname "$0")/unhealthy-$AIR_NODENAME"\n'
                        'if [ -e "$f" ]; then cat "$f"; exit 1; fi\nexit 0\n')

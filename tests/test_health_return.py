@@ -6,12 +6,11 @@ import pytest
 
 from cluster import LocalCluster, wait_for
 
-BASE_ADDRESS = "127.0.18.1"
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster(BASE_ADDRESS, options=("--health-auto-resume", "--max-gpu-temp", "85"))
+    c = LocalCluster(options=("--health-auto-resume", "--max-gpu-temp", "85"))
     c.up()
     yield c
     c.down()

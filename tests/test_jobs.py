@@ -6,7 +6,6 @@ import psutil
 
 from cluster import wait_for
 
-BASE_ADDRESS = "127.0.1.1"
 
 ENV_SCRIPT = """#!/bin/bash
 #AIR --job-name=envcheck

@@ -11,9 +11,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import wait_for
 
-BASE_ADDRESS = "127.0.62.1"
-CONTROLLER = "http://127.0.62.1:9817/metrics"
-NODE1 = "http://127.0.62.2:9818/metrics"
+
+
+def _controller(cluster):
+    return f"http://{cluster.base_address}:9817/metrics"
+
+
+def _node(cluster, index):
+    return f"http://{cluster.host(index)}:9818/metrics"
 SAMPLE_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
 DASHBOARD = Path(__file__).resolve().parent.parent / "etc" / "grafana" / "air-dashboard.json"
 
@@ -42,7 +47,7 @@ def test_both_endpoints_show_what_the_cluster_does(cluster):
     (port / "state").write_text("4: ACTIVE\n")
     for name, n in (("symbol_error", 7), ("link_downed", 0), ("port_rcv_errors", 2)):
         (port / "counters" / name).write_text(f"{n}\n")
-    before = scrape(CONTROLLER)
+    before = scrape(_controller(cluster))
     submitted_before = value(before, "air_job_submissions", "air_job_submissions_total") or 0
     # a job that reports training progress as the runtime does (rank 0's JSON in its progress folder)
     script = cluster.write_script("trainer.sh", "#!/bin/sh\n"
@@ -58,7 +63,7 @@ def test_both_endpoints_show_what_the_cluster_does(cluster):
     cluster.wait_state(failing, "FAILED")
     node, = cluster.job(trainer)["nodes"]
 
-    c = wait_for(lambda: (m := scrape(CONTROLLER)) and value(m, "air_job_training_step", job_id=trainer) and m,
+    c = wait_for(lambda: (m := scrape(_controller(cluster))) and value(m, "air_job_training_step", job_id=trainer) and m,
                  timeout=20, what="the trainer's progress in the controller's metrics")
     # jobs by state, pending reason, user
     assert value(c, "air_jobs_by_state", state="RUNNING") == 1
@@ -92,12 +97,12 @@ def test_both_endpoints_show_what_the_cluster_does(cluster):
 
     # a refused request is counted with its code
     assert cluster.cli("aircancel", "999999", check=False).returncode != 0
-    c = scrape(CONTROLLER)
+    c = scrape(_controller(cluster))
     assert value(c, "air_rpc_requests", "air_rpc_requests_total", method="Cancel", code="NOT_FOUND") == 1 or \
         value(c, "air_rpc_requests", "air_rpc_requests_total", method="Cancel", code="INVALID_ARGUMENT") == 1
 
     # node01: GPUs, ports, ranks, heartbeats
-    n = scrape(NODE1)
+    n = scrape(_node(cluster, 0))
     assert value(n, "air_gpu_temperature_celsius", node="node01", gpu=0) == 35
     assert value(n, "air_gpu_memory_total_bytes", node="node01", gpu=3) > 80e9
     assert value(n, "air_gpu_utilization_ratio", node="node01", gpu=0) == 0
@@ -113,12 +118,12 @@ def test_both_endpoints_show_what_the_cluster_does(cluster):
     # faults: an XID and a downed NVLink on node02 drain it, and both daemons say so
     cluster.cli("aircontrol", "node", "fault", "node02", "--gpu", "1", "--xid", "79")
     cluster.cli("aircontrol", "node", "fault", "node02", "--gpu", "2", "--nvlink-down", "5")
-    n2 = wait_for(lambda: (m := scrape("http://127.0.62.3:9818/metrics"))
+    n2 = wait_for(lambda: (m := scrape(_node(cluster, 1)))
                   and value(m, "air_gpu_nvlink_up", gpu=2, link=5) == 0 and m, what="node02's NVLink down")
     assert value(n2, "air_gpu_xid_errors", "air_gpu_xid_errors_total", node="node02", gpu=1, xid=79) == 1
     assert value(n2, "air_node_health_events", "air_node_health_events_total", kind="xid", critical="true") == 1
     assert value(n2, "air_gpu_nvlink_up", gpu=2, link=4) == 1
-    c = wait_for(lambda: (m := scrape(CONTROLLER)) and value(m, "air_node_drained", node="node02") and m,
+    c = wait_for(lambda: (m := scrape(_controller(cluster))) and value(m, "air_node_drained", node="node02") and m,
                  what="node02 drained in the controller's metrics")
     assert value(c, "air_node_drained", node="node02", signal="xid") == 1
     assert value(c, "air_partition_gpus", partition="gpu", state="drained") == 4
@@ -134,7 +139,7 @@ def test_the_dashboard_queries_only_metrics_air_exposes(cluster):
     assert len(exprs) >= 20, "the dashboard's panels have queries"
     used = {name for e in exprs for name in re.findall(r"\bair_[a-z0-9_]+", e)}
     served = set()
-    for url in (CONTROLLER, NODE1):   # a family with no series yet still names itself, with its type
+    for url in (_controller(cluster), _node(cluster, 0)):   # a family with no series yet still names itself, with its type
         with urllib.request.urlopen(url, timeout=10) as reply:
             for family in text_string_to_metric_families(reply.read().decode()):
                 served.add(family.name)
@@ -155,10 +160,10 @@ def _panels(dashboard: dict):
 def test_a_stalled_scraper_does_not_block_the_next(cluster):
     """One thread serves /metrics; a connection that sends nothing is dropped after a few seconds."""
     import socket
-    stalled = socket.create_connection(("127.0.62.1", 9817))
+    stalled = socket.create_connection((cluster.base_address, 9817))
     try:
         began = time.monotonic()
-        scrape(CONTROLLER)
+        scrape(_controller(cluster))
         assert time.monotonic() - began < 8
     finally:
         stalled.close()

@@ -7,7 +7,6 @@ import pytest
 
 from cluster import LocalCluster, wait_for
 
-BASE_ADDRESS = "127.0.52.1"
 GRACE = 20
 EXTRA = f"""
 [scheduler]
@@ -30,7 +29,7 @@ priority = 20
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster(BASE_ADDRESS, nodes=2, gpus_per_node=4, node_timeout=12.0, extra_config=EXTRA).up()
+    c = LocalCluster(nodes=2, gpus_per_node=4, node_timeout=12.0, extra_config=EXTRA).up()
     yield c
     c.down()
 

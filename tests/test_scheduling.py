@@ -6,7 +6,6 @@ import pytest
 
 from cluster import LocalCluster, wait_for
 
-BASE_ADDRESS = "127.0.16.1"
 EXTRA = """
 [scheduler]
 preempt_grace_s = 2.0
@@ -36,7 +35,7 @@ max_gpus = 4
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster(BASE_ADDRESS, nodes=2, gpus_per_node=4, extra_config=EXTRA).up()
+    c = LocalCluster(nodes=2, gpus_per_node=4, extra_config=EXTRA).up()
     yield c
     c.down()
 

@@ -9,7 +9,6 @@ import pytest
 
 from cluster import LocalCluster, wait_for
 
-BASE_ADDRESS = "127.0.44.1"
 EXTRA = """
 [scheduler]
 preempt_grace_s = 2.0
@@ -27,7 +26,7 @@ preempt = ["normal"]
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster(BASE_ADDRESS, nodes=2, gpus_per_node=4, extra_config=EXTRA).up()
+    c = LocalCluster(nodes=2, gpus_per_node=4, extra_config=EXTRA).up()
     yield c
     c.down()
 

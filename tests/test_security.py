@@ -15,7 +15,6 @@ from air.protos import air_pb2_grpc as rpc
 from air.protos.credential import binding, request_bytes
 from air.protos.munge import Munge
 
-BASE_ADDRESS = "127.0.4.1"
 ACCOUNTS = """
 [[accounts]]
 name = "ml"
@@ -36,7 +35,7 @@ def munged():
 
 @pytest.fixture(scope="module")
 def cluster(munged):
-    c = LocalCluster(BASE_ADDRESS, options=("--auth", "munge", "--munge-socket", munged.socket,
+    c = LocalCluster(options=("--auth", "munge", "--munge-socket", munged.socket,
                                             "--operator", "airtest-op", "--private-jobs"),
                      extra_config=ACCOUNTS).up()
     yield c
@@ -45,7 +44,7 @@ def cluster(munged):
 
 
 def _stub(cluster):
-    return rpc.ControllerStub(grpc.insecure_channel(f"{BASE_ADDRESS}:6817"))
+    return rpc.ControllerStub(grpc.insecure_channel(cluster.controller))
 
 
 def test_job_runs_as_its_owner_with_the_owners_groups(cluster):
@@ -123,7 +122,7 @@ def test_bad_credentials_are_refused_and_change_nothing(cluster, munged):
     _refused(cluster, (("air-cred", forged),), "invalid")
     good = Munge(munged.socket)
     req = pb.ListNodesRequest()
-    cred = good.encode(binding("/air.v1.Controller/ListNodes", f"{BASE_ADDRESS}:6817", request_bytes(req)))
+    cred = good.encode(binding("/air.v1.Controller/ListNodes", cluster.controller, request_bytes(req)))
     _stub(cluster).ListNodes(req, metadata=(("air-cred", cred),), timeout=10)
     _refused(cluster, (("air-cred", cred),), "replayed")
     short = Munge(munged.socket, ttl=1).encode()
@@ -137,13 +136,13 @@ def test_node_calls_need_root_credentials(cluster, munged):
     a = pwd.getpwnam("airtest-a")
     code = (
         "import grpc, sys\n"
-        "from protos import air_pb2 as pb, air_pb2_grpc as rpc\n"
-        "from protos.credential import MungeCredentials, signed\n"
+        "from air.protos import air_pb2 as pb, air_pb2_grpc as rpc\n"
+        "from air.protos.credential import MungeCredentials, signed\n"
         f"auth = MungeCredentials({munged.socket!r})\n"
         "out = []\n"
-        f"reg = rpc.NodeRegistryStub(signed(grpc.insecure_channel('{BASE_ADDRESS}:6817'), auth, "
-        f"'{BASE_ADDRESS}:6817'))\n"
-        "agent = rpc.NodeAgentStub(signed(grpc.insecure_channel('127.0.4.2:6818'), auth, 'node01'))\n"
+        f"reg = rpc.NodeRegistryStub(signed(grpc.insecure_channel('{cluster.controller}'), auth, "
+        f"'{cluster.controller}'))\n"
+        f"agent = rpc.NodeAgentStub(signed(grpc.insecure_channel('{cluster.node(0)}'), auth, 'node01'))\n"
         "for call, req in ((reg.Heartbeat, pb.HeartbeatRequest(name='node01')),\n"
         "                  (agent.Launch, pb.LaunchRequest(job=pb.Job(job_id=999)))):\n"
         "    try:\n"
@@ -161,7 +160,7 @@ def test_node_calls_need_root_credentials(cluster, munged):
 def test_auth_none_refuses_a_non_loopback_address(cluster, tmp_path):
     conf = tmp_path / "air.toml"
     text = cluster.config.read_text().replace('auth = "munge"', 'auth = "none"')
-    conf.write_text(text.replace(f'address = "{BASE_ADDRESS}:6817"', 'address = "10.11.12.13:6817"'))
+    conf.write_text(text.replace(f'address = "{cluster.controller}"', 'address = "10.11.12.13:6817"'))
     proc = subprocess.run([sys.executable, "-m", "air.airctld", "--config", str(conf)], capture_output=True,
                           text=True, timeout=30)
     assert proc.returncode != 0

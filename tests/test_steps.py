@@ -7,7 +7,6 @@ from air.protos.stepenv import rank_environment
 from cluster import wait_for
 from air.protos import air_pb2 as pb
 
-BASE_ADDRESS = "127.0.5.1"
 
 ALLREDUCE = r'''
 import os, torch, torch.distributed as dist

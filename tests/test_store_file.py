@@ -15,7 +15,6 @@ from cluster import BIN, wait_for
 from air.protos import air_pb2 as pb
 from air.protos.states import JobPhase
 
-BASE_ADDRESS = "127.0.60.1"
 
 
 def _cli(*args, env=None, timeout=60):

@@ -13,7 +13,6 @@ import torch
 
 from cluster import LocalCluster, wait_for
 
-BASE_ADDRESS = "127.0.19.1"
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 SMALL = ["--layers", "2", "--width", "64", "--heads", "2", "--block", "32", "--batch", "4"]
@@ -33,7 +32,7 @@ preempt = ["normal"]
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster(BASE_ADDRESS, nodes=2, gpus_per_node=4, extra_config=EXTRA).up()
+    c = LocalCluster(nodes=2, gpus_per_node=4, extra_config=EXTRA).up()
     yield c
     c.down()
 
