@@ -274,7 +274,7 @@ def store():
 
 def _controller_store(config, *args: str) -> None:
     import os
-    argv = [sys.executable, "-m", "air.airctld"] + (["--config", config] if config else []) + ["store", *args]
+    argv = [sys.executable, "-P", "-m", "air.airctld"] + (["--config", config] if config else []) + ["store", *args]
     sys.stdout.flush()
     os.execv(sys.executable, argv)
 

@@ -96,9 +96,9 @@ def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base
     from air.protos.config import load
     cfg = load(str(config))
     env = dict(os.environ, AIR_CONF=str(config))
-    pids = [_spawn([sys.executable, "-m", "air.airctld", "--config", str(config)], directory / "log" / "airctld.log", env)]
+    pids = [_spawn([sys.executable, "-P", "-m", "air.airctld", "--config", str(config)], directory / "log" / "airctld.log", env)]
     for node in cfg.nodes:
-        pids.append(_spawn([sys.executable, "-m", "air.airnoded", "--config", str(config), "--name", node.name],
+        pids.append(_spawn([sys.executable, "-P", "-m", "air.airnoded", "--config", str(config), "--name", node.name],
                            directory / "log" / f"{node.name}.log", env))
     pids_file.write_text("\n".join(map(str, pids)) + "\n")
     _wait_idle(config, len(cfg.nodes), pids, directory, wait_s)
@@ -176,7 +176,7 @@ def down(directory: Path, wait_s: float = 10.0) -> int:
     _stop_fence_keepers(spool_root)
     for spool in sorted(spool_root.iterdir()) if spool_root.is_dir() else ():
         if spool.is_dir():
-            subprocess.run([sys.executable, "-m", "air.airnoded.fence", "--kill-runs", str(spool)],
+            subprocess.run([sys.executable, "-P", "-m", "air.airnoded.fence", "--kill-runs", str(spool)],
                            stdin=subprocess.DEVNULL, check=False)
     return len(pids)
 

@@ -29,17 +29,18 @@ class JobCgroups:
 
     def __init__(self, node: str, root: Path = CGROUP_ROOT, mode: str | None = None, spool: Path | None = None):
         self.node = node
+        plain = node   # where groups lived before they were named by spool too (an upgrade finds them there)
         if spool is not None:
             node = f"{node}.{hashlib.sha256(str(Path(spool).resolve()).encode()).hexdigest()[:8]}"
         self._lock = threading.Lock()
         self._current: dict[int, Path] = {}
         self.mode = mode if mode is not None else detect(root)
         if self.mode == "v2":
-            self.base = root / "air" / node
+            self.base, self.legacy = root / "air" / node, root / "air" / plain
         elif self.mode == "v1":
-            self.base = root / "memory" / "air" / node
+            self.base, self.legacy = root / "memory" / "air" / node, root / "memory" / "air" / plain
         else:
-            self.base = None
+            self.base = self.legacy = None
         if self.base is not None:
             try:
                 self.base.mkdir(parents=True, exist_ok=True)
@@ -151,8 +152,11 @@ class JobCgroups:
                 log.warning("cannot remove cgroup %s: %s", path, e.strerror)
 
     def leftovers(self) -> list[Path]:
-        """Groups an earlier daemon left behind."""
-        return sorted(self.base.glob("job*")) if self.base is not None else []
+        """Groups an earlier daemon left behind (also one of a version that named them by node only)."""
+        if self.base is None:
+            return []
+        older = self.legacy.glob("job*") if self.legacy != self.base and self.legacy.is_dir() else ()
+        return sorted([*self.base.glob("job*"), *older])
 
     def close(self) -> None:
         """On the daemon's way out: remove the node's folder (and air/ above it) if no job is left in it."""

@@ -141,7 +141,7 @@ def start(spool: Path, after: float, grace: float) -> int:
     """Start this node's keeper (a new session: it outlives the daemon), replacing an earlier one; it
     writes to the daemon's standard error (the journal, or the local cluster's log)."""
     stop_keeper(spool)
-    proc = subprocess.Popen([sys.executable, "-m", "air.airnoded.fence", str(spool), repr(after), repr(grace)],
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "air.airnoded.fence", str(spool), repr(after), repr(grace)],
                             stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/")
     try:   # the last process the kernel picks when memory runs out
         with open(f"/proc/{proc.pid}/oom_score_adj", "w") as f:
@@ -160,7 +160,8 @@ def stop_keeper(spool: Path) -> None:
             cmdline = f.read().split(b"\0")
     except (OSError, ValueError, jobfiles.UnsafeFile):
         return
-    if b"airnoded.fence" in cmdline and str(spool).encode() in cmdline:
+    # (this version runs as -m air.airnoded.fence, an earlier one as -m airnoded.fence)
+    if any(arg.endswith(b"airnoded.fence") for arg in cmdline) and str(spool).encode() in cmdline:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

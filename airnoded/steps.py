@@ -153,14 +153,18 @@ class StepRunner:
         if not self.cgroups.enabled:
             return None
         key = (step.job_id, step.run)
-        path = self.cgroups.run_path(*key)
+        recorded = _recorded_group(folder)   # (by this daemon, or an earlier one: its path may differ)
         if shepherding.BATCH in shepherding.tags(folder):
-            return path if path.is_dir() else None
+            return recorded
         with self._group_lock(key):
             with self._lock:
                 group = self._own_groups.get(key)
             if group is not None and group.is_dir():
                 return group
+            if recorded is not None:   # an earlier daemon's, for ranks it left running here
+                with self._lock:
+                    self._own_groups[key] = recorded
+                return recorded
             group = self.cgroups.create(step.job_id, step.run, step.nodes[index].memory_limit_bytes)
             jobfiles.write_root_file(folder, fence.CGROUP, str(group).encode(), 0o600)
             with self._lock:
@@ -315,8 +319,8 @@ class StepRunner:
                 here = step.nodes[index]
                 stream = _Stream(self, step, key, len(here.ranks))
                 stream.tag = tag
-                group = self.cgroups.run_path(*key)
-                own = group is not None and shepherding.BATCH not in shepherding.tags(folder) and group.is_dir()
+                group = _recorded_group(folder)
+                own = group is not None and shepherding.BATCH not in shepherding.tags(folder)
                 with self._lock:
                     if own:   # the run's own group here (no batch script ran here): it goes with the last step
                         self._own_groups[key] = group
@@ -685,6 +689,15 @@ class _Stream:
         # a rank the node's fence stopped did not fail: its node lost the controller (airrun says so)
         fenced = fence.was_fenced(jobfiles.job_dir(self.runner.spool, *self.key))
         self._put(pb.StepEvent(rank=rank, exited=True, exit_code=code, exit_signal=sig, fenced=fenced))
+
+
+def _recorded_group(folder: Path) -> Path | None:
+    """The run's cgroup as its folder records it (the launcher's, or the steps' own), if it exists."""
+    try:
+        group = Path(jobfiles.read_root_file(folder, fence.CGROUP, 4096).decode())
+    except (OSError, UnicodeDecodeError, jobfiles.UnsafeFile):
+        return None
+    return group if group.is_absolute() and group.is_dir() else None
 
 
 def _unregister(poller, fd: int) -> None:

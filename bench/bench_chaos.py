@@ -61,7 +61,7 @@ TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPT
 
 
 def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def _free_port() -> int:

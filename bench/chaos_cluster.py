@@ -162,7 +162,7 @@ class Cluster:
                                              heartbeat=heartbeat, node_timeout=node_timeout, count=nodes,
                                              subnet=SUBNET, last=1 + nodes, gpus=gpus_per_node))
         self.env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-                        PYTHONPATH=str(ROOT), AIR_CONF=str(self.config), GLOO_SOCKET_IFNAME="eth0",
+                        AIR_CONF=str(self.config), GLOO_SOCKET_IFNAME="eth0",
                         OMP_NUM_THREADS="1")
         for name in ("AIR_JOB_ID", "AIR_RESTART_COUNT", "RANK"):
             self.env.pop(name, None)

@@ -9,5 +9,6 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v -i "warning" || true
 # Installed as air.* (not editable: the daemons and tests run what was installed; run this again
 # after a change, and the test suite checks that it was).
+rm -rf build   # (setuptools would install again what an earlier build left there)
 .venv/bin/python -m pip install -q '.[test,runtime]' 2>&1 | grep -v -i "warning" || true
 .venv/bin/python -c "import torch, grpc, air.airctld, air.airnoded, air.aircli, air.runtime" || { echo "setup: install failed" >&2; exit 1; }

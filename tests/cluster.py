@@ -1,18 +1,19 @@
 """A real local cluster for integration tests: airctld and airnoded processes on loopback addresses.
 
-Each cluster gets a block of loopback addresses of its own, 127.0.N.0/24, held through a lock file
-for as long as it lives (`reserve_block`): clusters of one test run, of two runs at once (two
+Each cluster gets a block of loopback addresses of its own, 127.0.N.0/24, reserved for as long as
+it lives (`Block`): clusters of one test run, of two runs at once (two
 checkouts, CI beside a developer) or of a benchmark never share an address or a port. Commands run
 as real subprocesses of the installed tools.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import pwd
+import random
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,25 +24,25 @@ from pathlib import Path
 import psutil
 
 BIN = Path(sys.executable).parent
-LOCKS = Path(tempfile.gettempdir()) / "air-test-addresses"
-BLOCKS = range(32, 250)   # 127.0.N.0/24 blocks tests may take (127.0.0.0/24 is the host's own)
+BLOCKS = range(100, 250)   # 127.0.N.0/24 blocks tests may take (benchmarks keep below 100)
 
 
 class Block:
-    """A reserved block of loopback addresses, 127.0.N.0/24, until release()."""
+    """A reserved block of loopback addresses, 127.0.N.0/24, until release(). The reservation is an
+    abstract Unix socket named for the block (no file a user could plant or link): bound by one
+    process at a time, and let go by the kernel when its holder exits, however it exits."""
 
-    def __init__(self):
-        LOCKS.mkdir(mode=0o1777, exist_ok=True)
-        start = os.getpid() % len(BLOCKS)
+    def __init__(self, start: int | None = None):
+        first = random.randrange(len(BLOCKS)) if start is None else start
         for i in range(len(BLOCKS)):
-            n = BLOCKS[(start + i) % len(BLOCKS)]
-            fd = os.open(LOCKS / f"127.0.{n}.0", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            n = BLOCKS[(first + i) % len(BLOCKS)]
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
+                sock.bind(f"\0air-test-block-127.0.{n}")
+            except OSError:
+                sock.close()
                 continue
-            self.prefix, self._fd = f"127.0.{n}", fd
+            self.index, self.prefix, self._sock = (first + i) % len(BLOCKS), f"127.0.{n}", sock
             return
         raise RuntimeError(f"every loopback block 127.0.{BLOCKS[0]}-{BLOCKS[-1]}.0/24 is taken by other tests")
 
@@ -49,9 +50,9 @@ class Block:
         return f"{self.prefix}.{host}"
 
     def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
 
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):
@@ -92,9 +93,13 @@ class LocalCluster:
         if self.extra_config:
             (self.root / "extra.toml").write_text(self.extra_config)
             extra = ["--extra-config", str(self.root / "extra.toml")]
-        self.cli("aircontrol", "local", "up", "--dir", str(self.dir), "--nodes", str(self.nodes),
-                 "--gpus-per-node", str(self.gpus_per_node), "--base-address", self.base_address,
-                 "--node-timeout", str(self.node_timeout), *self.options, *extra, env_conf=False)
+        try:
+            self.cli("aircontrol", "local", "up", "--dir", str(self.dir), "--nodes", str(self.nodes),
+                     "--gpus-per-node", str(self.gpus_per_node), "--base-address", self.base_address,
+                     "--node-timeout", str(self.node_timeout), *self.options, *extra, env_conf=False)
+        except BaseException:
+            self.down()   # (what did start, and the block)
+            raise
         return self
 
     def down(self) -> None:
@@ -128,7 +133,7 @@ class LocalCluster:
 
     def start_controller(self) -> None:
         log = open(self.dir / "log" / "airctld.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "air.airctld", "--config", str(self.config)],
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "air.airctld", "--config", str(self.config)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         pids = self.pids
@@ -177,7 +182,7 @@ class LocalCluster:
         """Start node0<index+1>'s daemon again (after kill_node), as its unit would."""
         name = f"node{index + 1:02d}"
         log = open(self.dir / "log" / f"{name}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "air.airnoded", "--config", str(self.config), "--name", name],
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "air.airnoded", "--config", str(self.config), "--name", name],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         pids = self.pids

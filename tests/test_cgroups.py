@@ -102,7 +102,7 @@ def test_a_steps_group_is_the_batch_scripts_where_it_runs_and_the_runs_own_elsew
     from air.protos import air_pb2 as pb
     root = tmp_path / "cg"
     root.mkdir()
-    groups = JobCgroups("n1", root=root, mode="v1")
+    groups = JobCgroups("n1", root=root, mode="v1", spool=tmp_path / "spool")
     runner = StepRunner("n1", "127.0.0.1", groups)
     step = pb.Step(job_id=7, run=2, nodes=[pb.StepNode(node="n1", memory_limit_bytes=64 << 20)])
     batch_dir, ranks_dir = tmp_path / "batch-node", tmp_path / "ranks-node"
@@ -110,11 +110,19 @@ def test_a_steps_group_is_the_batch_scripts_where_it_runs_and_the_runs_own_elsew
     ranks_dir.mkdir()
     (batch_dir / "batch.shepherd").write_text("1 2 3\n")
     batch_group = groups.create(7, 2, 0)                     # what the launcher made for the script
+    (batch_dir / "cgroup").write_text(str(batch_group))      # and recorded in the run's folder
     assert runner.run_group(step, 0, batch_dir) == batch_group
     assert 7 not in {k[0] for k in runner._own_groups}      # not the steps' to remove
     groups.remove(batch_group)
     own = runner.run_group(step, 0, ranks_dir)
-    assert own == root / "memory" / "air" / "n1" / "job7.2" and (own / "memory.limit_in_bytes").read_text() == str(64 << 20)
+    assert own == groups.base / "job7.2" and (own / "memory.limit_in_bytes").read_text() == str(64 << 20)
     assert (ranks_dir / "cgroup").read_text() == str(own)   # for the fence keeper and a daemon that adopts them
     assert runner.run_group(step, 0, ranks_dir) == own      # a second step of the run joins the same group
     assert runner.has_ranks(7, 2)
+    earlier = tmp_path / "earlier-daemon"   # a daemon of an earlier version left ranks in a group of its own
+    earlier.mkdir()
+    older = root / "memory" / "air" / "n1" / "job8.0"
+    older.mkdir(parents=True)
+    (earlier / "cgroup").write_text(str(older))
+    assert runner.run_group(pb.Step(job_id=8, run=0, nodes=[pb.StepNode(node="n1")]), 0, earlier) == older
+    assert older in groups.leftovers()   # and a restarted daemon would find it to kill, were no run to own it

@@ -176,7 +176,7 @@ def test_every_rank_of_a_stale_run_refuses_and_none_hangs(tmp_path):
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=str(ROOT), AIR_RESTART_COUNT="1")
+                   MASTER_PORT=str(port), AIR_RESTART_COUNT="1")
         procs.append(subprocess.Popen([sys.executable, __file__, str(tmp_path / "ckpt"), str(tmp_path / "out")],
                                       env=env, stderr=subprocess.PIPE, text=True))
     for p in procs:

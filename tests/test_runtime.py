@@ -21,7 +21,7 @@ def _run(world: int, ckpt: Path, out: Path, *args: str, run: int = 0) -> list[in
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(ROOT), AIR_RESTART_COUNT=str(run))
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), AIR_RESTART_COUNT=str(run))
         procs.append(subprocess.Popen([sys.executable, str(HERE / "runtime_train.py"), "--dir", str(ckpt),
                                        "--out", str(out), *args], env=env, stderr=subprocess.PIPE, text=True))
     codes = []
@@ -83,7 +83,7 @@ def test_incomplete_or_damaged_newest_checkpoint_is_skipped(tmp_path):
     (ckpt / "step-000000012" / ".metadata").write_bytes(b"\x00garbage")
     (ckpt / "step-000000012" / "COMPLETE").write_text("step 12\n")
     proc = subprocess.run([sys.executable, str(HERE / "runtime_train.py"), "--dir", str(ckpt), "--out", str(run),
-                           "--steps", "15"], env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                           "--steps", "15"], env=dict(os.environ), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "step-000000015 is incomplete" in proc.stderr and "step-000000012 cannot be read" in proc.stderr
