@@ -40,6 +40,16 @@ def _restart(cluster, index: int, sig: int) -> None:
     cluster.start_node(index)
 
 
+def _keepers(cluster, node: str) -> list[int]:
+    spool = str((cluster.dir / "spool" / node).resolve())
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = p.info["cmdline"] or []
+        if any(arg.endswith("airnoded.fence") for arg in cmdline) and spool in cmdline:
+            found.append(p.pid)
+    return found
+
+
 def test_daemon_restarts_keep_a_two_node_step_running(cluster):
     # each of 2 ranks per node prints a numbered line every 0.1 s for about 9 s
     script = cluster.write_script("steps.sh", "#!/bin/sh\n"
@@ -55,6 +65,8 @@ def test_daemon_restarts_keep_a_two_node_step_running(cluster):
     time.sleep(1.0)
     assert ranks_before <= set(_pids_of(job_id)), "a restart killed processes of the job"
     _restart(cluster, 1, signal.SIGTERM)          # node02 again, right after its adoption: it stops at once
+    for name in ("node01", "node02"):             # each restart replaced its node's fence keeper
+        assert len(_keepers(cluster, name)) == 1, (name, _keepers(cluster, name))
     job = cluster.wait_state(job_id, "COMPLETED", timeout=40)
     assert job["exit_code"] == 0 and job["restart_count"] == 0
     lines = (cluster.work / f"air-{job_id}.out").read_text().splitlines()
