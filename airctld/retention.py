@@ -202,12 +202,17 @@ class Maintenance:
         self.budget_s = budget_s
         self.on_pass = on_pass
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        threading.Thread(target=self.run, name="retention", daemon=True).start()
+        self._thread = threading.Thread(target=self.run, name="retention", daemon=True)
+        self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 0.0) -> None:
+        """Stop after the pass in progress, waiting up to wait_s for it (the store may be closed then)."""
         self._stop.set()
+        if self._thread is not None and wait_s:
+            self._thread.join(wait_s)
 
     def run(self) -> None:
         while not self._stop.is_set():
