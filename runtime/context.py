@@ -1,6 +1,7 @@
 """init(): the job and rank environment, the device, and torch.distributed when there are several ranks."""
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import signal
@@ -47,6 +48,14 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value.isdigit() else default
 
 
+def _leave_groups() -> None:
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:   # (at exit, nothing more can be done about it)
+        pass
+
+
 def init(checkpoint_dir: str | None = None) -> Context:
     """Read RANK/WORLD_SIZE/LOCAL_RANK (as airrun and torchrun set them), pick cuda:LOCAL_RANK when GPUs
     are visible and CPU otherwise, and initialise torch.distributed (NCCL on GPU, gloo on CPU)."""
@@ -60,6 +69,11 @@ def init(checkpoint_dir: str | None = None) -> Context:
         device = torch.device("cpu")
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
+        # At exit (after a Checkpointer's last write: atexit runs its hooks newest first), leave the
+        # groups before the interpreter tears down what their threads use: a group left for the C++
+        # destructors can abort a finished rank ("terminate called without an active exception"),
+        # and the job would end FAILED after training to the end
+        atexit.register(_leave_groups)
     # SIGUSR2 dumps every thread's Python stack to stderr (the job's output): what the controller
     # asks for before it ends a job that stopped making progress (--hang-timeout)
     if hasattr(signal, "SIGUSR2"):
