@@ -55,8 +55,8 @@ def controller(tmp_path):
     c.stop()
 
 
-def _running_on(c, clock, node, run_count=0):
-    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=4), ROOT)
+def _running_on(c, clock, node, **request):
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=4, **request), ROOT)
     job = c.jobs.get(job_id)
     return c._commit([(job, events.start(job, clock.now, (NodeAlloc(node, (0, 1, 2, 3), 1),)))],
                      clock.now, 0)[0]
@@ -181,10 +181,7 @@ def test_a_wall_clock_set_forward_or_back_kills_no_node_and_hangs_no_job(tmp_pat
     wall, mono = Clock(), Clock()
     c = _build(tmp_path, wall, mono)
     try:
-        job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=4,
-                                           hang_timeout_s=60), ROOT)
-        job = c.jobs.get(job_id)
-        c._commit([(job, events.start(job, wall.now, (NodeAlloc("n1", (0, 1, 2, 3), 1),)))], wall.now, 0)
+        job_id = _running_on(c, wall, "n1", hang_timeout_s=60).job_id
         for jump in (3600, -7200, 3600):
             wall.now += jump      # the clock is set; the next heartbeat has not come yet
             mono.now += 1
@@ -210,10 +207,7 @@ def test_a_restarted_controller_gives_a_long_running_job_a_full_hang_timeout(tmp
     long ago, only once it stays silent for its --hang-timeout from the controller's start."""
     wall, mono = Clock(), Clock()
     c = _build(tmp_path, wall, mono)
-    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=4,
-                                       hang_timeout_s=60), ROOT)
-    job = c.jobs.get(job_id)
-    c._commit([(job, events.start(job, wall.now, (NodeAlloc("n1", (0, 1, 2, 3), 1),)))], wall.now, 0)
+    job_id = _running_on(c, wall, "n1", hang_timeout_s=60).job_id
     c.stop()
     wall.now += 3600
     mono.now = 5.0                                            # a new process: its own monotonic origin
