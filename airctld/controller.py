@@ -92,7 +92,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         # only once each node of its last run has answered without a run of it, or has surely fenced itself
         self.fence_wait: dict[int, dict[str, float]] = {}
         cc = config.controller
-        gone_by = mono + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s
+        gone_by = mono + cc.fenced_by_s
         for job in [*self.jobs.schedulable(), *self.jobs.held()]:   # after a restart: a requeued job's last
             if job.restart_count:                                      # run may be alive anywhere (held too)
                 self.fence_wait[job.job_id] = {n: gone_by for n in self.nodes}
@@ -568,7 +568,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
             if old.phase in ACTIVE_PHASES and new.phase == JobPhase.PENDING:   # requeued: wait for the old run
                 mono = self.mono()
                 self.fence_wait[new.job_id] = {
-                    n: self.heard.get(n, mono) + cc.fence_after_s + cc.fence_grace_s + cc.heartbeat_interval_s
+                    n: self.heard.get(n, mono) + cc.fenced_by_s
                     for n in old.node_names if n in self.nodes}
             if new.phase == JobPhase.RUNNING and old.phase != JobPhase.RUNNING:
                 self.moved[new.job_id] = self.mono()

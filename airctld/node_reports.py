@@ -98,7 +98,7 @@ class NodeReports:
                         changes.append((job, events.node_lost(job, now, Reason.NODE_FAIL,
                                                               f"node {req.name} fenced itself: {e.detail}")))
                         continue
-                    # airrun's NODE_LOST_EXIT names no node: it may be any of this run's steps' other nodes
+                    # airrun's ExitCode.NODE_LOST names no node: it may be any of this run's steps' other nodes
                     lost = (self.store.step_nodes(job.job_id, job.restart_count) & set(job.node_names)) - {req.name} \
                         if e.exit_code == ExitCode.NODE_LOST and not e.exit_signal else set()
                     changes.append((job, events.finished(job, now, e.exit_code, e.exit_signal, e.detail,

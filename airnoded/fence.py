@@ -82,11 +82,20 @@ def was_fenced(folder: Path) -> bool:
     return (folder / FENCED).exists()
 
 
-def _cgroup_pids(folder: Path) -> list[int]:
+def recorded_cgroup(folder: Path) -> Path | None:
+    """The run's cgroup as its folder records it (the launcher's, or its steps' own), if it exists."""
     try:
-        path = jobfiles.read_root_file(folder, CGROUP, 4096).decode().strip()
-        return [int(p) for p in (Path(path) / "cgroup.procs").read_text().split()]
-    except (OSError, ValueError, jobfiles.UnsafeFile):
+        group = Path(jobfiles.read_root_file(folder, CGROUP, 4096).decode().strip())
+    except (OSError, UnicodeDecodeError, jobfiles.UnsafeFile):
+        return None
+    return group if group.is_absolute() and group.is_dir() else None
+
+
+def _cgroup_pids(folder: Path) -> list[int]:
+    group = recorded_cgroup(folder)
+    try:
+        return [int(p) for p in (group / "cgroup.procs").read_text().split()] if group is not None else []
+    except (OSError, ValueError):
         return []
 
 

@@ -355,10 +355,7 @@ class Launcher:
         if (job.job_id, job.restart_count) != (job_id, run):
             raise ValueError(f"its record is for job {job.job_id} run {job.restart_count}")
         herd = shepherding.adopt(folder, BATCH)
-        try:
-            group = Path(jobfiles.read_root_file(folder, fence.CGROUP, 4096).decode())
-        except (OSError, jobfiles.UnsafeFile):
-            group = None
+        group = fence.recorded_cgroup(folder)
         if group is not None:
             self.cgroups.adopt(job_id, group)
         running = RunningJob(job_id, run, herd, herd.pids.get(0, 0), cgroup=group, adopted=True)

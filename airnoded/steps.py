@@ -153,7 +153,7 @@ class StepRunner:
         if not self.cgroups.enabled:
             return None
         key = (step.job_id, step.run)
-        recorded = _recorded_group(folder)   # (by this daemon, or an earlier one: its path may differ)
+        recorded = fence.recorded_cgroup(folder)   # (by this daemon, or an earlier one: its path may differ)
         if shepherding.BATCH in shepherding.tags(folder):
             return recorded
         with self._group_lock(key):
@@ -319,7 +319,7 @@ class StepRunner:
                 here = step.nodes[index]
                 stream = _Stream(self, step, key, len(here.ranks))
                 stream.tag = tag
-                group = _recorded_group(folder)
+                group = fence.recorded_cgroup(folder)
                 own = group is not None and shepherding.BATCH not in shepherding.tags(folder)
                 with self._lock:
                     if own:   # the run's own group here (no batch script ran here): it goes with the last step
@@ -689,15 +689,6 @@ class _Stream:
         # a rank the node's fence stopped did not fail: its node lost the controller (airrun says so)
         fenced = fence.was_fenced(jobfiles.job_dir(self.runner.spool, *self.key))
         self._put(pb.StepEvent(rank=rank, exited=True, exit_code=code, exit_signal=sig, fenced=fenced))
-
-
-def _recorded_group(folder: Path) -> Path | None:
-    """The run's cgroup as its folder records it (the launcher's, or the steps' own), if it exists."""
-    try:
-        group = Path(jobfiles.read_root_file(folder, fence.CGROUP, 4096).decode())
-    except (OSError, UnicodeDecodeError, jobfiles.UnsafeFile):
-        return None
-    return group if group.is_absolute() and group.is_dir() else None
 
 
 def _unregister(poller, fd: int) -> None:

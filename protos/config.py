@@ -70,6 +70,12 @@ class ControllerConfig:
         return (self.node_timeout_s - self.fence_after_s) / 2
 
     @property
+    def fenced_by_s(self) -> float:
+        """How long after a node was last heard from it has surely fenced itself: the fence, its
+        SIGKILL, and a heartbeat of margin."""
+        return self.fence_after_s + self.fence_grace_s + self.heartbeat_interval_s
+
+    @property
     def host(self) -> str:
         return self.address.rsplit(":", 1)[0]
 
