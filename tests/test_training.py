@@ -117,9 +117,18 @@ def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
     assert cluster.wait_state(base, "COMPLETED", "FAILED", timeout=180)["state"] == "COMPLETED"
     assert cluster.job(base)["restart_count"] == 0
     # two or three steps past a checkpoint (every 5): the crash loses work that the next run computes again
-    wait_for(lambda: _steps_logged(out) >= stopped_at + 12 and _last_step(out) % 5 in (2, 3), timeout=90,
-             interval=0.01, what="the resumed run to train on")
-    assert _job_processes(job, "node01")
+    wait_for(lambda: _steps_logged(out) >= stopped_at + 10, timeout=90, what="the resumed run to train on")
+    ranks = _job_processes(job, "node01")
+    assert ranks
+    wait_for(lambda: _last_step(out) % 5 in (2, 3), timeout=30, interval=0.005, what="a step past a checkpoint")
+    # freeze node01's side at once: the whole run waits on it, so no checkpoint can be written while the
+    # crash below looks for every process to kill (a scan that takes longer than a few steps)
+    for p in ranks:
+        try:
+            p.suspend()
+        except psutil.Error:
+            pass
+    assert _last_step(out) % 5 in (2, 3, 4)
     cluster.crash_host(0, [job])
     cluster.start_node(0)
     wait_for(lambda: cluster.job(job)["restart_count"] == 2, timeout=30, what="the job to be requeued")
