@@ -118,7 +118,9 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         no_requeue=bool(values.get("no_requeue")) and not values.get("requeue"), retries=values.get("retries", 0),
         submit_line=submit_line(), submit_host=socket.gethostname()[:255], comment=values.get("comment", ""),
         wckey=values.get("wckey", ""), mail_type=values.get("mail_type", ""), mail_user=values.get("mail_user", ""),
-        open_truncate=values.get("open_mode") == "truncate")
+        open_truncate=values.get("open_mode") == "truncate", nodelist=values.get("nodelist", []),
+        exclude=values.get("exclude", []), constraint=values.get("constraint", ""),
+        exclusive=bool(values.get("exclusive")))
     if "switches" in values:
         req.switches, req.switches_wait_s = values["switches"]
     if "signal" in values:

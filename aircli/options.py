@@ -22,7 +22,7 @@ class Opt:
     long: str
     short: str | None = None
     kind: str = "str"          # str, count (positive int), int, time, gpus, gres, flag, array, switches, signal,
-    #                            begin, size (MB)
+    #                            begin, size (MB), hostlist, constraint, exclusive
     env: tuple[str, ...] = ()
     help: str = ""
 
@@ -73,26 +73,35 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("open_mode", "--open-mode", None, "open_mode", env=("SBATCH_OPEN_MODE",),
         help="append (the default: each run adds to the output) or truncate (each run starts it empty)"),
     Opt("wait", "--wait", "-W", "flag", help="return once the job has ended, with its exit code"),
-    Opt("exclusive", "--exclusive", None, "refused_flag", help="whole nodes for the job"),
-    Opt("constraint", "--constraint", "-C", "refused", help="node features"),
-    Opt("nodelist", "--nodelist", "-w", "refused", help="these nodes"),
-    Opt("exclude", "--exclude", "-x", "refused", help="not these nodes"),
+    Opt("exclusive", "--exclusive", None, "exclusive", help="whole nodes: every GPU and CPU, shared with no other job"),
+    Opt("constraint", "--constraint", "-C", "constraint", help="node features: a100, a100&ib, a100|h100, (a|b)&c"),
+    Opt("nodelist", "--nodelist", "-w", "hostlist", help="these nodes are in the job (a host list: node[01-04])"),
+    Opt("exclude", "--exclude", "-x", "hostlist", help="none of these nodes is in the job (a host list)"),
 )
-FLAG_KINDS = ("flag", "refused_flag")
+FLAG_KINDS = ("flag", "exclusive")
+MAX_HOSTLIST = 65536   # nodes one -w or -x may name
 BY_NAME = {o.long: o for o in OPTIONS} | {o.short: o for o in OPTIONS if o.short}
 DIRECTIVE = re.compile(r"^#(AIR|SBATCH)(\s|$)")
 
 
 def convert(opt: Opt, value: str | None) -> object:
     """The option's value from its text, or OptionError naming the option and the value."""
-    if opt.kind in ("refused", "refused_flag"):
-        raise OptionError(f"{opt.long} ({opt.help}) is not supported by AIR yet; see docs/slurm.md")
+    if opt.kind == "exclusive":   # (Slurm's --exclusive=user|mcs|topo share nodes in ways AIR does not)
+        if value is not None:
+            raise OptionError(f"{opt.long}={value}: AIR supports only --exclusive (whole nodes)")
+        return True
     if opt.kind == "flag":
         if value is not None:
             raise OptionError(f"{opt.long} takes no value (got {value!r})")
         return True
     if value is None or value == "":
         raise OptionError(f"{opt.long} needs a value")
+    if opt.kind == "hostlist":
+        return parse_hostlist(opt.long, value)
+    if opt.kind == "constraint":
+        if len(value) > 1024 or any(c < " " for c in value):
+            raise OptionError(f"{opt.long}: at most 1024 printable characters")
+        return value
     if opt.kind == "count":
         if not value.isdigit() or int(value) < 1:
             raise OptionError(f"{opt.long}={value!r}: give a whole number of at least 1")
@@ -149,14 +158,34 @@ def convert(opt: Opt, value: str | None) -> object:
     return value
 
 
+def parse_hostlist(flag: str, text: str) -> list[str]:
+    """A host list (node[01-04],gpu7) expanded; a file name (Slurm reads one when the value has a
+    '/') is refused."""
+    import hostlist
+    if "/" in text:
+        raise OptionError(f"{flag}={text}: AIR takes a host list here, not a file")
+    if len(text) > 65536:
+        raise OptionError(f"{flag}: at most 65536 characters")
+    try:
+        names = hostlist.expand_hostlist(text)
+    except hostlist.BadHostlist as e:
+        raise OptionError(f"{flag}={text}: not a host list ({e})") from None
+    if len(names) > MAX_HOSTLIST:
+        raise OptionError(f"{flag}: {len(names)} nodes; at most {MAX_HOSTLIST}")
+    return names
+
+
 def resolve_tasks(values: dict[str, object]) -> dict[str, object]:
     """--ntasks, --gpus-per-task and --gpus in AIR's terms (nodes, tasks and GPUs on each node): AIR
-    puts the same number of tasks and GPUs on every node of a job, so totals must divide evenly."""
+    puts the same number of tasks and GPUs on every node of a job, so totals must divide evenly.
+    -w without -N asks for as many nodes as it lists (as sbatch)."""
     out = dict(values)
+    if out.get("nodelist") and "nodes" not in out:
+        out["nodes"] = len(out["nodelist"])
     nodes = out.get("nodes", 1)
     if "ntasks" in out:
         ntasks = out.pop("ntasks")
-        if "nodes" not in values:   # as many nodes as --ntasks-per-node makes of them; else one
+        if "nodes" not in out:   # as many nodes as --ntasks-per-node makes of them; else one
             per = values.get("ntasks_per_node", ntasks)
             if ntasks % per:
                 raise OptionError(f"--ntasks={ntasks} is not a multiple of --ntasks-per-node={per}")

@@ -55,7 +55,7 @@ class Accounting:
             return False
         since, before = self.charged_until, self.usage
         running = [(association(j), j.start_time, j.end_time if j.phase == JobPhase.DONE else 0.0,
-                    j.num_nodes * j.gpus_per_node, j.num_nodes * j.cpus_per_node)
+                    j.gpus_held, j.cpus_held)
                    for j in jobs if j.start_time and (j.phase != JobPhase.DONE or j.end_time > since)]
         s = self.sched
         usage = fairshare.accrue(before, running, since, now, s.usage_half_life_s, s.billing_gpu, s.billing_cpu)
@@ -105,7 +105,7 @@ class Accounting:
         in_use: dict[tuple[str, str], int] = {}
         for j in active:
             leaf = association(j)
-            gpus = j.num_nodes * j.gpus_per_node
+            gpus = j.gpus_held
             in_use[leaf] = in_use.get(leaf, 0) + gpus
             for a in fairshare.ancestors(tree, leaf[0]):
                 in_use[(a, "")] = in_use.get((a, ""), 0) + gpus

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 
 import hostlist
 
-from air.airctld import deps, events, goodput, history, scheduler, steps
+from air.airctld import deps, events, goodput, history, nodefilter, scheduler, steps
 from air.protos import arrays
 from air.airctld.accounting import Accounting
 from air.protos.config import Config
@@ -74,6 +74,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
             self.nodes[nc.name] = evolve(node, last_heartbeat=now)
         self.heard: dict[str, float] = {name: mono for name in self.nodes}   # node -> last heard (monotonic)
         self.switches = {n.name: n.switch for n in config.nodes if n.switch}
+        self.features = {n.name: frozenset(n.features) for n in config.nodes if n.features}
         self.accounting = Accounting(config, store, now, self.jobs)
         self.planner = Planner(config)
         self._arrays: dict[int, list[int]] = {}
@@ -185,13 +186,18 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 known = ", ".join(p.name for p in self.config.partitions)
                 raise InvalidRequest(f"partition {req.partition!r} does not exist; partitions: {known}")
             raise InvalidRequest("no partition given and the cluster has no default partition")
-        nodes = req.nodes or 1
+        try:   # -w, -x, -C: what can never be met is refused now; -w alone sets the node count
+            nodes = nodefilter.settle(req, part.name, part.nodes, self.features, self.nodes.keys())
+        except nodefilter.ConstraintError as e:
+            raise InvalidRequest(str(e)) from None
         tasks = req.ntasks_per_node or 1
         cpus = tasks * (req.cpus_per_task or 1)
         limit = req.time_limit_s or part.default_time_s
         with self._lock:
             capacity = {n.name: (len(n.gpus), n.cpus) for n in self.nodes.values() if n.cpus}
-        why = scheduler.infeasible(nodes, req.gpus_per_node, cpus, limit, part, capacity)
+        filt = nodefilter.of_request(req)
+        within = evolve(part, nodes=tuple(filt.eligible(part.nodes, self.features))) if filt.restricts else part
+        why = scheduler.infeasible(nodes, req.gpus_per_node, cpus, limit, within, capacity)
         if why:
             raise InvalidRequest(why)
         account = self.policy.account_for(who, req.account, self.accounting)
@@ -208,8 +214,10 @@ class Controller(NodeReports, SchedulingPass, Launching):
                                      f"{self.config.controller.max_array_tasks} (max_array_tasks)")
         qos = req.qos or self.config.scheduler.default_qos   # recorded: history shows the QOS it ran under
         if account != req.account or len(env) != len(req.environment) or throttle != req.array_max_running \
-                or qos != req.qos:
+                or qos != req.qos or (req.nodelist and nodes != req.nodes):
             req = _amended(req, account, qos, env, throttle)
+            if req.nodelist:
+                req.nodes = nodes
         job = Job(job_id=0, uid=who.uid, gid=who.gid, user=user_name(who.uid),
                   name=req.name or "batch", partition=part.name, num_nodes=nodes,
                   gpus_per_node=req.gpus_per_node, cpus_per_node=cpus, time_limit_s=limit,
@@ -254,7 +262,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
     def _estimate(self, job: Job) -> str:
         with self._lock:
             active = self.jobs.active()
-            free = scheduler.free_resources(self.nodes.values(), active)
+            free = scheduler.free_resources(self.nodes.values(), active, self.switches, features=self.features)
             pending = self.jobs.in_phase(JobPhase.PENDING)
         probe = evolve(job, job_id=-1, priority=job.priority)
         plan = scheduler.schedule(pending + [probe], free, self.partitions, active=active, now=self.clock())

@@ -66,6 +66,20 @@ class Job:
         return tuple(a.node for a in self.allocation)
 
     @property
+    def gpus_held(self) -> int:
+        """The GPUs its allocation holds (every GPU of its nodes under --exclusive); before it starts,
+        those it asks for."""
+        if self.allocation:
+            return sum(len(a.gpus) for a in self.allocation)
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def cpus_held(self) -> int:
+        if self.allocation:
+            return sum(a.cpus for a in self.allocation)
+        return self.num_nodes * self.cpus_per_node
+
+    @property
     def batch_node(self) -> str:
         return self.allocation[0].node if self.allocation else ""
 

@@ -91,7 +91,7 @@ class SchedulingPass:
             self._released = []
             active = self.jobs.active()
             nodes = [evolve(n, state=NodeState.DOWN) if n.name in self.suspect else n for n in self.nodes.values()]
-            free = scheduler.free_resources(nodes, active, self.switches, self.planner.gpu_memo)
+            free = scheduler.free_resources(nodes, active, self.switches, self.planner.gpu_memo, self.features)
             capacity = self._capacity()
             stopped_at, holds = dict(self._stopped_at), dict(self._holds)
             preempted_before = {p: frozenset(v) for p, v in self._preempted.items()}

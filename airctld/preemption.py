@@ -28,14 +28,23 @@ def victims(state: _Pass, job: Job, part: str, candidates: list[Job], taken: set
     def clear(name: str) -> bool:
         return all(r[4] == job.job_id or r[0] >= end or state.res_pri.get(r[4], 0) < mine_pri
                    for r in state.res_list.get(name, ()))
-    names = set(state.part_nodes[part])
+    filt = state.filter_of(job)   # -w, -x, -C, --exclusive: only the nodes it may use count
+    names = set(state.eligible(job, part)) if filt.restricts else set(state.part_nodes[part])
+    listed = set(filt.required)
     hyp = {name: [len(state.free[name].gpus), state.free[name].cpus] for name in names
            if state.free[name].up and clear(name)}
     mine = [v for v in candidates if v.job_id not in taken and any(a.node in hyp for a in v.allocation)]
     mine.sort(key=lambda v: (state.priority.get(v.job_id, v.priority), -v.start_time, -v.job_id))
 
     def fitting() -> list[str]:
-        return [name for name, (fg, fc) in hyp.items() if fg >= g and fc >= c]
+        if not filt.restricts:
+            return [name for name, (fg, fc) in hyp.items() if fg >= g and fc >= c]
+        return [name for name, (fg, fc) in hyp.items()
+                if (room := state.need(job, state.free[name])) and fg >= room[0] and fc >= room[1]]
+
+    def enough() -> bool:
+        fit = fitting()
+        return len(fit) >= n and listed.issubset(fit)
 
     def add(v: Job, sign: int) -> None:
         for a in v.allocation:
@@ -47,19 +56,19 @@ def victims(state: _Pass, job: Job, part: str, candidates: list[Job], taken: set
     for v in mine:
         add(v, 1)
         chosen.append(v)
-        if len(fitting()) >= n:
+        if enough():
             break
     else:
         return [], ()
     for v in reversed(chosen[:-1]):   # drop any the others make unnecessary, keeping the cheapest set
         add(v, -1)
-        if len(fitting()) >= n:
+        if enough():
             chosen.remove(v)
         else:
             add(v, 1)
     # the victims' nodes first, then the free ones that make up the count
     freed = {a.node for v in chosen for a in v.allocation}
-    nodes = sorted(fitting(), key=lambda name: (name not in freed, name))[:n]
+    nodes = sorted(fitting(), key=lambda name: (name not in listed, name not in freed, name))[:n]
     return [v.job_id for v in chosen], tuple(sorted(nodes))
 
 

@@ -21,14 +21,18 @@ class FreeNode:
     switch: str = ""
     total_gpus: int = 0
     domains: dict[int, int] = field(default_factory=dict)   # GPU index -> NVLink domain
+    total_cpus: int = 0
+    features: frozenset = frozenset()   # what --constraint may ask of it (the configuration's)
 
 
 def free_resources(nodes: Iterable[Node], active: Iterable[Job], switches: Mapping[str, str] | None = None,
-                   memo: dict[int, tuple] | None = None) -> dict[str, FreeNode]:
+                   memo: dict[int, tuple] | None = None, features: Mapping[str, frozenset] | None = None
+                   ) -> dict[str, FreeNode]:
     """What each node has free, given the jobs that hold resources (running or completing). `memo`,
     kept by the caller from pass to pass, keeps what a node's GPUs are (their indices and NVLink
     domains, read from its GPU records), for as long as the node has the same records."""
     switches = switches or {}
+    features = features or {}
     nodes = list(nodes)
     if memo is None:
         memo = {}
@@ -40,7 +44,8 @@ def free_resources(nodes: Iterable[Node], active: Iterable[Job], switches: Mappi
         if known is None or known[0] is not n.gpus:
             known = memo[id(n.gpus)] = (n.gpus, sorted(n.gpu_indices), {g.index: g.nvlink_domain for g in n.gpus})
         free[n.name] = FreeNode(n.name, n.state == NodeState.UP, list(known[1]), n.cpus,
-                                n.state == NodeState.DRAIN, switches.get(n.name) or n.name, len(n.gpus), known[2])
+                                n.state == NodeState.DRAIN, switches.get(n.name) or n.name, len(n.gpus), known[2],
+                                n.cpus, features.get(n.name, frozenset()))
     for job in active:
         for a in job.allocation:
             node = free.get(a.node)

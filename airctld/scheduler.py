@@ -35,6 +35,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from air.protos.config import PartitionConfig, QosConfig
 from air.airctld.model import Job, NodeAlloc
+from air.airctld.nodefilter import NO_FILTER, NodeFilter, of_request
 from air.airctld.preemption import may_preempt, place_holds, rank, victims  # noqa: F401 (rank: API)
 from air.airctld.resources import FreeNode, free_resources, infeasible, pick_gpus  # noqa: F401 (the scheduler's API)
 from air.protos.states import JobPhase, Reason
@@ -145,6 +146,7 @@ class _Pass:
         self._started: list[tuple[str, float, int, int]] = []   # this pass's starts, until releases() is built
         self._avail_heaps: dict[tuple, list[tuple[float, str]]] = {}
         self.res_pri: dict[int, int] = {}   # job -> its priority, for each job with a reservation
+        self._filters: dict[int, tuple[NodeFilter, dict[str, list[str]]]] = {}   # job -> -w/-x/-C/--exclusive
         # limits' running totals
         self.used_qos_user: dict[tuple[str, str], int] = {}
         self.used_qos_account: dict[tuple[str, str], int] = {}
@@ -157,8 +159,8 @@ class _Pass:
 
     # ---------------------------------------------------------------- limits
 
-    def charge(self, job: Job) -> None:
-        gpus = job.num_nodes * job.gpus_per_node
+    def charge(self, job: Job, gpus: int | None = None) -> None:
+        gpus = job.gpus_held if gpus is None else gpus
         qos = job.request.qos or self.limits.default_qos
         account = job.request.account or "default"
         key_u, key_a = (qos, job.user), (qos, account)
@@ -199,6 +201,80 @@ class _Pass:
     def count_fitting(self, part: str, gpus: int) -> int:
         return sum(len(b) for b in self.buckets[part][gpus:])
 
+    # ---------------------------------------------------------------- -w, -x, -C, --exclusive
+
+    def filter_of(self, job: Job) -> NodeFilter:
+        req = job.request
+        if not (req.nodelist or req.exclude or req.constraint or req.exclusive):
+            return NO_FILTER
+        got = self._filters.get(job.job_id)
+        if got is None:
+            got = self._filters[job.job_id] = (of_request(req), {})
+        return got[0]
+
+    def eligible(self, job: Job, part: str) -> list[str]:
+        """The nodes of the partition the job may run on (its filter: filter_of), in their order."""
+        filt, by_part = self._filters[job.job_id]
+        names = by_part.get(part)
+        if names is None:
+            names = by_part[part] = [n for n in self.part_nodes[part] if filt.allows(n, self.free[n].features)]
+        return names
+
+    def need(self, job: Job, node: FreeNode) -> tuple[int, int]:
+        """The GPUs and CPUs the job takes on the node: all of them for --exclusive."""
+        if job.request.exclusive:
+            return node.total_gpus, node.total_cpus
+        return job.gpus_per_node, job.cpus_per_node
+
+    def _fits_now(self, job: Job, node: FreeNode, end: float, respect: bool) -> bool:
+        g, c = self.need(job, node)   # (--exclusive: everything the node has, so only an idle node fits)
+        return node.up and len(node.gpus) >= g and self.usable(node, g, c, end, respect, job.job_id)
+
+    def place_filtered(self, job: Job, part: str, end: float, respect: bool = True) -> tuple[NodeAlloc, ...] | None:
+        """place() for a job with a node filter: its listed nodes, then the fewest free GPUs that fit
+        among the others it may use (whole nodes with nothing else on them for --exclusive)."""
+        filt = self.filter_of(job)
+        free = self.free
+        ok = [name for name in self.eligible(job, part) if self._fits_now(job, free[name], end, respect)]
+        fits = set(ok)
+        if any(r not in fits for r in filt.required):
+            return None
+        listed = set(filt.required)
+        rest = sorted((name for name in ok if name not in listed), key=lambda name: len(free[name].gpus))
+        chosen = set(filt.required) | set(rest[:job.num_nodes - len(listed)])
+        if len(chosen) < job.num_nodes:
+            return None
+        out = []
+        for name in (n for n in ok if n in chosen):   # in the partition's order: the first is the batch node
+            node = free[name]
+            g, c = self.need(job, node)
+            out.append(NodeAlloc(name, pick_gpus(node.gpus, g, node.total_gpus, node.domains), c))
+        return tuple(out)
+
+    def reserve_filtered(self, job: Job, part: str, only: Iterable[str] | None, not_before: float
+                         ) -> Reservation | None:
+        """reserve() for a job with a node filter: the earliest time its listed nodes and enough of the
+        others it may use keep room for it."""
+        filt = self.filter_of(job)
+        allowed = set(only) if only is not None else None
+        times: dict[str, float] = {}
+        for name in self.eligible(job, part):
+            node = self.free[name]
+            if not node.up or (allowed is not None and name not in allowed):
+                continue
+            t = self.available_from(name, *self.need(job, node))
+            if t < INF:
+                times[name] = t
+        if any(r not in times for r in filt.required):
+            return None
+        listed = set(filt.required)
+        rest = sorted((t, name) for name, t in times.items() if name not in listed)[:job.num_nodes - len(listed)]
+        if len(listed) + len(rest) < job.num_nodes:
+            return None
+        names = tuple(sorted(listed | {name for _, name in rest}))
+        start = max([times[name] for name in names] + [not_before])
+        return self.hold(job, names, start)
+
     def usable(self, node: FreeNode, gpus: int, cpus: int, end: float, respect: bool, job_id: int = 0) -> bool:
         if node.cpus < cpus:
             return False
@@ -212,6 +288,8 @@ class _Pass:
 
     def place(self, job: Job, part: str, end: float, respect: bool = True) -> tuple[NodeAlloc, ...] | None:
         """Nodes and GPUs for the job now, or None; `respect`: leave reservations whole."""
+        if self.filter_of(job).restricts:
+            return self.place_filtered(job, part, end, respect)
         n, g, c = job.num_nodes, job.gpus_per_node, job.cpus_per_node
         buckets = self.buckets[part]
         free = self.free
@@ -281,7 +359,7 @@ class _Pass:
             self._steps_cache.pop(a.node, None)
         touched = {a.node for a in alloc if a.node in self.res_start or (a.node, job.job_id) in self.own}
         self.drop(job.job_id, touched)
-        self.charge(job)
+        self.charge(job, sum(len(a.gpus) for a in alloc))
 
     def drop(self, job_id: int, touched: set[str] | None = None) -> None:
         """Remove the job's reservation, and work out again what the reservations leave spare on its
@@ -384,6 +462,8 @@ class _Pass:
         """The earliest time (not before `not_before`) at which the job's nodes are free for it, beside or
         after the reservations made before it, and those nodes (among `only`, when given); the job holds
         them from then on. (A node with room from t on has room from any later time on.)"""
+        if self.filter_of(job).restricts:
+            return self.reserve_filtered(job, part, only, not_before)
         n, g, c = job.num_nodes, job.gpus_per_node, job.cpus_per_node
         if only is not None:
             heap = [(self.available_from(name, g, c), name) for name in sorted(set(only))
@@ -424,6 +504,8 @@ class _Pass:
         end = start + job.time_limit_s if job.time_limit_s else INF
         self.res_pri[job.job_id] = self.priority.get(job.job_id, job.priority)
         for name in names:
+            if job.request.exclusive:
+                g, c = self.need(job, self.free[name])
             self.res_start[name] = min(self.res_start.get(name, INF), start)
             self.res_list.setdefault(name, []).append((start, end, g, c, job.job_id))
             self._steps_cache.pop(name, None)
@@ -532,9 +614,16 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
         shape = (job.partition, job.num_nodes, job.gpus_per_node, job.cpus_per_node, job.time_limit_s,
                  req.switches, job.submit_time if req.switches else 0)
         end = now + job.time_limit_s if job.time_limit_s else INF
-        if state.up_count[name] < job.num_nodes:
-            reason = Reason.NODES_DRAINED if state.up_count[name] + state.drained_count[name] >= job.num_nodes \
-                else Reason.NODES_DOWN
+        filt = state.filter_of(job)
+        if filt.restricts:
+            shape += (filt.required, filt.excluded, req.constraint, filt.exclusive)
+            mine = [free[n] for n in state.eligible(job, name)]
+            up, drained = sum(n.up for n in mine), sum(n.drained for n in mine)
+            down = any(not free[n].up for n in filt.required)
+        else:
+            up, drained, down = state.up_count[name], state.drained_count[name], False
+        if up < job.num_nodes or down:
+            reason = Reason.NODES_DRAINED if not down and up + drained >= job.num_nodes else Reason.NODES_DOWN
             waiting[job_id] = reason
             no_cache[shape] = (generation, reason)
             continue
@@ -543,7 +632,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
         later = not_before.get(job_id, 0.0)
         if later <= now and (cached is None or cached[0] != generation or preemptor or job_id in held_for):
             cached = None
-            if state.count_fitting(name, job.gpus_per_node) >= job.num_nodes:
+            if filt.restricts or state.count_fitting(name, job.gpus_per_node) >= job.num_nodes:
                 alloc = state.place(job, name, end)
         if alloc is not None:
             state.take(job, alloc, end)
@@ -556,7 +645,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             waiting[job_id] = cached[1]
         else:
             reason = Reason.RESOURCES
-            if state.res_start and state.count_fitting(name, job.gpus_per_node) >= job.num_nodes \
+            if state.res_start and (filt.restricts or state.count_fitting(name, job.gpus_per_node) >= job.num_nodes) \
                     and state.place(job, name, end, respect=False) is not None:
                 reason = Reason.PRIORITY
             no_cache[shape] = (generation, reason)

@@ -9,6 +9,7 @@ import dataclasses
 import ipaddress
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from air.protos.timefmt import parse_duration
 
 DEFAULT_PATH = "/etc/air/air.toml"
 AUTH_MODES = ("none", "munge")
+FEATURE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class ConfigError(Exception):
@@ -110,6 +112,7 @@ class NodeConfig:
     metrics_port: int = 0     # serve Prometheus /metrics on the node's address at this port; 0: none
     health_auto_resume: bool = False   # a node drained by a condition that clears (IB port, heat, the
     #                                    health program) returns by itself once it has; never one an admin drained
+    features: tuple = ()      # names a job may ask for with --constraint (-C), as Slurm's Features=
 
     @property
     def endpoint(self) -> str:
@@ -470,6 +473,9 @@ def _nodes(where: str, raw: dict) -> list[NodeConfig]:
         node = _build(NodeConfig, where, {**raw, "name": name, "address": address})
         if node.metrics_port > 65535:
             raise ConfigError(f"{where} metrics_port = {node.metrics_port}: not a port number")
+        bad = next((f for f in node.features if not FEATURE.fullmatch(f)), None)
+        if bad is not None:
+            raise ConfigError(f"{where} features: {bad!r} is not a feature name (letters, digits, _ . -)")
         out.append(node)
     return out
 

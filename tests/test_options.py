@@ -1,7 +1,8 @@
 """Pure parsing: #AIR/#SBATCH directives, the option table, time formats, --export."""
 import pytest
 
-from air.aircli.options import OptionError, export_environment, from_environment, parse_directives, parse_tokens
+from air.aircli.options import (OptionError, export_environment, from_environment, parse_directives, parse_tokens,
+                               resolve_tasks)
 from air.protos.timefmt import format_duration, parse_duration
 
 
@@ -131,9 +132,19 @@ def test_sbatch_options_recorded_refused_or_checked():
                               "#SBATCH --mail-type=END,FAIL --mail-user=a@b --open-mode=truncate -W\ntrue\n")
     assert values == {"ntasks": 2, "gpus_per_task": 1, "comment": "a b", "wckey": "w1", "mail_type": "END,FAIL",
                       "mail_user": "a@b", "open_mode": "truncate", "wait": True}
-    for tokens, name in ((["--exclusive"], "--exclusive"), (["-C", "h100"], "--constraint"),
-                         (["-w", "node01"], "--nodelist"), (["--exclude=node[01-02]"], "--exclude")):
-        with pytest.raises(OptionError, match=f"^{name} .* is not supported by AIR yet; see docs/slurm.md$"):
+    assert parse_tokens(["--exclusive", "-C", "h100&ib", "-w", "node[01-02],gpu7", "--exclude=node[03-04]"]) == {
+        "exclusive": True, "constraint": "h100&ib", "nodelist": ["node01", "node02", "gpu7"],
+        "exclude": ["node03", "node04"]}
+    for tokens, message in ((["--exclusive=user"], "^--exclusive=user: AIR supports only --exclusive"),
+                            (["-w", "/etc/hosts"], "^--nodelist=/etc/hosts: AIR takes a host list here, not a file$"),
+                            (["-x", "node[1-100000000]"], "^--exclude=node.*: not a host list"),
+                            (["-w", "node[01-"], "^--nodelist=node\\[01-: not a host list"),
+                            (["-C", "a\nb"], "^--constraint: at most 1024 printable characters$")):
+        with pytest.raises(OptionError, match=message):
             parse_tokens(tokens)
+    # -w without -N: as many nodes as it lists; with -N, -N stays (the controller refuses fewer)
+    assert resolve_tasks({"nodelist": ["a", "b", "c"], "ntasks": 6}) == {"nodelist": ["a", "b", "c"], "nodes": 3,
+                                                                          "ntasks_per_node": 2}
+    assert resolve_tasks({"nodelist": ["a"], "nodes": 2}) == {"nodelist": ["a"], "nodes": 2}
     with pytest.raises(OptionError, match="give append or truncate"):
         parse_tokens(["--open-mode=overwrite"])

@@ -1,0 +1,172 @@
+"""Which nodes a job may run on, from what it asked (pure): -w/--nodelist (all of these nodes are in
+the allocation), -x/--exclude (none of these is), -C/--constraint (node features) and --exclusive
+(whole nodes, shared with no other job).
+
+A constraint is a feature name, or constraints joined by & (and) and | (or), with & binding
+tighter, and parentheses: `a100&ib`, `a100|h100`, `(a100|h100)&ib`. Slurm's other forms (counts
+`a*2`, matching or `[a|b]`, `!a`) are refused with one line.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+MAX_CONSTRAINT = 1024
+_TOKEN = re.compile(r"\s*(?:([A-Za-z0-9_.-]+)|([&|()]))")
+
+
+class ConstraintError(ValueError):
+    pass
+
+
+# An expression is a feature name (str), or ("&" | "|", [expressions]).
+Expr = object
+
+
+def parse_constraint(text: str) -> Expr | None:
+    """The constraint's expression, or None for an empty one; ConstraintError says what is wrong."""
+    if not text.strip():
+        return None
+    if len(text) > MAX_CONSTRAINT:
+        raise ConstraintError(f"--constraint: at most {MAX_CONSTRAINT} characters")
+    tokens, pos = [], 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        m = _TOKEN.match(text, pos)
+        if not m:
+            bad = text[pos:].lstrip()[:1]
+            hint = " (counts, [..] and ! are not supported)" if bad in "*[]!," else ""
+            raise ConstraintError(f"--constraint={text!r}: unexpected {bad!r}{hint}")
+        tokens.append(m.group(1) or m.group(2))
+        pos = m.end()
+    expr, rest = _or(tokens, 0, text)
+    if rest != len(tokens):
+        raise ConstraintError(f"--constraint={text!r}: unexpected {tokens[rest]!r}")
+    return expr
+
+
+def _or(tokens: list[str], i: int, text: str, depth: int = 0) -> tuple[Expr, int]:
+    return _joined("|", _and, tokens, i, text, depth)
+
+
+def _and(tokens: list[str], i: int, text: str, depth: int) -> tuple[Expr, int]:
+    return _joined("&", _atom, tokens, i, text, depth)
+
+
+def _joined(op: str, part, tokens: list[str], i: int, text: str, depth: int) -> tuple[Expr, int]:
+    """One or more `part`s joined by `op`."""
+    parts = []
+    while True:
+        one, i = part(tokens, i, text, depth)
+        parts.append(one)
+        if i < len(tokens) and tokens[i] == op:
+            i += 1
+            continue
+        return (parts[0] if len(parts) == 1 else (op, parts)), i
+
+
+def _atom(tokens: list[str], i: int, text: str, depth: int) -> tuple[Expr, int]:
+    if i >= len(tokens):
+        raise ConstraintError(f"--constraint={text!r}: ends where a feature name is expected")
+    tok = tokens[i]
+    if tok == "(":
+        if depth >= 32:
+            raise ConstraintError(f"--constraint={text!r}: parentheses nested too deep")
+        inner, i = _or(tokens, i + 1, text, depth + 1)
+        if i >= len(tokens) or tokens[i] != ")":
+            raise ConstraintError(f"--constraint={text!r}: a '(' is not closed")
+        return inner, i + 1
+    if tok in "&|)":
+        raise ConstraintError(f"--constraint={text!r}: {tok!r} where a feature name is expected")
+    return tok, i + 1
+
+
+def features_named(expr: Expr | None) -> set[str]:
+    if expr is None:
+        return set()
+    if isinstance(expr, str):
+        return {expr}
+    return set().union(*(features_named(e) for e in expr[1]))
+
+
+def matches(expr: Expr | None, features: Iterable[str]) -> bool:
+    if expr is None:
+        return True
+    if isinstance(expr, str):
+        return expr in features
+    op, parts = expr
+    if op == "&":
+        return all(matches(e, features) for e in parts)
+    return any(matches(e, features) for e in parts)
+
+
+@dataclass(frozen=True)
+class NodeFilter:
+    required: tuple[str, ...] = ()
+    excluded: frozenset = frozenset()
+    constraint: Expr | None = None
+    exclusive: bool = False
+
+    @property
+    def restricts(self) -> bool:
+        return bool(self.required or self.excluded or self.constraint is not None or self.exclusive)
+
+    def allows(self, name: str, features: Iterable[str]) -> bool:
+        return name not in self.excluded and matches(self.constraint, features)
+
+    def eligible(self, names: Iterable[str], features: Mapping[str, Iterable[str]]) -> list[str]:
+        """Of `names` (in their order), those the job may run on."""
+        return [n for n in names if self.allows(n, features.get(n, ()))]
+
+
+def of_request(req) -> NodeFilter:
+    """The filter a job request (pb.JobRequest) asks for; its constraint was checked at submit."""
+    if not (req.nodelist or req.exclude or req.constraint or req.exclusive):
+        return NO_FILTER
+    return NodeFilter(tuple(req.nodelist), frozenset(req.exclude), parse_constraint(req.constraint), req.exclusive)
+
+
+NO_FILTER = NodeFilter()
+
+
+def settle(req, part_name: str, part_nodes: Iterable[str], features: Mapping[str, Iterable[str]],
+           known: Iterable[str]) -> int:
+    """At submit: the job's node count with its node list counted in (-w of three nodes and no -N is
+    three nodes), or ConstraintError naming what can never be met: a node or feature the cluster does
+    not have, a listed node outside the partition or ruled out by -x or -C, too few nodes left."""
+    known = set(known)
+    part_nodes = list(part_nodes)
+    in_part = set(part_nodes)
+    for flag, names in (("-w/--nodelist", req.nodelist), ("-x/--exclude", req.exclude)):
+        if len(set(names)) != len(names):
+            raise ConstraintError(f"{flag} names a node more than once")
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ConstraintError(f"{flag}: invalid node name {unknown[0][:64]!r}: no such node in the cluster")
+    outside = [n for n in req.nodelist if n not in in_part]
+    if outside:
+        raise ConstraintError(f"-w/--nodelist: node {outside[0]} is not in partition {part_name}")
+    both = set(req.nodelist) & set(req.exclude)
+    if both:
+        raise ConstraintError(f"node {sorted(both)[0]} is both in -w/--nodelist and in -x/--exclude")
+    expr = parse_constraint(req.constraint)
+    have = set().union(*(set(features.get(n, ())) for n in part_nodes)) if part_nodes else set()
+    missing = sorted(features_named(expr) - have)
+    if missing:
+        raise ConstraintError(f"--constraint={req.constraint}: invalid feature specification: no node of "
+                              f"partition {part_name} has feature {missing[0]!r}")
+    count = req.nodes or max(1, len(req.nodelist))
+    if count < len(req.nodelist):
+        raise ConstraintError(f"-w/--nodelist names {len(req.nodelist)} nodes but --nodes={count}")
+    filt = NodeFilter(tuple(req.nodelist), frozenset(req.exclude), expr, req.exclusive)
+    eligible = filt.eligible(part_nodes, features)
+    ruled_out = [n for n in req.nodelist if n not in eligible]
+    if ruled_out:
+        raise ConstraintError(f"-w/--nodelist: node {ruled_out[0]} does not have the features "
+                              f"--constraint={req.constraint} asks for")
+    if len(eligible) < count:
+        raise ConstraintError(f"{count} nodes requested, but only {len(eligible)} nodes of partition "
+                              f"{part_name} match -x/--exclude and --constraint")
+    return count
