@@ -200,3 +200,35 @@ def test_output_into_a_missing_directory_fails_a_root_job_with_the_reason(cluste
     detail = job["reason_detail"]   # the shell's words: the file, and why it cannot be made
     assert f"/nonexistent-air-dir/{job_id}.out" in detail and ("nonexistent" in detail.split(": ")[-1]
                                                                or "No such file" in detail), detail
+
+
+def test_nodelist_exclude_and_exclusive_put_jobs_where_asked(cluster):
+    script = cluster.write_script("where.sh", "#!/bin/sh\necho $SLURM_JOB_NODELIST $CUDA_VISIBLE_DEVICES\nsleep 1\n")
+    listed = cluster.submit(script, "-w", "node02", "--gpus-per-node=1")
+    excluded = cluster.submit(script, "-x", "node02", "--gpus-per-node=1")
+    whole = cluster.submit(script, "--exclusive", "--gpus-per-node=1", "-w", "node01")
+    for job_id, node, gpus in ((listed, "node02", None), (excluded, "node01", None), (whole, "node01", "0,1,2,3")):
+        job = cluster.wait_state(job_id, "COMPLETED")
+        assert job["nodes"] == [node], job
+        seen = (cluster.work / f"air-{job_id}.out").read_text().split()
+        assert seen[0] == node and (gpus is None or seen[1] == gpus), seen
+    shown = cluster.cli("aircontrol", "show", "job", str(whole)).stdout
+    assert "ReqNodeList=node01 ExcNodeList=(null) Features=(null) OverSubscribe=NO" in shown, shown
+    # nobody shares a node an exclusive job holds, though it asked for one GPU of four
+    holder = cluster.submit(cluster.write_script("hold2.sh", "#!/bin/sh\nsleep 60\n"), "--exclusive", "-w", "node02")
+    cluster.wait_state(holder, "RUNNING")
+    small = cluster.submit(script, "-w", "node02")
+    job = wait_for(lambda: (j := cluster.job(small))["reason"] == "Resources" and j, what="Resources reason")
+    assert job["state"] == "PENDING"
+    cluster.cli("aircancel", str(holder))
+    assert cluster.wait_state(small, "COMPLETED")["nodes"] == ["node02"]
+    # what can never be met: one line, nothing submitted
+    before = cluster.db_rows()
+    for options, message in ((["-w", "node09"], "invalid node name 'node09': no such node"),
+                             (["-C", "a100"], "no node of partition gpu has feature 'a100'"),
+                             (["-N", "1", "-w", "node[01-02]"], "names 2 nodes but --nodes=1"),
+                             (["--exclusive=user"], "--exclusive")):
+        proc = cluster.cli("airbatch", *options, "--wrap", "true", check=False)
+        assert proc.returncode != 0 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc
+        assert message in proc.stderr, proc.stderr
+    assert cluster.db_rows() == before
