@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from air.protos.config import PartitionConfig, QosConfig
 from air.airctld.model import Job, NodeAlloc
-from air.airctld.nodefilter import NO_FILTER, NodeFilter, of_request
+from air.airctld.nodefilter import NO_FILTER, ConstraintError, NodeFilter, of_request
 from air.airctld.preemption import may_preempt, place_holds, rank, victims  # noqa: F401 (rank: API)
 from air.airctld.resources import FreeNode, free_resources, infeasible, pick_gpus  # noqa: F401 (the scheduler's API)
 from air.protos.states import JobPhase, Reason
@@ -209,7 +209,11 @@ class _Pass:
             return NO_FILTER
         got = self._filters.get(job.job_id)
         if got is None:
-            got = self._filters[job.job_id] = (of_request(req), {})
+            try:
+                filt = of_request(req)
+            except ConstraintError:   # (checked at submit; a stored job the parser now refuses runs nowhere)
+                filt = NodeFilter(required=("",))
+            got = self._filters[job.job_id] = (filt, {})
         return got[0]
 
     def eligible(self, job: Job, part: str) -> list[str]:
@@ -619,7 +623,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             shape += (filt.required, filt.excluded, req.constraint, filt.exclusive)
             mine = [free[n] for n in state.eligible(job, name)]
             up, drained = sum(n.up for n in mine), sum(n.drained for n in mine)
-            down = any(not free[n].up for n in filt.required)
+            down = any(n not in free or not free[n].up for n in filt.required)   # (or gone from the configuration)
         else:
             up, drained, down = state.up_count[name], state.drained_count[name], False
         if up < job.num_nodes or down:

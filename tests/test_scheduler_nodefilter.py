@@ -234,3 +234,9 @@ def test_a_lone_job_starts_exactly_when_the_reference_finds_it_a_place_and_only_
                 assert (len(a.gpus), a.cpus) == (r["gpus"], r["cpus"])
             used = {g for j in active for b in j.allocation if b.node == a.node for g in b.gpus}
             assert not used & set(a.gpus)
+
+
+def test_a_stored_job_the_configuration_no_longer_fits_waits_and_the_pass_goes_on():
+    # (a node removed from air.toml since submit, a constraint the parser now refuses)
+    plan = _plan([_job(1, nodelist=["gone"]), _job(2, constraint="a100*2"), _job(3, exclude=["gone"])])
+    assert plan.waiting == {1: Reason.NODES_DOWN, 2: Reason.NODES_DOWN} and [j for j, _ in plan.starts] == [3]
