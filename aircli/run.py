@@ -11,6 +11,7 @@ import time
 import click
 
 from air.aircli.client import CliError, entry
+from air.protos.outputs import substitute
 from air.protos.states import ExitCode
 
 
@@ -142,16 +143,8 @@ def expand(pattern: str, step, rank: int, env: dict[str, str]) -> str:
     values = {"t": str(rank), "j": job, "J": f"{job}.{step.step_id}", "s": str(step.step_id),
               "N": step.nodes[node_index].node, "n": str(node_index), "u": env.get("USER", ""),
               "x": env.get("AIR_JOB_NAME", ""), "A": env.get("SLURM_ARRAY_JOB_ID", job),
-              "a": env.get("SLURM_ARRAY_TASK_ID", "4294967294"), "%": "%"}
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern[i] == "%" and i + 1 < len(pattern) and pattern[i + 1] in values:
-            out.append(values[pattern[i + 1]])
-            i += 2
-        else:
-            out.append(pattern[i])
-            i += 1
-    return "".join(out)
+              "a": env.get("SLURM_ARRAY_TASK_ID", "4294967294")}
+    return substitute(pattern, values)
 
 
 class _RankFiles:

@@ -12,8 +12,14 @@ DEFAULT_OUTPUT = "air-%j.out"
 def expand_pattern(pattern: str, job: pb.Job, node: str) -> str:
     """Slurm's filename patterns: %j job id, %x job name, %u user, %N node, %A array job id, %a array task
     id, %% a percent sign."""
-    values = {"j": str(job.job_id), "x": job.request.name or "batch", "u": job.user, "N": node, "%": "%",
-              "A": str(job.array_job_id or job.job_id), "a": str(job.array_task_id) if job.array_job_id else "4294967294"}
+    return substitute(pattern, {
+        "j": str(job.job_id), "x": job.request.name or "batch", "u": job.user, "N": node,
+        "A": str(job.array_job_id or job.job_id), "a": str(job.array_task_id) if job.array_job_id else "4294967294"})
+
+
+def substitute(pattern: str, values: dict[str, str]) -> str:
+    """`pattern` with each %c that `values` names replaced by its value, and %% by %; any other % stays."""
+    values = {**values, "%": "%"}
     out, i = [], 0
     while i < len(pattern):
         ch = pattern[i]

@@ -90,3 +90,14 @@ def test_open_mode_truncate_empties_then_appends_so_one_file_under_two_names_kee
     assert sorted(out.read_text().splitlines()) == ["err1", "out1", "out2"]
     _start(tmp_path, out, tmp_path / "." / "o.log", "append")
     assert sorted(out.read_text().splitlines()) == ["err1", "err1", "out1", "out1", "out2", "out2"]
+
+
+def test_airrun_output_patterns_name_each_ranks_file_as_srun():
+    from air.aircli.run import expand
+    from air.protos import air_pb2 as pb
+    step = pb.Step(job_id=42, step_id=3, nodes=[pb.StepNode(node="gpu01", ranks=[0, 1]),
+                                                pb.StepNode(node="gpu02", ranks=[2, 3])])
+    env = {"USER": "alice", "AIR_JOB_NAME": "train", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "2"}
+    assert expand("%x-%J-%N-%n-%t-%u-%A_%a-100%%-%q.log", step, 3, env) == \
+        "train-42.3-gpu02-1-3-alice-40_2-100%-%q.log"
+    assert expand("%j.%s.%t", step, 0, {}) == "42.3.0"
