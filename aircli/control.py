@@ -106,6 +106,47 @@ def requeue(ids, config):
     Client(config).call("Requeue", filt)
 
 
+@command.command("update", context_settings={"ignore_unknown_options": True})
+@click.argument("settings", nargs=-1, required=True)
+@click.option("--config", hidden=True)
+def update(settings, config):
+    """Change a job, as scontrol update: JobId=N TimeLimit=T (Slurm's time forms, UNLIMITED, or +T/-T
+    to add or take off). Owners may lower a time limit; only root and operators may raise one."""
+    from air.aircli.client import Client
+    from air.aircli.queue import job_ids
+    from air.protos import air_pb2 as pb
+    job, limit = parse_update(settings)
+    req = pb.UpdateJobRequest(filter=pb.JobFilter(job_ids=job_ids(job, "JobId")))
+    req.time_limit_s, req.time_limit_change = limit
+    Client(config).call("UpdateJob", req)
+
+
+def parse_update(settings) -> tuple[str, tuple[int, int]]:
+    """(the JobId text, (seconds, change)) from scontrol update's KEY=VALUE words; CliError names a
+    word AIR does not take."""
+    from air.protos.timefmt import parse_duration
+    values = {}
+    for word in settings:
+        key, eq, value = word.partition("=")
+        key = {"jobid": "jobid", "job": "jobid", "timelimit": "timelimit"}.get(key.lower())
+        if not eq or not value:
+            raise CliError(f"update: {word!r}: give KEY=VALUE, such as JobId=42 TimeLimit=2:00:00")
+        if key is None:
+            raise CliError(f"update: {word.partition('=')[0]!r}: AIR updates JobId=N TimeLimit=T only")
+        values[key] = value
+    if "jobid" not in values or "timelimit" not in values:
+        raise CliError("update: give JobId=N and TimeLimit=T")
+    text = values["timelimit"]
+    change = {"+": 1, "-": -1}.get(text[:1], 0)
+    try:
+        seconds = parse_duration(text[1:] if change else text)
+    except ValueError as e:
+        raise CliError(f"update: TimeLimit={text}: {e}") from None
+    if change and not seconds:
+        raise CliError(f"update: TimeLimit={text}: add or take off a time, not UNLIMITED")
+    return values["jobid"], (seconds, change)
+
+
 @command.command("hold")
 @click.argument("ids", nargs=-1, required=True)
 @click.option("--config", hidden=True)

@@ -33,7 +33,7 @@ from air.airctld.nodes import NodeClients
 from air.airctld.planning import Planner
 from air.airctld.policy import Policy, user_name
 from air.airctld.store import Store
-from air.airctld.validate import check_request, check_step, filtered_environment
+from air.airctld.validate import MAX_TIME_LIMIT_S, check_request, check_step, filtered_environment
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
 from air.protos.states import ACTIVE_PHASES, REASON_NAMES, JobPhase, JobResult, NodeState, Reason, long_state
@@ -304,6 +304,38 @@ class Controller(NodeReports, SchedulingPass, Launching):
                                                     f"requeue asked by uid {who.uid}")) for j in running], now, who.uid)
             launching = set(self._launching)
         self._terminate(changed, launching)
+        return [j.job_id for j in changed]
+
+    def update_time_limit(self, filt: pb.JobFilter, seconds: int, change: int, who: Identity) -> list[int]:
+        """A new time limit for pending and running jobs (0: none), or one `seconds` longer (change 1)
+        or shorter (-1). Owners may lower a limit; only root and operators may raise one or take it
+        away, as in Slurm. A running job past its new limit times out at the controller's next tick."""
+        if change not in (-1, 0, 1) or seconds > MAX_TIME_LIMIT_S or (change and not seconds):
+            raise InvalidRequest(f"time limit change {change:+d} of {seconds} s: not a time limit")
+        with self._lock:
+            selected = self._select(filt, who, acting=True, doing="update")
+            targets = [j for j in selected if j.phase in (JobPhase.PENDING, JobPhase.RUNNING)]
+            if len(filt.job_ids) == 1 and not targets:
+                raise Conflict(f"job {selected[0].job_id} is {long_state(selected[0].phase, selected[0].result)}; "
+                               "only pending and running jobs take a new time limit")
+            changes = []
+            for j in targets:
+                if change and not j.time_limit_s:
+                    raise Conflict(f"job {j.job_id} has no time limit to change by {seconds} s; give TimeLimit=T")
+                new = seconds if not change else j.time_limit_s + change * seconds
+                if new <= 0 and change:
+                    raise InvalidRequest(f"job {j.job_id}: its time limit of {j.time_limit_s} s less {seconds} s "
+                                         "leaves none")
+                raising = new == 0 and j.time_limit_s != 0 or new > j.time_limit_s != 0
+                if raising and not self.policy.is_operator(who):
+                    raise Denied(f"job {j.job_id}: only root and operators may raise a time limit "
+                                 f"({j.time_limit_s} s now); you may lower it")
+                if new != j.time_limit_s:
+                    changes.append((j, evolve(j, time_limit_s=new)))
+            changed = self._commit(changes, self.clock(), who.uid)
+            if changed:
+                self._dirty = True   # reservations and backfill rest on time limits
+        self._wake.set()
         return [j.job_id for j in changed]
 
     def _terminate(self, changed: list[Job], launching: set[int]) -> None:

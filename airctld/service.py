@@ -83,6 +83,11 @@ class ControllerService:
         return pb.CancelReply(job_ids=self.c.requeue(request, who))
 
     @_handle
+    def UpdateJob(self, request: pb.UpdateJobRequest, context, who):
+        return pb.CancelReply(job_ids=self.c.update_time_limit(request.filter, request.time_limit_s,
+                                                               request.time_limit_change, who))
+
+    @_handle
     def Hold(self, request: pb.HoldRequest, context, who):
         return pb.CancelReply(job_ids=self.c.hold(request.filter, request.hold, who))
 
@@ -189,6 +194,7 @@ def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
         "Cancel": unary(cs.Cancel, pb.CancelRequest.FromString, pb.CancelReply.SerializeToString),
         "Requeue": unary(cs.Requeue, pb.JobFilter.FromString, pb.CancelReply.SerializeToString),
         "Hold": unary(cs.Hold, pb.HoldRequest.FromString, pb.CancelReply.SerializeToString),
+        "UpdateJob": unary(cs.UpdateJob, pb.UpdateJobRequest.FromString, pb.CancelReply.SerializeToString),
         "ListJobs": unary(cs.ListJobs, pb.JobFilter.FromString, encode_job_list),
         "GetJob": unary(cs.GetJob, pb.GetJobRequest.FromString, pb.Job.SerializeToString),
         "ListNodes": unary(cs.ListNodes, pb.ListNodesRequest.FromString, pb.ListNodesReply.SerializeToString),

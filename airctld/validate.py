@@ -14,6 +14,7 @@ from air.protos import air_pb2 as pb
 MAX_PATH = 4096
 MAX_DEPENDENCY_CHARS = 64 * 1024
 MAX_MEM_MB = 1 << 30          # --mem and --mem-per-gpu: 1 PiB
+MAX_TIME_LIMIT_S = 100 * 365 * 86400   # --time (and scontrol update's TimeLimit): 100 years
 MAX_ARGS = 1024
 MAX_ARGS_BYTES = 256 * 1024
 MAX_ENV_VARS = 4096
@@ -43,6 +44,8 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
                              "characters")
     if not req.workdir.startswith("/"):
         raise InvalidRequest(f"working directory {req.workdir!r} is not an absolute path")
+    if req.time_limit_s > MAX_TIME_LIMIT_S:
+        raise InvalidRequest(f"--time of {req.time_limit_s} s: at most {MAX_TIME_LIMIT_S} s (100 years)")
     for field, flag in (("mem_per_node_mb", "--mem"), ("mem_per_gpu_mb", "--mem-per-gpu")):
         if getattr(req, field) > MAX_MEM_MB:   # (times a node's GPUs, in bytes, it must still fit the wire's 64 bits)
             raise InvalidRequest(f"{flag}={getattr(req, field)}M: at most {MAX_MEM_MB}M (1 PiB)")

@@ -55,6 +55,11 @@ class ControllerStub:
                 request_serializer=air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
                 response_deserializer=air_dot_protos_dot_air__pb2.CancelReply.FromString,
                 _registered_method=True)
+        self.UpdateJob = channel.unary_unary(
+                '/air.v1.Controller/UpdateJob',
+                request_serializer=air_dot_protos_dot_air__pb2.UpdateJobRequest.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.CancelReply.FromString,
+                _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/air.v1.Controller/ListJobs',
                 request_serializer=air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
@@ -141,6 +146,13 @@ class ControllerServicer:
 
     def Requeue(self, request, context):
         """Running jobs: SIGTERM, a grace time to checkpoint, then back to the queue.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateJob(self, request, context):
+        """Pending and running jobs: a new time limit; only root and operators may raise one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -243,6 +255,11 @@ def add_ControllerServicer_to_server(servicer, server):
             'Requeue': grpc.unary_unary_rpc_method_handler(
                     servicer.Requeue,
                     request_deserializer=air_dot_protos_dot_air__pb2.JobFilter.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.CancelReply.SerializeToString,
+            ),
+            'UpdateJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateJob,
+                    request_deserializer=air_dot_protos_dot_air__pb2.UpdateJobRequest.FromString,
                     response_serializer=air_dot_protos_dot_air__pb2.CancelReply.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
@@ -414,6 +431,33 @@ class Controller:
             target,
             '/air.v1.Controller/Requeue',
             air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
+            air_dot_protos_dot_air__pb2.CancelReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/UpdateJob',
+            air_dot_protos_dot_air__pb2.UpdateJobRequest.SerializeToString,
             air_dot_protos_dot_air__pb2.CancelReply.FromString,
             options,
             channel_credentials,

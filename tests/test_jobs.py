@@ -157,6 +157,19 @@ def test_time_limit_ends_the_job_as_timeout(cluster):
     assert cluster.cli("airq", "-j", str(job_id), "-h", "-o", "%t %l").stdout.split() == ["TO", "0:02"]
 
 
+def test_scontrol_update_lowers_a_running_jobs_limit_for_its_owner_and_refuses_raising_it(cluster):
+    script = cluster.write_script("long.sh", "#!/bin/sh\nsleep 60\n")
+    job_id = int(cluster.cli("airbatch", "--parsable", "--time=10:00", str(script), user="nobody").stdout)
+    cluster.wait_state(job_id, "RUNNING")
+    refused = cluster.cli("aircontrol", "update", f"JobId={job_id}", "TimeLimit=+5:00", user="nobody", check=False)
+    assert refused.returncode != 0 and refused.stderr.count("\n") == 1
+    assert "only root and operators may raise a time limit" in refused.stderr
+    cluster.cli("aircontrol", "update", f"JobId={job_id}", "TimeLimit=0:03", user="nobody")
+    job = cluster.wait_state(job_id, "TIMEOUT", timeout=20)
+    assert job["reason"] == "TimeLimit" and 3 <= job["elapsed_s"] < 12
+    assert cluster.cli("airq", "-j", str(job_id), "-h", "-o", "%l").stdout.split() == ["0:03"]
+
+
 def test_test_only_submits_nothing(cluster):
     before = cluster.db_rows()
     out = cluster.cli("airbatch", "--test-only", "-N", "2", "--gpus-per-node=1", "--wrap", "true").stdout
