@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import socket
 import sys
 import threading
 import time
@@ -32,24 +33,31 @@ from air.protos.states import ExitCode
 @click.option("--open-mode", type=click.Choice(["append", "truncate"]), envvar="AIRRUN_OPEN_MODE",
               help="for --output/--error files (default: the job's, $SLURM_OPEN_MODE)")
 @click.option("--config", hidden=True)
+@click.option("-p", "--partition", help="outside a job: the allocation's partition")
+@click.option("-t", "--time", "time_limit", help="outside a job: the allocation's time limit (Slurm's forms)")
+@click.option("-A", "--account", help="outside a job: the account to charge")
+@click.option("-q", "--qos", help="outside a job: the allocation's QOS")
+@click.option("-J", "--job-name", help="outside a job: the allocation's name (default: the command's)")
+@click.option("--gpus-per-node", type=click.IntRange(0), help="outside a job: GPUs on each node of the allocation")
+@click.option("-c", "--cpus-per-task", type=click.IntRange(1), help="outside a job: CPUs for each task")
+@click.option("-x", "--exclude", help="outside a job: nodes the allocation must not use (hostlist)")
+@click.option("-C", "--constraint", help="outside a job: node features the allocation needs")
+@click.option("--exclusive", is_flag=True, help="outside a job: whole nodes for the allocation")
 @click.argument("command", nargs=-1, required=True)
 @click.pass_context
 def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_exit, jobid, ntasks, output,
-            error, unbuffered, open_mode, config, command):
-    import grpc
+            error, unbuffered, open_mode, config, partition, time_limit, account, qos, job_name, gpus_per_node,
+            cpus_per_task, exclude, constraint, exclusive, command):
     import hostlist
     from air.aircli.client import Client
     from air.protos import air_pb2 as pb
-    from air.protos import air_pb2_grpc as rpc
-    from air.protos.credential import signed
     job_id = jobid or int(os.environ.get("AIR_JOB_ID", "0") or 0)
-    if not job_id:
-        raise CliError("not inside a job: $AIR_JOB_ID is not set (use airbatch, or --jobid)")
     try:
         names = hostlist.expand_hostlist(nodelist) if nodelist else []
+        excluded = hostlist.expand_hostlist(exclude) if exclude else []
     except hostlist.BadHostlist as e:
-        raise click.BadParameter(str(e), param_hint="'-w'") from None
-    count = len(names) or nodes or int(os.environ.get("AIR_NNODES", "0") or 0) or 1
+        raise click.BadParameter(str(e), param_hint="'-w' or '-x'") from None
+    count = len(names) or nodes or (int(os.environ.get("AIR_NNODES", "0") or 0) if job_id else 0) or 1
     if ntasks:
         if ntasks % count:
             raise CliError(f"--ntasks={ntasks} over {count} nodes: a step runs the same number of ranks on each "
@@ -62,6 +70,90 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
         # asked for more), not airrun's one rank per GPU
         ntasks_per_node = int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0) or 1
     client = Client(config)
+    allocation = 0
+    if not job_id:   # outside a job: an allocation for this step alone, given back once it ends (as srun)
+        from air.protos.timefmt import parse_duration
+        try:
+            limit = parse_duration(time_limit) if time_limit else 0
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="'-t'") from None
+        per_node = ntasks_per_node or 1
+        request = pb.JobRequest(
+            name=job_name or os.path.basename(command[0]), script=ALLOCATION_SCRIPT, workdir=os.getcwd(),
+            output="/dev/null", nodes=count, ntasks_per_node=per_node, cpus_per_task=cpus_per_task or 0,
+            gpus_per_node=gpus_per_node if gpus_per_node is not None else (gpus_per_task or 0) * per_node,
+            time_limit_s=limit, partition=partition or "", account=account or "", qos=qos or "", nodelist=names,
+            exclude=excluded, constraint=constraint or "", exclusive=exclusive, no_requeue=True,
+            submit_line=" ".join([ctx.info_name, *sys.argv[1:]])[:4096], submit_host=socket.gethostname()[:255])
+        job_id = allocation = _allocate(client, request, ctx.info_name)
+        ntasks_per_node = ntasks_per_node or per_node
+    code = 1
+    try:
+        code = _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, kill_on_bad_exit,
+                     output, error, open_mode, command, bool(allocation))
+    finally:
+        if allocation:
+            _release(client, allocation, code, ctx.info_name)
+    if code:
+        sys.exit(code)
+
+
+# The batch script of airrun's own allocation: its steps run on the nodes; this shell only holds them
+# until airrun says how the step ended (SIGUSR1: it succeeded, SIGUSR2: it failed).
+ALLOCATION_SCRIPT = """#!/bin/sh
+trap 'exit 0' USR1
+trap 'exit 1' USR2
+while :; do sleep 60 & wait $!; done
+"""
+
+
+def _allocate(client, request, prog: str) -> int:
+    """Submit the allocation and wait until it runs; its id. Interrupted, it is cancelled."""
+    from air.protos import air_pb2 as pb
+    from air.protos.states import JobPhase
+    job_id = client.call("Submit", pb.SubmitRequest(job=request)).job_id
+    said = False
+    try:
+        while True:
+            job = client.call("GetJob", pb.GetJobRequest(job_id=job_id))
+            if job.phase == JobPhase.RUNNING:
+                if said:
+                    print(f"{prog}: job {job_id} has been allocated resources", file=sys.stderr, flush=True)
+                return job_id
+            if job.phase not in (JobPhase.PENDING,):
+                raise CliError(f"job {job_id} did not start: {job.reason_detail or 'it ended before it ran'}")
+            if not said:
+                print(f"{prog}: job {job_id} queued and waiting for resources", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(0.2)
+    except BaseException:
+        _release(client, job_id, 1, prog)
+        raise
+
+
+def _release(client, job_id: int, code: int, prog: str) -> None:
+    """Give the allocation back: its shell ends as the step did (COMPLETED or FAILED); one that does
+    not run (yet) is cancelled."""
+    import signal as signals
+    from air.protos import air_pb2 as pb
+    filt = pb.JobFilter(job_ids=[job_id])
+    try:
+        told = client.call("Cancel", pb.CancelRequest(filter=filt, batch_only=True,
+                                                      signal=signals.SIGUSR2 if code else signals.SIGUSR1)).job_ids
+        if not told:
+            client.call("Cancel", pb.CancelRequest(filter=filt))
+    except CliError as e:
+        print(f"{prog}: warning: job {job_id} may still hold its nodes ({e}); end it with aircancel {job_id}",
+              file=sys.stderr, flush=True)
+
+
+def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, kill_on_bad_exit, output, error,
+          open_mode, command, own_allocation: bool) -> int:
+    """Run the step in job `job_id`, its ranks' output passed on; the step's exit code."""
+    import grpc
+    from air.protos import air_pb2 as pb
+    from air.protos import air_pb2_grpc as rpc
+    from air.protos.credential import signed
     spec = pb.StepSpec(job_id=job_id, nodes=nodes or 0, nodelist=names, ntasks_per_node=ntasks_per_node or 0,
                        gpus_per_task=gpus_per_task or 0, argv=list(command), environment=dict(os.environ),
                        workdir=os.getcwd())
@@ -94,7 +186,14 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
         # own; leaving now would cancel the step and kill them mid-write. SIGKILL ends airrun itself.
         err.write(b"airrun: SIGTERM: waiting for the ranks to stop\n")
         err.flush()
-    signal.signal(signal.SIGTERM, stopping)
+
+    def ending(signum, frame):   # airrun's own allocation: nobody else signals the ranks; ending the
+        raise KeyboardInterrupt  # streams stops them
+    if own_allocation:
+        signal.signal(signal.SIGTERM, ending)
+        signal.signal(signal.SIGHUP, ending)
+    else:
+        signal.signal(signal.SIGTERM, stopping)
     try:
         while remaining and streams_left:
             kind, value = events.get()
@@ -132,8 +231,7 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
             follower.cancel()
         if files:
             files.close()
-    if first_bad:
-        sys.exit(first_bad)
+    return first_bad
 
 
 def expand(pattern: str, step, rank: int, env: dict[str, str]) -> str:

@@ -66,9 +66,45 @@ def test_cancel_kills_ranks_on_every_node(cluster):
     wait_for(lambda: not _step_processes(), timeout=10, what="no rank left after cancel")
 
 
-def test_airrun_outside_a_job_and_bad_layouts(cluster):
-    proc = cluster.cli("airrun", "true", check=False, env={"AIR_JOB_ID": ""})
-    assert proc.returncode != 0 and "not inside a job" in proc.stderr
+def test_airrun_outside_a_job_allocates_runs_the_step_and_gives_the_nodes_back(cluster):
+    # as srun outside an allocation: its own job, the step's output here, the step's exit code, the job ended
+    proc = cluster.cli("airrun", "-N", "2", "--ntasks-per-node=2", "-J", "probe", "--label", "sh", "-c",
+                       'echo "$AIR_NODENAME $SLURM_PROCID $SLURM_STEP_NUM_TASKS"', user="nobody",
+                       env={"AIR_JOB_ID": ""})
+    lines = sorted(proc.stdout.splitlines())
+    assert [line.split()[2:] for line in lines] == [["0", "4"], ["1", "4"], ["2", "4"], ["3", "4"]], proc
+    assert sorted({line.split()[1] for line in lines}) == ["node01", "node02"]
+    job_id = cluster.queue("-n", "probe")[0]["job_id"]
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=20)
+    assert job["state"] == "COMPLETED" and job["user"] == "nobody", job
+    failing = cluster.cli("airrun", "-J", "probe2", "sh", "-c", "exit 3", check=False, env={"AIR_JOB_ID": ""})
+    assert failing.returncode == 3, failing
+    job_id = cluster.queue("-n", "probe2")[0]["job_id"]
+    assert cluster.wait_state(job_id, "FAILED", "COMPLETED", timeout=20)["state"] == "FAILED"
+    wait_for(lambda: not any(j["state"] == "RUNNING" for j in cluster.queue()), timeout=20,
+             what="the allocations given back")
+
+
+def test_airrun_outside_a_job_stopped_by_sigterm_ends_its_ranks_and_its_allocation(cluster):
+    import os
+    import signal
+    import subprocess
+    from cluster import BIN
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", AIR_CONF=str(cluster.config), AIR_JOB_ID="")
+    proc = subprocess.Popen([str(BIN / "airrun"), "-N", "2", "-J", "stopped", "sleep", "77.5"], env=env,
+                            cwd=str(cluster.work), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: len(_step_processes()) == 2, timeout=20, what="a rank on each node")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) != 0
+    finally:
+        proc.kill()
+    job_id = cluster.queue("-n", "stopped")[0]["job_id"]
+    assert cluster.wait_state(job_id, "FAILED", "COMPLETED", timeout=20)["state"] == "FAILED"
+    wait_for(lambda: not _step_processes(), timeout=10, what="no rank left")
+
+
+def test_airrun_bad_layouts(cluster):
     script = cluster.write_script("lay.sh", "#!/bin/sh\n#AIR -N 1 --gpus-per-node=2\n"
                                             "airrun --ntasks-per-node=2 --gpus-per-task=2 true\necho rc=$?\n")
     job_id = cluster.submit(script)
