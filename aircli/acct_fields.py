@@ -79,8 +79,9 @@ def records(jobs: list[pb.HistoryJob], duplicates: bool, allocations_only: bool)
 
 def _steps(entry: pb.HistoryJob, base: str, run: int, state: str, start: float, end: float, allocation,
            code: str = "0:0") -> list[Record]:
-    """The batch step and the numbered steps of one run. Steps carry no outcome of their own: each
-    shows its run's state and end (the batch step its exit code too)."""
+    """The batch step and the numbered steps of one run. The batch step shows its run's state, end and
+    exit code; a numbered step the outcome airrun reported for it, or, when it reported none (killed
+    with its job, or still running), its run's state and end."""
     job = entry.job
     out = []
     if allocation:
@@ -93,8 +94,10 @@ def _steps(entry: pb.HistoryJob, base: str, run: int, state: str, start: float, 
         names = tuple(hostlist.expand_hostlist(s.nodes)) if s.nodes else ()
         name = _program(s.command)
         held = [a for a in allocation if a.node in names]
-        out.append(Record(f"{base}.{s.step_id}", f"{job.job_id}.{s.step_id}", name, job, state,
-                          "0:0", s.start_time, end, names, sum(a.cpus for a in held),
+        own = (("COMPLETED" if not s.exit_code else "FAILED"), f"{s.exit_code}:0", s.end_time) if s.end_time \
+            else (state, "0:0", end)
+        out.append(Record(f"{base}.{s.step_id}", f"{job.job_id}.{s.step_id}", name, job, own[0],
+                          own[1], s.start_time, own[2], names, sum(a.cpus for a in held),
                           sum(len(a.gpus) for a in held), s.ntasks, run, step=True))
     return out
 

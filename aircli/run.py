@@ -194,6 +194,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
         signal.signal(signal.SIGHUP, ending)
     else:
         signal.signal(signal.SIGTERM, stopping)
+    known = False   # the step's outcome is known (the loop ended, or was interrupted)
     try:
         while remaining and streams_left:
             kind, value = events.get()
@@ -224,13 +225,20 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
             stream = (files.stream(event.rank, event.stderr) if files else None) or (err if event.stderr else out)
             stream.write((f"{event.rank}: ".encode() if label else b"") + event.data)
             stream.flush()
+        known = True
     except KeyboardInterrupt:
-        first_bad = 130
+        first_bad, known = 130, True
     finally:
         for follower in followers:
             follower.cancel()
         if files:
             files.close()
+        try:   # the step's outcome, for its record (airacct); the step has ended whatever the answer
+            if known:
+                client.call("EndStep", pb.StepEnd(job_id=step.job_id, step_id=step.step_id, run=step.run,
+                                                  exit_code=min(255, first_bad)), timeout=5.0)
+        except CliError:
+            pass
     return first_bad
 
 

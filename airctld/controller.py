@@ -419,6 +419,20 @@ class Controller(NodeReports, SchedulingPass, Launching):
 
     # ------------------------------------------------------------ steps (airrun)
 
+    def end_step(self, end: pb.StepEnd, who: Identity) -> bool:
+        """airrun's word that a step of the job ended, with its exit code: kept once, from the job's
+        owner (or root), for a step of the run named. The job itself may have ended meanwhile."""
+        if not 0 <= end.exit_code <= 255:
+            raise InvalidRequest(f"exit code {end.exit_code}: 0 to 255")
+        with self._lock:
+            job = self.jobs.get(end.job_id) or self.store.get_job(end.job_id)
+            if job is None:
+                raise NotFound(f"job {end.job_id} does not exist")
+            if job.uid != who.uid and not who.is_root:
+                raise Denied(f"job {job.job_id} belongs to {job.user}; only its owner may end its steps")
+            with self.store.transaction():
+                return self.store.end_step(end.job_id, end.run, end.step_id, self.clock(), end.exit_code)
+
     def create_step(self, spec: pb.StepSpec, who: Identity) -> pb.Step:
         """Lay out a step of a running job and have every node of it ready its ranks."""
         with self._lock:

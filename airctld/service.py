@@ -122,6 +122,10 @@ class ControllerService:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"a node of the step did not answer: {e.details()}")
 
     @_handle
+    def EndStep(self, request: pb.StepEnd, context, who):
+        return pb.CancelReply(job_ids=[request.job_id] if self.c.end_step(request, who) else [])
+
+    @_handle
     def UpdateNode(self, request: pb.UpdateNodeRequest, context, who):
         self.c.update_node(request.name, NodeState(request.state), request.reason, who)
         return self.GetNode.__wrapped__(self, pb.GetNodeRequest(name=request.name), context, who)
@@ -199,6 +203,7 @@ def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
         "GetJob": unary(cs.GetJob, pb.GetJobRequest.FromString, pb.Job.SerializeToString),
         "ListNodes": unary(cs.ListNodes, pb.ListNodesRequest.FromString, pb.ListNodesReply.SerializeToString),
         "CreateStep": unary(cs.CreateStep, pb.StepSpec.FromString, pb.Step.SerializeToString),
+        "EndStep": unary(cs.EndStep, pb.StepEnd.FromString, pb.CancelReply.SerializeToString),
         "UpdateNode": unary(cs.UpdateNode, pb.UpdateNodeRequest.FromString, pb.Node.SerializeToString),
         "InjectFault": unary(cs.InjectFault, pb.FaultRequest.FromString, pb.FaultReply.SerializeToString),
         "GetNode": unary(cs.GetNode, pb.GetNodeRequest.FromString, pb.Node.SerializeToString),

@@ -85,6 +85,11 @@ class ControllerStub:
                 request_serializer=air_dot_protos_dot_air__pb2.StepSpec.SerializeToString,
                 response_deserializer=air_dot_protos_dot_air__pb2.Step.FromString,
                 _registered_method=True)
+        self.EndStep = channel.unary_unary(
+                '/air.v1.Controller/EndStep',
+                request_serializer=air_dot_protos_dot_air__pb2.StepEnd.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.CancelReply.FromString,
+                _registered_method=True)
         self.UpdateNode = channel.unary_unary(
                 '/air.v1.Controller/UpdateNode',
                 request_serializer=air_dot_protos_dot_air__pb2.UpdateNodeRequest.SerializeToString,
@@ -189,6 +194,12 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EndStep(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def UpdateNode(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -286,6 +297,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.CreateStep,
                     request_deserializer=air_dot_protos_dot_air__pb2.StepSpec.FromString,
                     response_serializer=air_dot_protos_dot_air__pb2.Step.SerializeToString,
+            ),
+            'EndStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndStep,
+                    request_deserializer=air_dot_protos_dot_air__pb2.StepEnd.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.CancelReply.SerializeToString,
             ),
             'UpdateNode': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateNode,
@@ -594,6 +610,33 @@ class Controller:
             '/air.v1.Controller/CreateStep',
             air_dot_protos_dot_air__pb2.StepSpec.SerializeToString,
             air_dot_protos_dot_air__pb2.Step.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/EndStep',
+            air_dot_protos_dot_air__pb2.StepEnd.SerializeToString,
+            air_dot_protos_dot_air__pb2.CancelReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from cluster import LocalCluster
+from fakeclock import Clock, build
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("protos", "airctld", "airnoded", "aircli", "runtime")
@@ -24,6 +25,15 @@ def pytest_sessionstart(session):
                     "run `bash scripts/setup.sh` first", returncode=2)
 
 LOG_LINES = 40   # of each daemon's log, shown under a failed test that used a cluster
+
+
+@pytest.fixture
+def controller(tmp_path):
+    """A controller in this process on a clock the test moves (fakeclock.build), and that clock."""
+    clock = Clock()
+    c = build(tmp_path, clock, clock)
+    yield c, clock
+    c.stop()
 
 
 @pytest.fixture(scope="module")

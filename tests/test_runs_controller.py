@@ -4,55 +4,15 @@ it, and a requeued job starts again only once its last run is surely gone from e
 import pytest
 
 from air.airctld import events
-from air.protos import config as cfg
-from air.airctld.controller import Controller
 from air.airctld.errors import Conflict
 from air.airctld.model import NodeAlloc
-from air.airctld.store import Store
-from fakeclock import Clock
+from fakeclock import Clock, build as _build
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
 from air.protos.states import JobPhase, NodeState, Reason
 
 ROOT = Identity(0, 0)
 
-
-
-class NoNodes:
-    """Node calls that reach nobody: the test plays the nodes through heartbeats."""
-    def __init__(self):
-        self.launched = []
-
-    def launch(self, address, job):
-        self.launched.append((job.job_id, job.restart_count))
-
-    def signal(self, *args, **kwargs):
-        return True
-
-    def prepare_step(self, address, step):
-        return pb.PrepareStepReply(free_port=1)
-
-
-def _build(tmp_path, wall, mono):
-    conf = cfg.parse({"controller": {"auth": "none", "state_dir": str(tmp_path), "node_timeout_s": 15,
-                                     "heartbeat_interval_s": 2},
-                      "nodes": [{"name": "n1", "address": "127.0.0.9", "gpus": "sim:4"},
-                                {"name": "n2", "address": "127.0.0.10", "gpus": "sim:4"}],
-                      "partitions": [{"name": "p", "nodes": "n[1-2]", "default": True}]})
-    c = Controller(conf, Store(str(tmp_path / "air.db")), clock=wall, monotonic=mono)
-    c.clients = NoNodes()
-    for name in ("n1", "n2"):
-        c.register(pb.Node(name=name, address=c.config.node(name).endpoint, cpus=8, memory_mb=1024,
-                           gpus=[pb.Gpu(index=i) for i in range(4)]))
-    return c
-
-
-@pytest.fixture
-def controller(tmp_path):
-    clock = Clock()
-    c = _build(tmp_path, clock, clock)
-    yield c, clock
-    c.stop()
 
 
 def _running_on(c, clock, node, **request):

@@ -81,6 +81,9 @@ def test_airrun_outside_a_job_allocates_runs_the_step_and_gives_the_nodes_back(c
     assert failing.returncode == 3, failing
     job_id = cluster.queue("-n", "probe2")[0]["job_id"]
     assert cluster.wait_state(job_id, "FAILED", "COMPLETED", timeout=20)["state"] == "FAILED"
+    # the step's own outcome, as sacct shows it; the allocation's shell ended as the step did
+    rows = cluster.cli("airacct", "-j", str(job_id), "-P", "-n", "-o", "JobID,JobName,State,ExitCode").stdout.split()
+    assert rows == [f"{job_id}|probe2|FAILED|1:0", f"{job_id}.batch|batch|FAILED|1:0", f"{job_id}.0|sh|FAILED|3:0"]
     wait_for(lambda: not any(j["state"] == "RUNNING" for j in cluster.queue()), timeout=20,
              what="the allocations given back")
 

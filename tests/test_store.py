@@ -153,8 +153,8 @@ def test_a_store_of_schema_6_migrates_to_one_without_holds_or_stop_times(tmp_pat
     s.db.execute("DROP TABLE preempt_holds")
     s.db.execute("DROP TABLE stop_times")
     s.db.execute("DROP TABLE preemptions")
-    s.db.execute("DROP TABLE steps")
     _undo_schema_10(s)
+    s.db.execute("DROP TABLE steps")
     s.db.execute("PRAGMA user_version = 6")
     s.close()
     s = Store(path)
@@ -164,7 +164,9 @@ def test_a_store_of_schema_6_migrates_to_one_without_holds_or_stop_times(tmp_pat
 
 
 def _undo_schema_10(s: Store) -> None:
-    s.db.execute("ALTER TABLE jobs DROP COLUMN figures")   # (schema 11's, first)
+    s.db.execute("ALTER TABLE steps DROP COLUMN end_time")   # (schema 12's and 11's, first)
+    s.db.execute("ALTER TABLE steps DROP COLUMN exit_code")
+    s.db.execute("ALTER TABLE jobs DROP COLUMN figures")
     for index in ("jobs_uid_end", "jobs_account_end"):
         s.db.execute(f"DROP INDEX {index}")
     s.db.execute("ALTER TABLE jobs DROP COLUMN account")

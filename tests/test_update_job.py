@@ -12,26 +12,17 @@ from air.airctld.store import Store
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
 from air.protos.states import JobPhase, JobResult, Reason
-from fakeclock import Clock
-from test_runs_controller import ROOT, _beat, _build
+from test_runs_controller import ROOT, _beat
 
 ALICE, BOB = Identity(4242, 4242), Identity(4343, 4343)
-
-
-@pytest.fixture
-def controller(tmp_path):
-    clock = Clock()
-    c = _build(tmp_path, clock, clock)
-    yield c, clock, tmp_path
-    c.stop()
 
 
 def _update(c, job_id, seconds, change=0, who=ALICE):
     return c.update_time_limit(pb.JobFilter(job_ids=[job_id]), seconds, change, who)
 
 
-def test_the_owner_lowers_a_running_jobs_limit_and_it_times_out_there(controller):
-    c, clock, tmp_path = controller
+def test_the_owner_lowers_a_running_jobs_limit_and_it_times_out_there(controller, tmp_path):
+    c, clock = controller
     job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", time_limit_s=3600), ALICE)
     pending = c.jobs.get(job_id)
     job = c._commit([(pending, events.start(pending, clock.now, (NodeAlloc("n1", (0,), 1),)))], clock.now, 0)[0]
@@ -54,7 +45,7 @@ def test_the_owner_lowers_a_running_jobs_limit_and_it_times_out_there(controller
 
 
 def test_only_root_and_operators_raise_or_lift_a_limit_and_nobody_touches_anothers_job(controller):
-    c, clock, _ = controller
+    c, clock = controller
     job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", time_limit_s=600, hold=True), ALICE)
     for seconds, change, error, message in (
             (700, 0, Denied, "only root and operators may raise a time limit"),
@@ -76,7 +67,7 @@ def test_only_root_and_operators_raise_or_lift_a_limit_and_nobody_touches_anothe
 
 
 def test_an_ended_job_takes_no_new_limit(controller):
-    c, clock, _ = controller
+    c, clock = controller
     job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", time_limit_s=600), ALICE)
     c.cancel(pb.JobFilter(job_ids=[job_id]), 0, ALICE)
     with pytest.raises(Conflict, match="only pending and running jobs take a new time limit"):
