@@ -79,7 +79,8 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
             raise click.BadParameter(str(e), param_hint="'-t'") from None
         per_node = ntasks_per_node or 1
         request = pb.JobRequest(
-            name=job_name or os.path.basename(command[0]), script=ALLOCATION_SCRIPT, workdir=os.getcwd(),
+            name=job_name or "".join(c for c in os.path.basename(command[0]) if c >= " ")[:64] or "airrun",
+            script=ALLOCATION_SCRIPT, workdir=os.getcwd(),
             output="/dev/null", nodes=count, ntasks_per_node=per_node, cpus_per_task=cpus_per_task or 0,
             gpus_per_node=gpus_per_node if gpus_per_node is not None else (gpus_per_task or 0) * per_node,
             time_limit_s=limit, partition=partition or "", account=account or "", qos=qos or "", nodelist=names,
