@@ -172,7 +172,7 @@ def parse_hostlist(flag: str, text: str) -> list[str]:
         raise OptionError(f"{flag}={text}: not a host list ({e})") from None
     if len(names) > MAX_HOSTLIST:
         raise OptionError(f"{flag}: {len(names)} nodes; at most {MAX_HOSTLIST}")
-    return names
+    return list(dict.fromkeys(names))   # a node named twice is named once (as Slurm)
 
 
 def resolve_tasks(values: dict[str, object]) -> dict[str, object]:

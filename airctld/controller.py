@@ -187,7 +187,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 raise InvalidRequest(f"partition {req.partition!r} does not exist; partitions: {known}")
             raise InvalidRequest("no partition given and the cluster has no default partition")
         try:   # -w, -x, -C: what can never be met is refused now; -w alone sets the node count
-            nodes = nodefilter.settle(req, part.name, part.nodes, self.features, self.nodes.keys())
+            nodes, eligible = nodefilter.settle(req, part.name, part.nodes, self.features, self.nodes.keys())
         except nodefilter.ConstraintError as e:
             raise InvalidRequest(str(e)) from None
         tasks = req.ntasks_per_node or 1
@@ -195,13 +195,17 @@ class Controller(NodeReports, SchedulingPass, Launching):
         limit = req.time_limit_s or part.default_time_s
         with self._lock:
             capacity = {n.name: (len(n.gpus), n.cpus) for n in self.nodes.values() if n.cpus}
-        filt = nodefilter.of_request(req)
-        within = evolve(part, nodes=tuple(filt.eligible(part.nodes, self.features))) if filt.restricts else part
+        within = evolve(part, nodes=tuple(n for n in part.nodes if n in eligible)) if len(eligible) < len(part.nodes) \
+            else part
         why = scheduler.infeasible(nodes, req.gpus_per_node, cpus, limit, within, capacity)
         if why:
             raise InvalidRequest(why)
         account = self.policy.account_for(who, req.account, self.accounting)
-        self._check_policy(req, who, account, part, nodes * req.gpus_per_node, limit)
+        gpus = nodes * req.gpus_per_node
+        if req.exclusive:   # it holds every GPU of its nodes: at least the fewest any of them has
+            sizes = [capacity[n][0] for n in eligible if n in capacity and capacity[n][0] >= req.gpus_per_node]
+            gpus = max(gpus, nodes * min(sizes, default=0))
+        self._check_policy(req, who, account, part, gpus, limit)
         env = filtered_environment(req.environment, self.config.controller.drop_env)
         tasks, throttle = None, 0
         if req.array:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 MAX_CONSTRAINT = 1024
+MAX_TERMS = 64   # feature names in one constraint: each pass works it out over every node
 _TOKEN = re.compile(r"\s*(?:([A-Za-z0-9_.-]+)|([&|()]))")
 
 
@@ -26,10 +27,10 @@ Expr = object
 
 def parse_constraint(text: str) -> Expr | None:
     """The constraint's expression, or None for an empty one; ConstraintError says what is wrong."""
-    if not text.strip():
-        return None
     if len(text) > MAX_CONSTRAINT:
         raise ConstraintError(f"--constraint: at most {MAX_CONSTRAINT} characters")
+    if not text.strip():
+        return None
     tokens, pos = [], 0
     while pos < len(text):
         if text[pos:].strip() == "":
@@ -41,6 +42,8 @@ def parse_constraint(text: str) -> Expr | None:
             raise ConstraintError(f"--constraint={text!r}: unexpected {bad!r}{hint}")
         tokens.append(m.group(1) or m.group(2))
         pos = m.end()
+    if sum(t not in "&|()" for t in tokens) > MAX_TERMS:
+        raise ConstraintError(f"--constraint={text[:40]}...: at most {MAX_TERMS} feature names")
     expr, rest = _or(tokens, 0, text)
     if rest != len(tokens):
         raise ConstraintError(f"--constraint={text!r}: unexpected {tokens[rest]!r}")
@@ -83,6 +86,27 @@ def _atom(tokens: list[str], i: int, text: str, depth: int) -> tuple[Expr, int]:
     return tok, i + 1
 
 
+def select(expr: Expr | None, by_feature: Mapping[str, set], everything: set) -> set:
+    """The names with the features `expr` asks for, from `by_feature` (feature -> the names that have
+    it), as set operations: a constraint costs its terms, not its terms times the nodes."""
+    if expr is None:
+        return everything
+    if isinstance(expr, str):
+        return by_feature.get(expr, set())
+    op, parts = expr
+    sets = [select(e, by_feature, everything) for e in parts]
+    return set.intersection(*sets) if op == "&" else set.union(*sets)
+
+
+def index(features: Mapping[str, Iterable[str]], names: Iterable[str]) -> dict[str, set]:
+    """feature -> those of `names` that have it."""
+    out: dict[str, set] = {}
+    for n in names:
+        for f in features.get(n, ()):
+            out.setdefault(f, set()).add(n)
+    return out
+
+
 def features_named(expr: Expr | None) -> set[str]:
     if expr is None:
         return set()
@@ -116,10 +140,6 @@ class NodeFilter:
     def allows(self, name: str, features: Iterable[str]) -> bool:
         return name not in self.excluded and matches(self.constraint, features)
 
-    def eligible(self, names: Iterable[str], features: Mapping[str, Iterable[str]]) -> list[str]:
-        """Of `names` (in their order), those the job may run on."""
-        return [n for n in names if self.allows(n, features.get(n, ()))]
-
 
 def of_request(req) -> NodeFilter:
     """The filter a job request (pb.JobRequest) asks for; its constraint was checked at submit."""
@@ -132,9 +152,9 @@ NO_FILTER = NodeFilter()
 
 
 def settle(req, part_name: str, part_nodes: Iterable[str], features: Mapping[str, Iterable[str]],
-           known: Iterable[str]) -> int:
+           known: Iterable[str]) -> tuple[int, set]:
     """At submit: the job's node count with its node list counted in (-w of three nodes and no -N is
-    three nodes), or ConstraintError naming what can never be met: a node or feature the cluster does
+    three nodes), and the partition's nodes it may run on; or ConstraintError naming what can never be met: a node or feature the cluster does
     not have, a listed node outside the partition or ruled out by -x or -C, too few nodes left."""
     known = set(known)
     part_nodes = list(part_nodes)
@@ -152,16 +172,15 @@ def settle(req, part_name: str, part_nodes: Iterable[str], features: Mapping[str
     if both:
         raise ConstraintError(f"node {sorted(both)[0]} is both in -w/--nodelist and in -x/--exclude")
     expr = parse_constraint(req.constraint)
-    have = set().union(*(set(features.get(n, ())) for n in part_nodes)) if part_nodes else set()
-    missing = sorted(features_named(expr) - have)
+    by_feature = index(features, part_nodes)
+    missing = sorted(features_named(expr) - set(by_feature))
     if missing:
         raise ConstraintError(f"--constraint={req.constraint}: invalid feature specification: no node of "
                               f"partition {part_name} has feature {missing[0]!r}")
     count = req.nodes or max(1, len(req.nodelist))
     if count < len(req.nodelist):
         raise ConstraintError(f"-w/--nodelist names {len(req.nodelist)} nodes but --nodes={count}")
-    filt = NodeFilter(tuple(req.nodelist), frozenset(req.exclude), expr, req.exclusive)
-    eligible = filt.eligible(part_nodes, features)
+    eligible = select(expr, by_feature, in_part) - set(req.exclude)
     ruled_out = [n for n in req.nodelist if n not in eligible]
     if ruled_out:
         raise ConstraintError(f"-w/--nodelist: node {ruled_out[0]} does not have the features "
@@ -169,4 +188,4 @@ def settle(req, part_name: str, part_nodes: Iterable[str], features: Mapping[str
     if len(eligible) < count:
         raise ConstraintError(f"{count} nodes requested, but only {len(eligible)} nodes of partition "
                               f"{part_name} match -x/--exclude and --constraint")
-    return count
+    return count, eligible

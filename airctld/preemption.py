@@ -29,7 +29,7 @@ def victims(state: _Pass, job: Job, part: str, candidates: list[Job], taken: set
         return all(r[4] == job.job_id or r[0] >= end or state.res_pri.get(r[4], 0) < mine_pri
                    for r in state.res_list.get(name, ()))
     filt = state.filter_of(job)   # -w, -x, -C, --exclusive: only the nodes it may use count
-    names = set(state.eligible(job, part)) if filt.restricts else set(state.part_nodes[part])
+    names = set(state.eligible(job, part).names) if filt.restricts else set(state.part_nodes[part])
     listed = set(filt.required)
     hyp = {name: [len(state.free[name].gpus), state.free[name].cpus] for name in names
            if state.free[name].up and clear(name)}

@@ -35,7 +35,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from air.protos.config import PartitionConfig, QosConfig
 from air.airctld.model import Job, NodeAlloc
-from air.airctld.nodefilter import NO_FILTER, ConstraintError, NodeFilter, of_request
+from air.airctld import nodefilter
+from air.airctld.nodefilter import NO_FILTER, ConstraintError, NodeFilter, parse_constraint
 from air.airctld.preemption import may_preempt, place_holds, rank, victims  # noqa: F401 (rank: API)
 from air.airctld.resources import FreeNode, free_resources, infeasible, pick_gpus  # noqa: F401 (the scheduler's API)
 from air.protos.states import JobPhase, Reason
@@ -87,6 +88,18 @@ def job_end(job: Job, now: float, completing_release_s: float, preempt_grace_s: 
     if not job.time_limit_s:
         return INF
     return max(job.start_time + job.time_limit_s, now)
+
+
+BAD = ("|", [])   # a constraint the parser refuses now (a stored job's): it matches nothing
+
+
+@dataclass(frozen=True)
+class _Eligible:
+    names: frozenset   # the partition's nodes a filter lets a job use
+    up: int
+    drained: int
+    bad_constraint: bool   # it names a feature no node has (any more), or does not parse
+    listed_away: bool      # a node it lists is down, or no longer in the partition
 
 
 class _Pass:
@@ -146,7 +159,10 @@ class _Pass:
         self._started: list[tuple[str, float, int, int]] = []   # this pass's starts, until releases() is built
         self._avail_heaps: dict[tuple, list[tuple[float, str]]] = {}
         self.res_pri: dict[int, int] = {}   # job -> its priority, for each job with a reservation
-        self._filters: dict[int, tuple[NodeFilter, dict[str, list[str]]]] = {}   # job -> -w/-x/-C/--exclusive
+        self._filters: dict[tuple, NodeFilter] = {}   # -w/-x/-C/--exclusive texts -> the filter
+        self._eligible: dict[tuple, _Eligible] = {}   # (partition, filter) -> the nodes it lets a job use
+        self._by_feature: dict[str, set] | None = None   # feature -> the nodes that have it
+        self._order: dict[str, dict[str, int]] = {}   # partition -> node -> its place in the partition
         # limits' running totals
         self.used_qos_user: dict[tuple[str, str], int] = {}
         self.used_qos_account: dict[tuple[str, str], int] = {}
@@ -171,11 +187,12 @@ class _Pass:
         if job.array_job_id:
             self.array_running[job.array_job_id] = self.array_running.get(job.array_job_id, 0) + 1
 
-    def over_limit(self, job: Job) -> Reason | None:
+    def over_limit(self, job: Job, gpus: int | None = None) -> Reason | None:
+        """The limit starting the job would pass, holding `gpus` GPUs (default: those it asks for)."""
         if not self.any_limit and not job.array_job_id:
             return None
         limits = self.limits
-        gpus = job.num_nodes * job.gpus_per_node
+        gpus = job.num_nodes * job.gpus_per_node if gpus is None else gpus
         if job.array_job_id and job.request.array_max_running and \
                 self.array_running.get(job.array_job_id, 0) >= job.request.array_max_running:
             return Reason.ARRAY_TASK_LIMIT
@@ -204,80 +221,50 @@ class _Pass:
     # ---------------------------------------------------------------- -w, -x, -C, --exclusive
 
     def filter_of(self, job: Job) -> NodeFilter:
+        """The job's -w/-x/-C/--exclusive (NO_FILTER without them), parsed once a pass for each text."""
         req = job.request
         if not (req.nodelist or req.exclude or req.constraint or req.exclusive):
             return NO_FILTER
-        got = self._filters.get(job.job_id)
-        if got is None:
+        key = (tuple(req.nodelist), tuple(req.exclude), req.constraint, req.exclusive)
+        filt = self._filters.get(key)
+        if filt is None:
             try:
-                filt = of_request(req)
+                expr = parse_constraint(req.constraint)
             except ConstraintError:   # (checked at submit; a stored job the parser now refuses runs nowhere)
-                filt = NodeFilter(required=("",))
-            got = self._filters[job.job_id] = (filt, {})
-        return got[0]
+                expr = BAD
+            filt = self._filters[key] = NodeFilter(key[0], frozenset(key[1]), expr, key[3])
+        return filt
 
-    def eligible(self, job: Job, part: str) -> list[str]:
-        """The nodes of the partition the job may run on (its filter: filter_of), in their order."""
-        filt, by_part = self._filters[job.job_id]
-        names = by_part.get(part)
-        if names is None:
-            names = by_part[part] = [n for n in self.part_nodes[part] if filt.allows(n, self.free[n].features)]
-        return names
+    def eligible(self, job: Job, part: str) -> "_Eligible":
+        """The nodes of the partition the job's filter lets it use, worked out once a pass for each
+        filter: as set operations over an index of the nodes' features."""
+        filt = self.filter_of(job)
+        key = (part, filt.required, filt.excluded, job.request.constraint)
+        got = self._eligible.get(key)
+        if got is None:
+            if self._by_feature is None:
+                self._by_feature = nodefilter.index({n: f.features for n, f in self.free.items()}, self.free)
+            in_part = set(self.part_nodes[part])
+            if filt.constraint is BAD:
+                names, bad = set(), True
+            else:   # nothing matches, for a feature no node has (any more): BadConstraints
+                names = nodefilter.select(filt.constraint, self._by_feature, in_part) & in_part - filt.excluded
+                bad = not names and not nodefilter.features_named(filt.constraint) <= set(self._by_feature)
+            mine = [self.free[n] for n in self.part_nodes[part] if n in names]
+            got = self._eligible[key] = _Eligible(
+                frozenset(names), sum(n.up for n in mine), sum(n.drained for n in mine), bad,
+                any(r not in in_part or not self.free[r].up for r in filt.required))
+        return got
 
     def need(self, job: Job, node: FreeNode) -> tuple[int, int]:
         """The GPUs and CPUs the job takes on the node: all of them for --exclusive."""
-        if job.request.exclusive:
-            return node.total_gpus, node.total_cpus
+        if job.request.exclusive:   # (a node with fewer than it asks for never fits)
+            return max(node.total_gpus, job.gpus_per_node), max(node.total_cpus, job.cpus_per_node)
         return job.gpus_per_node, job.cpus_per_node
 
-    def _fits_now(self, job: Job, node: FreeNode, end: float, respect: bool) -> bool:
+    def _fits(self, job: Job, node: FreeNode, end: float, respect: bool) -> bool:
         g, c = self.need(job, node)   # (--exclusive: everything the node has, so only an idle node fits)
         return node.up and len(node.gpus) >= g and self.usable(node, g, c, end, respect, job.job_id)
-
-    def place_filtered(self, job: Job, part: str, end: float, respect: bool = True) -> tuple[NodeAlloc, ...] | None:
-        """place() for a job with a node filter: its listed nodes, then the fewest free GPUs that fit
-        among the others it may use (whole nodes with nothing else on them for --exclusive)."""
-        filt = self.filter_of(job)
-        free = self.free
-        ok = [name for name in self.eligible(job, part) if self._fits_now(job, free[name], end, respect)]
-        fits = set(ok)
-        if any(r not in fits for r in filt.required):
-            return None
-        listed = set(filt.required)
-        rest = sorted((name for name in ok if name not in listed), key=lambda name: len(free[name].gpus))
-        chosen = set(filt.required) | set(rest[:job.num_nodes - len(listed)])
-        if len(chosen) < job.num_nodes:
-            return None
-        out = []
-        for name in (n for n in ok if n in chosen):   # in the partition's order: the first is the batch node
-            node = free[name]
-            g, c = self.need(job, node)
-            out.append(NodeAlloc(name, pick_gpus(node.gpus, g, node.total_gpus, node.domains), c))
-        return tuple(out)
-
-    def reserve_filtered(self, job: Job, part: str, only: Iterable[str] | None, not_before: float
-                         ) -> Reservation | None:
-        """reserve() for a job with a node filter: the earliest time its listed nodes and enough of the
-        others it may use keep room for it."""
-        filt = self.filter_of(job)
-        allowed = set(only) if only is not None else None
-        times: dict[str, float] = {}
-        for name in self.eligible(job, part):
-            node = self.free[name]
-            if not node.up or (allowed is not None and name not in allowed):
-                continue
-            t = self.available_from(name, *self.need(job, node))
-            if t < INF:
-                times[name] = t
-        if any(r not in times for r in filt.required):
-            return None
-        listed = set(filt.required)
-        rest = sorted((t, name) for name, t in times.items() if name not in listed)[:job.num_nodes - len(listed)]
-        if len(listed) + len(rest) < job.num_nodes:
-            return None
-        names = tuple(sorted(listed | {name for _, name in rest}))
-        start = max([times[name] for name in names] + [not_before])
-        return self.hold(job, names, start)
 
     def usable(self, node: FreeNode, gpus: int, cpus: int, end: float, respect: bool, job_id: int = 0) -> bool:
         if node.cpus < cpus:
@@ -291,45 +278,61 @@ class _Pass:
         return self.spare_gpus[node.name] + own_g >= gpus and self.spare_cpus[node.name] + own_c >= cpus
 
     def place(self, job: Job, part: str, end: float, respect: bool = True) -> tuple[NodeAlloc, ...] | None:
-        """Nodes and GPUs for the job now, or None; `respect`: leave reservations whole."""
-        if self.filter_of(job).restricts:
-            return self.place_filtered(job, part, end, respect)
+        """Nodes and GPUs for the job now, or None; `respect`: leave reservations whole. A job with a
+        node filter (-w/-x/-C/--exclusive) looks only at the nodes it may use, and its listed nodes
+        come first; the others are chosen as for any job."""
         n, g, c = job.num_nodes, job.gpus_per_node, job.cpus_per_node
         buckets = self.buckets[part]
         free = self.free
+        filt = self.filter_of(job)
         chosen: list[FreeNode] = []
-        if n == 1:
+        if filt.restricts:
+            allowed = self.eligible(job, part).names
+            for name in filt.required:
+                node = free.get(name)
+                if node is None or name not in allowed or not self._fits(job, node, end, respect):
+                    return None
+                chosen.append(node)
+
+            def fits(node: FreeNode) -> bool:
+                return node.name in allowed and node.name not in filt.required and self._fits(job, node, end, respect)
+        else:
+            def fits(node: FreeNode) -> bool:
+                return self.usable(node, g, c, end, respect, job.job_id)
+        more = n - len(chosen)
+        if more == 1 and not chosen:
             for k in range(g, len(buckets)):     # best fit: the fewest free GPUs that suffice
                 for name in buckets[k]:
                     node = free[name]
-                    if self.usable(node, g, c, end, respect, job.job_id):
+                    if fits(node):
                         chosen = [node]
                         break
                 if chosen:
                     break
-        else:
+        elif more > 0:
+            near = {node.switch for node in chosen}   # the listed nodes' switches: the rest under them
             by_switch: dict[str, list[FreeNode]] = {}
             whole = None
             for k in range(g, len(buckets)):
                 for name in buckets[k]:
                     node = free[name]
-                    if not self.usable(node, g, c, end, respect, job.job_id):
+                    if not fits(node):
                         continue
                     group = by_switch.setdefault(node.switch, [])
                     group.append(node)
-                    if len(group) >= n:
+                    if len(group) >= more and (not near or node.switch in near):
                         whole = group
                         break
                 if whole:
                     break
             if whole:
-                chosen = whole[:n]
+                chosen += whole[:more]
             else:
-                if sum(len(v) for v in by_switch.values()) < n:
+                if sum(len(v) for v in by_switch.values()) < more:
                     return None
-                groups = sorted(by_switch.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+                groups = sorted(by_switch.items(), key=lambda kv: (kv[0] not in near, -len(kv[1]), kv[0]))
                 wanted = job.request.switches
-                if wanted and not _fits_in(groups, n, wanted) and \
+                if wanted and not near and not _fits_in(groups, n, wanted) and \
                         self.now - job.submit_time < job.request.switches_wait_s:
                     return None
                 for _, group in groups:
@@ -338,8 +341,15 @@ class _Pass:
                         break
         if len(chosen) < n:
             return None
-        return tuple(NodeAlloc(node.name, pick_gpus(node.gpus, g, node.total_gpus, node.domains), c)
-                     for node in chosen)
+        if filt.restricts:   # in the partition's order (as Slurm's: its first node runs the batch script)
+            order = self._order.get(part)
+            if order is None:
+                order = self._order[part] = {name: i for i, name in enumerate(self.part_nodes[part])}
+            chosen.sort(key=lambda node: order[node.name])
+        if not filt.exclusive:
+            return tuple(NodeAlloc(node.name, pick_gpus(node.gpus, g, node.total_gpus, node.domains), c)
+                         for node in chosen)
+        return tuple(NodeAlloc(node.name, tuple(node.gpus), node.cpus) for node in chosen)   # all of each
 
     def take(self, job: Job, alloc: tuple[NodeAlloc, ...], end: float) -> None:
         for a in alloc:
@@ -465,42 +475,64 @@ class _Pass:
                 ) -> Reservation | None:
         """The earliest time (not before `not_before`) at which the job's nodes are free for it, beside or
         after the reservations made before it, and those nodes (among `only`, when given); the job holds
-        them from then on. (A node with room from t on has room from any later time on.)"""
-        if self.filter_of(job).restricts:
-            return self.reserve_filtered(job, part, only, not_before)
+        them from then on. (A node with room from t on has room from any later time on.) A job with a
+        node filter looks only at the nodes it may use, and holds its listed nodes whatever their time."""
         n, g, c = job.num_nodes, job.gpus_per_node, job.cpus_per_node
+        filt = self.filter_of(job)
+        free = self.free
+        listed = filt.required
+        if filt.restricts:
+            allowed = self.eligible(job, part).names
+
+            def avail(name: str) -> float:
+                return self.available_from(name, *self.need(job, free[name]))
+        else:
+            allowed = None
+
+            def avail(name: str) -> float:
+                return self.available_from(name, g, c)
+        start_listed = not_before
+        for name in listed:
+            if name not in allowed or not free[name].up or (only is not None and name not in only):
+                return None
+            start_listed = max(start_listed, avail(name))
+        if start_listed == INF:
+            return None
+        more = n - len(listed)
         if only is not None:
-            heap = [(self.available_from(name, g, c), name) for name in sorted(set(only))
-                    if name in self.free and self.free[name].up and part in self.node_parts.get(name, ())]
+            heap = [(avail(name), name) for name in sorted(set(only))
+                    if name in free and free[name].up and part in self.node_parts.get(name, ())
+                    and (allowed is None or name in allowed) and name not in listed]
             heapq.heapify(heap)
         else:
-            key = (part, g, c)
+            key = (part, g, c) if allowed is None else (part, g, c, listed, filt.excluded, job.request.constraint,
+                                                        filt.exclusive)
             base = self._avail_heaps.get(key)
             if base is None:
-                base = [(self.available_from(name, g, c), name) for name in self.part_nodes[part]
-                        if self.free[name].up]
+                base = [(avail(name), name) for name in self.part_nodes[part]
+                        if free[name].up and (allowed is None or name in allowed) and name not in listed]
                 heapq.heapify(base)
                 self._avail_heaps[key] = base
             heap = base   # its times are lower bounds (they only grow, but for drop()): refreshed as popped
         ready: list[tuple[float, str]] = []   # nodes by the time they can hold the job, earliest first
-        while heap:
+        while heap and more:
             t, name = heap[0]
-            if t == INF or (len(ready) >= n and t > ready[n - 1][0]):
+            if t == INF or (len(ready) >= more and t > ready[more - 1][0]):
                 break
             heapq.heappop(heap)
-            exact = self.available_from(name, g, c)
+            exact = avail(name)
             if exact == t:
                 ready.append((t, name))
             elif exact < INF:   # a node that can never hold the job this pass leaves the heap
                 heapq.heappush(heap, (exact, name))
         for entry in ready:
             heapq.heappush(heap, entry)
-        if len(ready) < n:
+        if len(ready) < more:
             return None
-        start = max(ready[n - 1][0], not_before)
+        start = max(ready[more - 1][0], start_listed) if more else start_listed
         # of the nodes ready by then, those that are ready last: the ones free sooner stay for backfill
-        chosen = sorted(ready, key=lambda tn: (-tn[0], tn[1]))[:n]
-        return self.hold(job, tuple(sorted(name for _, name in chosen)), start)
+        chosen = sorted(ready, key=lambda tn: (-tn[0], tn[1]))[:more]
+        return self.hold(job, tuple(sorted(listed + tuple(name for _, name in chosen))), start)
 
     def hold(self, job: Job, names: tuple[str, ...], start: float) -> Reservation:
         """Reserve `names` for the job from `start` on."""
@@ -599,8 +631,9 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
                            state, plan, not_before)
     reserved: dict[str, int] = {}   # reservations made, by group of partitions sharing nodes
     deadline = timer() + max_pass_s if timer is not None and max_pass_s > 0 else None
+    filtered = False   # the job before had a node filter (its placement walks its nodes: look at the clock)
     for k, job in enumerate(order):
-        if deadline is not None and k and not k & 15 and timer() > deadline:   # a reservation may take ms
+        if deadline is not None and k and (not k & 15 or filtered) and timer() > deadline:   # a reservation may take ms
             plan.stopped_at = job.job_id
             break
         job_id = job.job_id
@@ -619,11 +652,15 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
                  req.switches, job.submit_time if req.switches else 0)
         end = now + job.time_limit_s if job.time_limit_s else INF
         filt = state.filter_of(job)
-        if filt.restricts:
+        filtered = filt.restricts
+        if filtered:
             shape += (filt.required, filt.excluded, req.constraint, filt.exclusive)
-            mine = [free[n] for n in state.eligible(job, name)]
-            up, drained = sum(n.up for n in mine), sum(n.drained for n in mine)
-            down = any(n not in free or not free[n].up for n in filt.required)   # (or gone from the configuration)
+            eligible = state.eligible(job, name)
+            if eligible.bad_constraint:
+                waiting[job_id] = Reason.BAD_CONSTRAINTS
+                continue
+            # (a listed node down, or gone from the partition since submit: ReqNodeNotAvail)
+            up, drained, down = eligible.up, eligible.drained, eligible.listed_away
         else:
             up, drained, down = state.up_count[name], state.drained_count[name], False
         if up < job.num_nodes or down:
@@ -638,6 +675,11 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             cached = None
             if filt.restricts or state.count_fitting(name, job.gpus_per_node) >= job.num_nodes:
                 alloc = state.place(job, name, end)
+        if alloc is not None and filt.exclusive:   # the limits count every GPU of its nodes, not those asked for
+            over = state.over_limit(job, sum(len(a.gpus) for a in alloc))
+            if over is not None:
+                waiting[job_id] = over
+                continue
         if alloc is not None:
             state.take(job, alloc, end)
             plan.starts.append((job_id, alloc))

@@ -74,6 +74,7 @@ REASON_NAMES = {
     Reason.ACCOUNT_NOT_ALLOWED: "AccountNotAllowed",
     Reason.OUT_OF_MEMORY: "OutOfMemory",
     Reason.HUNG: "Hung",
+    Reason.BAD_CONSTRAINTS: "BadConstraints",
 }
 
 TERMINAL_PHASES = frozenset({JobPhase.DONE})

@@ -132,7 +132,7 @@ def test_sbatch_options_recorded_refused_or_checked():
                               "#SBATCH --mail-type=END,FAIL --mail-user=a@b --open-mode=truncate -W\ntrue\n")
     assert values == {"ntasks": 2, "gpus_per_task": 1, "comment": "a b", "wckey": "w1", "mail_type": "END,FAIL",
                       "mail_user": "a@b", "open_mode": "truncate", "wait": True}
-    assert parse_tokens(["--exclusive", "-C", "h100&ib", "-w", "node[01-02],gpu7", "--exclude=node[03-04]"]) == {
+    assert parse_tokens(["--exclusive", "-C", "h100&ib", "-w", "node[01-02],gpu7,node01", "--exclude=node[03-04]"]) == {
         "exclusive": True, "constraint": "h100&ib", "nodelist": ["node01", "node02", "gpu7"],
         "exclude": ["node03", "node04"]}
     for tokens, message in ((["--exclusive=user"], "^--exclusive=user: AIR supports only --exclusive"),

@@ -70,9 +70,9 @@ def test_constraints_slurm_forms_air_lacks_are_refused_in_one_line(text, message
 def test_submit_checks_name_what_can_never_be_met():
     def settle(**req):
         return nodefilter.settle(pb.JobRequest(**req), "gpu", ("n1", "n2", "n3"), FEATURES, NAMES + ("m9",))
-    assert settle(nodelist=["n2", "n3"]) == 2        # -w alone: as many nodes as it lists
-    assert settle(nodelist=["n2"], nodes=3) == 3
-    assert settle(exclude=["n1"], nodes=2, constraint="ib|a100") == 2
+    assert settle(nodelist=["n2", "n3"]) == (2, {"n1", "n2", "n3"})        # -w alone: as many nodes as it lists
+    assert settle(nodelist=["n2"], nodes=3) == (3, {"n1", "n2", "n3"})
+    assert settle(exclude=["n1"], nodes=2, constraint="ib|a100") == (2, {"n2", "n3"})
     for req, message in (({"nodelist": ["n9"]}, "invalid node name 'n9': no such node"),
                          ({"exclude": ["n9"]}, "-x/--exclude: invalid node name 'n9'"),
                          ({"nodelist": ["m9"]}, "node m9 is not in partition gpu"),
@@ -98,6 +98,15 @@ def test_nodelist_runs_exactly_there_and_waits_for_it():
     # it waits for n2, though three nodes are free; the job after it may not take n2 when it frees
     assert plan.starts == [(2, (NodeAlloc("n1", (0, 1, 2, 3), 1),))] and plan.waiting[1] == Reason.RESOURCES
     assert plan.estimate()[1].nodes == ("n2",) and plan.estimate()[1].start == 100
+
+
+def test_a_filtered_job_backfills_only_where_it_delays_no_reservation():
+    busy = _running(9, "n2", (0, 1, 2), limit=100)
+    top = _job(1, gpus=4, nodelist=["n2"], prio=10, limit=50)   # reserved n2 from 100
+    plan = _plan([top, _job(2, nodelist=["n2"], limit=500), _job(3, nodelist=["n2"], exclusive=False, limit=60)],
+                 active=[busy])
+    assert plan.estimate()[1].start == 100 and [j for j, _ in plan.starts] == [3]   # 3 ends by 100; 2 would not
+    assert plan.waiting[2] == Reason.PRIORITY
 
 
 def test_nodelist_with_more_nodes_takes_the_rest_elsewhere_and_a_down_listed_node_is_reqnodenotavail():
@@ -142,6 +151,14 @@ def test_a_preemptor_with_a_nodelist_takes_victims_only_there():
     assert plan.preempt == {2: [13]} and plan.holds[2] == ("n4",)   # n4 started last: the cheapest victim
 
 
+def test_an_exclusive_job_passes_the_gpu_limits_only_with_every_gpu_it_would_hold():
+    limits = scheduler.Limits(qos={"normal": QosConfig("normal", max_gpus_per_user=6)})
+    plan = _plan([_job(1, nodes=2, gpus=0, exclusive=True, qos="normal"),    # 8 GPUs held, though it asks none
+                  _job(2, nodes=2, gpus=1, exclusive=True, qos="normal"), _job(3, gpus=2, qos="normal")],
+                 limits=limits)
+    assert plan.waiting[1] == plan.waiting[2] == Reason.QOS_MAX_GPU_PER_USER and [j for j, _ in plan.starts] == [3]
+
+
 def test_exclusive_jobs_are_charged_for_what_they_hold():
     limits = scheduler.Limits(qos={"normal": QosConfig("normal", max_gpus_per_user=6)})
     plan = _plan([_job(1, gpus=1, exclusive=True, qos="normal"), _job(2, gpus=4, qos="normal")], limits=limits)
@@ -171,25 +188,33 @@ def _holds(e, have) -> bool:
     return all(results) if e[0] == "&" else any(results)
 
 
-@st.composite
-def cases(draw):
-    n = draw(st.integers(1, 5))
-    names = [f"n{i}" for i in range(n)]
-    caps = {name: (draw(st.sampled_from([0, 2, 4])), draw(st.integers(1, 4))) for name in names}
-    feats = {name: frozenset(draw(st.sets(st.sampled_from(FEATS)))) for name in names}
-    active, free = [], {name: [caps[name][0], caps[name][1]] for name in names}
-    for k in range(draw(st.integers(0, 4))):
+def _drawn_running(draw, names, caps, most, limits):
+    """Up to `most` running one-node jobs placed where they fit (of QOS normal or other), and what
+    each node has left: node -> [gpus, cpus]."""
+    active, free = [], {name: list(caps[name]) for name in names}
+    for k in range(draw(st.integers(0, most))):
         name = draw(st.sampled_from(names))
         g, c = draw(st.integers(0, free[name][0])), draw(st.integers(0, free[name][1]))
         if c == 0:
             continue
         used = caps[name][0] - free[name][0]
         active.append(Job(job_id=100 + k, uid=0, gid=0, user="r", name="r", partition="p", num_nodes=1,
-                          gpus_per_node=g, cpus_per_node=c, time_limit_s=draw(st.sampled_from([0, 50])),
-                          submit_time=0.0, phase=JobPhase.RUNNING, start_time=0.0,
-                          allocation=(NodeAlloc(name, tuple(range(used, used + g)), c),), request=pb.JobRequest()))
+                          gpus_per_node=g, cpus_per_node=c, time_limit_s=draw(st.sampled_from(limits)),
+                          submit_time=0.0, phase=JobPhase.RUNNING, start_time=float(k),
+                          allocation=(NodeAlloc(name, tuple(range(used, used + g)), c),),
+                          request=pb.JobRequest(qos=draw(st.sampled_from(["normal", "other"])))))
         free[name][0] -= g
         free[name][1] -= c
+    return active, free
+
+
+@st.composite
+def cases(draw):
+    n = draw(st.integers(1, 5))
+    names = [f"n{i}" for i in range(n)]
+    caps = {name: (draw(st.sampled_from([0, 2, 4])), draw(st.integers(1, 4))) for name in names}
+    feats = {name: frozenset(draw(st.sets(st.sampled_from(FEATS)))) for name in names}
+    active, free = _drawn_running(draw, names, caps, 4, [0, 50])
     expr = draw(st.none() | exprs())
     req = dict(nodes=draw(st.integers(1, n)), gpus=draw(st.integers(0, 4)), cpus=draw(st.integers(1, 4)),
                nodelist=sorted(draw(st.sets(st.sampled_from(names), max_size=2))),
@@ -217,8 +242,8 @@ def test_a_lone_job_starts_exactly_when_the_reference_finds_it_a_place_and_only_
         if name in r["exclude"] or (r["expr"] is not None and not _holds(r["expr"], feats[name])):
             return False
         g, c = free[name]
-        if r["exclusive"]:
-            return (g, c) == caps[name]
+        if r["exclusive"] and (g, c) != caps[name]:   # whole nodes: nothing else on it
+            return False
         return g >= r["gpus"] and c >= r["cpus"]
     ok = [name for name in names if usable(name)]
     possible = any(set(r["nodelist"]) <= set(pick) for pick in itertools.combinations(ok, count))
@@ -239,4 +264,119 @@ def test_a_lone_job_starts_exactly_when_the_reference_finds_it_a_place_and_only_
 def test_a_stored_job_the_configuration_no_longer_fits_waits_and_the_pass_goes_on():
     # (a node removed from air.toml since submit, a constraint the parser now refuses)
     plan = _plan([_job(1, nodelist=["gone"]), _job(2, constraint="a100*2"), _job(3, exclude=["gone"])])
-    assert plan.waiting == {1: Reason.NODES_DOWN, 2: Reason.NODES_DOWN} and [j for j, _ in plan.starts] == [3]
+    assert plan.waiting == {1: Reason.NODES_DOWN, 2: Reason.BAD_CONSTRAINTS} and [j for j, _ in plan.starts] == [3]
+    plan = _plan([_job(4, constraint="v100|a100&h100"), _job(5, constraint="v100|h100")])   # v100: on no node
+    assert plan.waiting == {4: Reason.BAD_CONSTRAINTS} and [j for j, _ in plan.starts] == [5]
+
+
+# ---------------------------------------------------------------- reservations and preemption, against plain arithmetic
+
+@st.composite
+def queues(draw):
+    n = draw(st.integers(1, 4))
+    names = [f"n{i}" for i in range(n)]
+    caps = {m: (draw(st.sampled_from([1, 2, 4])), draw(st.integers(1, 4))) for m in names}
+    feats = {m: frozenset(draw(st.sets(st.sampled_from(("a", "b"))))) for m in names}
+    active, _ = _drawn_running(draw, names, caps, 5, [0, 20, 40, 60])
+    pending = []
+    for i in range(draw(st.integers(1, 5))):
+        count = draw(st.integers(1, n))
+        req = {}
+        if draw(st.booleans()):
+            req["nodelist"] = sorted(draw(st.sets(st.sampled_from(names), max_size=min(2, count))))
+            req["exclude"] = [m for m in draw(st.sets(st.sampled_from(names), max_size=1)) if m not in req["nodelist"]]
+            req["constraint"] = draw(st.sampled_from(["", "a", "b", "a|b", "a&b"]))
+            req["exclusive"] = draw(st.booleans())
+        pending.append(Job(job_id=i + 1, uid=0, gid=0, user="u", name="j", partition="p", num_nodes=count,
+                           gpus_per_node=draw(st.integers(0, 2)), cpus_per_node=draw(st.integers(1, 2)),
+                           time_limit_s=draw(st.sampled_from([10, 30, 100])), submit_time=float(i),
+                           priority=draw(st.integers(0, 3)), request=pb.JobRequest(nodes=count, **req)))
+    return names, caps, feats, active, pending
+
+
+def _nodes_of(names, caps):
+    return [Node(name=m, cpus=caps[m][1], gpus=tuple(pb.Gpu(index=i) for i in range(caps[m][0])),
+                 state=NodeState.UP) for m in names]
+
+
+@given(queues())
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_start_or_reservation_overlaps_a_reservation_with_filters_in_the_queue(case):
+    names, caps, feats, active, pending = case
+    plan = scheduler.schedule(pending, scheduler.free_resources(_nodes_of(names, caps), active, features=feats),
+                              {"p": PartitionConfig("p", tuple(names))}, active=active, now=0.0)
+    byid = {j.job_id: j for j in pending}
+
+    def size(job, m):   # what a job holds on node m: all of it under --exclusive
+        return caps[m] if job.request.exclusive else (job.gpus_per_node, job.cpus_per_node)
+    use = {m: [] for m in names}   # (start, end, gpus, cpus) on each node
+    for j in active:
+        for a in j.allocation:
+            use[a.node].append((0.0, j.time_limit_s or INF, len(a.gpus), a.cpus))
+    for job_id, alloc in plan.starts:
+        for a in alloc:
+            use[a.node].append((0.0, byid[job_id].time_limit_s or INF, len(a.gpus), a.cpus))
+    for r in plan.reservations:
+        for m in r.nodes:
+            others = [(r2.start, r2.end, *size(byid[r2.job_id], m)) for r2 in plan.reservations
+                      if r2 is not r and m in r2.nodes]
+            moments = {r.start} | {e for _, e, _, _ in use[m] + others if r.start < e < r.end} \
+                | {s0 for s0, _, _, _ in others if r.start <= s0 < r.end}
+            for t in moments:
+                g = sum(x[2] for x in use[m] + others if x[0] <= t < x[1]) + size(byid[r.job_id], m)[0]
+                c = sum(x[3] for x in use[m] + others if x[0] <= t < x[1]) + size(byid[r.job_id], m)[1]
+                assert g <= caps[m][0] and c <= caps[m][1], (r, m, t, plan)
+
+
+INF = float("inf")
+
+
+@given(queues())
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+def test_a_preemptor_with_a_filter_holds_nodes_it_may_use_and_that_its_victims_free(case):
+    names, caps, feats, active, pending = case
+    job = pending[0]
+    job.request.qos = "high"
+    limits = scheduler.Limits(qos={"normal": QosConfig("normal"), "other": QosConfig("other"),
+                                   "high": QosConfig("high", priority=10, preempt=("normal",))})
+    plan = scheduler.schedule([job], scheduler.free_resources(_nodes_of(names, caps), active, features=feats),
+                              {"p": PartitionConfig("p", tuple(names))}, active=active, now=0.0, limits=limits)
+    if job.job_id not in plan.preempt:
+        return
+    held, gone = plan.holds[job.job_id], set(plan.preempt[job.job_id])
+    r = job.request
+    assert len(held) == job.num_nodes and set(r.nodelist) <= set(held)
+    for m in held:
+        assert m not in r.exclude and (not r.constraint or _holds(nodefilter.parse_constraint(r.constraint), feats[m]))
+        left = [j for j in active if j.job_id not in gone and j.allocation[0].node == m]
+        g = caps[m][0] - sum(len(j.allocation[0].gpus) for j in left)
+        c = caps[m][1] - sum(j.allocation[0].cpus for j in left)
+        if r.exclusive:
+            assert (g, c) == caps[m] and g >= job.gpus_per_node and c >= job.cpus_per_node, (m, plan)
+        else:
+            assert g >= job.gpus_per_node and c >= job.cpus_per_node, (m, plan)
+    assert all(j.request.qos == "normal" for j in active if j.job_id in gone)
+
+
+def test_submit_refuses_an_exclusive_job_whose_whole_nodes_are_over_a_gpu_limit(tmp_path):
+    from air.airctld.controller import Controller
+    from air.airctld.errors import InvalidRequest
+    from air.airctld.store import Store
+    from air.protos import config as cfg
+    from air.protos.credential import Identity
+    conf = cfg.parse({"controller": {"auth": "none", "state_dir": str(tmp_path)},
+                      "nodes": [{"name": "n[1-2]", "address": "127.0.0.[9-10]", "gpus": "sim:4"}],
+                      "partitions": [{"name": "p", "nodes": "n[1-2]", "default": True}],
+                      "qos": [{"name": "normal", "max_gpus_per_user": 6}]})
+    c = Controller(conf, Store(str(tmp_path / "air.db")))
+    try:
+        for name in ("n1", "n2"):
+            c.register(pb.Node(name=name, address=c.config.node(name).endpoint, cpus=8, memory_mb=1024,
+                               gpus=[pb.Gpu(index=i) for i in range(4)]))
+        alice = Identity(4242, 4242)
+        base = dict(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1)
+        with pytest.raises(InvalidRequest, match="8 GPUs requested, but QOS normal allows 6 per user"):
+            c.submit(pb.JobRequest(nodes=2, exclusive=True, **base), alice)
+        assert c.submit(pb.JobRequest(nodes=1, exclusive=True, **base), alice)[0]   # 4 GPUs: within
+    finally:
+        c.stop()
