@@ -380,3 +380,11 @@ def test_submit_refuses_an_exclusive_job_whose_whole_nodes_are_over_a_gpu_limit(
         assert c.submit(pb.JobRequest(nodes=1, exclusive=True, **base), alice)[0]   # 4 GPUs: within
     finally:
         c.stop()
+
+
+def test_filtered_multi_node_jobs_keep_to_one_leaf_switch_when_they_can():
+    nodes = [Node(name=n, cpus=8, gpus=tuple(pb.Gpu(index=i) for i in range(4)), state=NodeState.UP) for n in NAMES]
+    free = scheduler.free_resources(nodes, [], {"n1": "s1", "n2": "s2", "n3": "s1", "n4": "s2"}, features=FEATURES)
+    plan = scheduler.schedule([_job(1, nodes=2, exclusive=True), _job(2, nodes=2, exclude=["n1"])], free,
+                              {"gpu": PART}, now=0.0)
+    assert [[a.node for a in alloc] for _, alloc in plan.starts] == [["n1", "n3"], ["n2", "n4"]]
