@@ -185,7 +185,7 @@ def settle(req, part_name: str, part_nodes: Iterable[str], features: Mapping[str
     if ruled_out:
         raise ConstraintError(f"-w/--nodelist: node {ruled_out[0]} does not have the features "
                               f"--constraint={req.constraint} asks for")
-    if len(eligible) < count:
+    if len(eligible) < count and (req.exclude or expr is not None):   # (without them: the partition's size)
         raise ConstraintError(f"{count} nodes requested, but only {len(eligible)} nodes of partition "
                               f"{part_name} match -x/--exclude and --constraint")
     return count, eligible

@@ -170,7 +170,7 @@ def test_slurm_command_names_drive_the_cluster(cluster, tmp_path):
         f"{job_id}|COMPLETED", f"{held}|CANCELLED by 0"]
 
     # sbatch -W returns the job's exit; --open-mode=truncate starts each run's output afresh; -n and
-    # --gpus-per-task become tasks and GPUs on each node; --comment is kept; --exclusive is refused
+    # --gpus-per-task become tasks and GPUs on each node; --comment is kept; an unknown option is refused
     waited = subprocess.run(["sbatch", "-W", "-n", "2", "--gpus-per-task=1", "--open-mode=truncate", "--retries=1",
                              "--comment=two tries", "-o", "tries-%j.out", "--wrap",
                              'echo "run $SLURM_RESTART_COUNT of $SLURM_NTASKS tasks on GPUs $CUDA_VISIBLE_DEVICES"; '
@@ -191,9 +191,13 @@ def test_slurm_command_names_drive_the_cluster(cluster, tmp_path):
     cluster.wait_state(signalled, "COMPLETED", timeout=30)
     text = sig_out.read_text()
     assert "batch got USR1" in text and "step got USR1" not in text, text
-    refused = subprocess.run(["sbatch", "--exclusive", "--wrap", "true"], capture_output=True, text=True, env=env,
+    refused = subprocess.run(["sbatch", "--mail-typo=END", "--wrap", "true"], capture_output=True, text=True, env=env,
                              cwd=cluster.work, timeout=60)
-    assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "not supported by AIR" in refused.stderr
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "sbatch: error: " in refused.stderr
+    # --exclusive and -w: whole nodes where asked (scontrol shows OverSubscribe=NO)
+    whole = int(run("sbatch", "--parsable", "--exclusive", "-w", "node02", "--wrap", "true"))
+    assert cluster.wait_state(whole, "COMPLETED")["nodes"] == ["node02"]
+    assert "OverSubscribe=NO" in run("scontrol", "show", "job", str(whole))
 
 
 def test_submitit_runs_a_function_and_maps_an_array_through_the_slurm_commands(cluster, tmp_path, monkeypatch):
