@@ -94,12 +94,18 @@ def _steps(entry: pb.HistoryJob, base: str, run: int, state: str, start: float, 
         names = tuple(hostlist.expand_hostlist(s.nodes)) if s.nodes else ()
         name = _program(s.command)
         held = [a for a in allocation if a.node in names]
-        own = (("COMPLETED" if not s.exit_code else "FAILED"), f"{s.exit_code}:0", s.end_time) if s.end_time \
-            else (state, "0:0", end)
+        own = (_step_state(s), f"{s.exit_code}:{s.exit_signal}", s.end_time) if s.end_time else (state, "0:0", end)
         out.append(Record(f"{base}.{s.step_id}", f"{job.job_id}.{s.step_id}", name, job, own[0],
                           own[1], s.start_time, own[2], names, sum(a.cpus for a in held),
                           sum(len(a.gpus) for a in held), s.ntasks, run, step=True))
     return out
+
+
+def _step_state(s: pb.HistoryStep) -> str:
+    """sacct's state of a step that airrun reported the end of."""
+    if s.cancelled:
+        return "CANCELLED"
+    return "FAILED" if s.exit_code or s.exit_signal else "COMPLETED"
 
 
 def _program(command: str) -> str:

@@ -8,7 +8,12 @@ import click
 
 
 class CliError(click.ClickException):
-    """A failure the user sees as one line on stderr, with a non-zero exit."""
+    """A failure the user sees as one line on stderr, with a non-zero exit; `status`: the gRPC status
+    name when the controller answered so (UNAVAILABLE: it could not be reached)."""
+
+    def __init__(self, message: str, status: str = ""):
+        super().__init__(message)
+        self.status = status
 
 
 def run(command: click.Command, prog: str, argv: list[str] | None = None) -> int:
@@ -70,7 +75,8 @@ class Client:
             code = e.code()
             if code == grpc.StatusCode.UNAVAILABLE:
                 raise CliError(f"cannot reach airctld at {self.address}: is it running? "
-                               f"({_one_line(e.details() or 'unavailable')})") from None
+                               f"({_one_line(e.details() or 'unavailable')})", "UNAVAILABLE") from None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise CliError(f"airctld at {self.address} did not answer within {timeout:g} s") from None
-            raise CliError(e.details() or code.name) from None
+                raise CliError(f"airctld at {self.address} did not answer within {timeout:g} s",
+                               "UNAVAILABLE") from None
+            raise CliError(e.details() or code.name, code.name) from None

@@ -116,7 +116,10 @@ def update(settings, config):
     from air.aircli.queue import job_ids
     from air.protos import air_pb2 as pb
     job, limit = parse_update(settings)
-    req = pb.UpdateJobRequest(filter=pb.JobFilter(job_ids=job_ids(job, "JobId")))
+    tasks: list = []
+    ids = job_ids(job, "JobId", tasks)
+    req = pb.UpdateJobRequest(filter=pb.JobFilter(job_ids=ids, array_tasks=[
+        pb.ArrayTask(array_job_id=a, task_id=t) for a, t in tasks]))
     req.time_limit_s, req.time_limit_change = limit
     Client(config).call("UpdateJob", req)
 

@@ -108,20 +108,52 @@ while :; do sleep 60 & wait $!; done
 """
 
 
+PATIENCE_S = 60.0   # how long airrun's own allocation waits out a controller that does not answer
+
+
+def _ending(signum, frame):
+    """SIGTERM or SIGHUP to airrun while it holds its own allocation: as Ctrl-C, the step and the
+    allocation end (nobody else would signal the ranks)."""
+    raise KeyboardInterrupt
+
+
+def _patiently(client, method: str, request):
+    """A call that waits out a controller restart (up to PATIENCE_S), as the allocation must be
+    followed and given back whatever happens meanwhile."""
+    deadline = time.monotonic() + PATIENCE_S
+    while True:
+        try:
+            return client.call(method, request)
+        except CliError as e:
+            if e.status != "UNAVAILABLE" or time.monotonic() > deadline:
+                raise
+        time.sleep(1.0)
+
+
 def _allocate(client, request, prog: str) -> int:
-    """Submit the allocation and wait until it runs; its id. Interrupted, it is cancelled."""
+    """Submit the allocation and wait until it runs; its id. Interrupted (Ctrl-C, SIGTERM, SIGHUP) or
+    failing, it is given back."""
     from air.protos import air_pb2 as pb
     from air.protos.states import JobPhase
-    job_id = client.call("Submit", pb.SubmitRequest(job=request)).job_id
+    signal.signal(signal.SIGTERM, _ending)
+    signal.signal(signal.SIGHUP, _ending)
+    stop = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)   # a signal now comes once the job's id is known
+    try:
+        job_id = client.call("Submit", pb.SubmitRequest(job=request)).job_id
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
+        raise
     said = False
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
         while True:
-            job = client.call("GetJob", pb.GetJobRequest(job_id=job_id))
+            job = _patiently(client, "GetJob", pb.GetJobRequest(job_id=job_id))
             if job.phase == JobPhase.RUNNING:
                 if said:
                     print(f"{prog}: job {job_id} has been allocated resources", file=sys.stderr, flush=True)
                 return job_id
-            if job.phase not in (JobPhase.PENDING,):
+            if job.phase != JobPhase.PENDING:
                 raise CliError(f"job {job_id} did not start: {job.reason_detail or 'it ended before it ran'}")
             if not said:
                 print(f"{prog}: job {job_id} queued and waiting for resources", file=sys.stderr, flush=True)
@@ -133,17 +165,31 @@ def _allocate(client, request, prog: str) -> int:
 
 
 def _release(client, job_id: int, code: int, prog: str) -> None:
-    """Give the allocation back: its shell ends as the step did (COMPLETED or FAILED); one that does
-    not run (yet) is cancelled."""
-    import signal as signals
+    """Give the allocation back: its shell ends as the step did (SIGUSR1: COMPLETED, SIGUSR2: FAILED),
+    told again until it has (a shell not started yet, or not yet at its traps, misses it), and
+    cancelled when it does not end or does not run; nothing interrupts this."""
+    if not job_id:
+        return
     from air.protos import air_pb2 as pb
+    from air.protos.states import JobPhase
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     filt = pb.JobFilter(job_ids=[job_id])
     try:
-        told = client.call("Cancel", pb.CancelRequest(filter=filt, batch_only=True,
-                                                      signal=signals.SIGUSR2 if code else signals.SIGUSR1)).job_ids
-        if not told:
-            client.call("Cancel", pb.CancelRequest(filter=filt))
+        for _ in range(10):
+            job = _patiently(client, "GetJob", pb.GetJobRequest(job_id=job_id))
+            if job.phase != JobPhase.RUNNING:
+                break
+            _patiently(client, "Cancel", pb.CancelRequest(filter=filt, batch_only=True,
+                                                          signal=signal.SIGUSR2 if code else signal.SIGUSR1))
+            time.sleep(0.5)
+        if job.phase == JobPhase.DONE:
+            return
+        if job.phase != JobPhase.COMPLETING:
+            _patiently(client, "Cancel", pb.CancelRequest(filter=filt))
     except CliError as e:
+        if e.status == "FAILED_PRECONDITION":   # it ended meanwhile
+            return
         print(f"{prog}: warning: job {job_id} may still hold its nodes ({e}); end it with aircancel {job_id}",
               file=sys.stderr, flush=True)
 
@@ -188,14 +234,13 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
         err.write(b"airrun: SIGTERM: waiting for the ranks to stop\n")
         err.flush()
 
-    def ending(signum, frame):   # airrun's own allocation: nobody else signals the ranks; ending the
-        raise KeyboardInterrupt  # streams stops them
-    if own_allocation:
-        signal.signal(signal.SIGTERM, ending)
-        signal.signal(signal.SIGHUP, ending)
+    if own_allocation:   # nobody else signals the ranks: ending the streams stops them
+        signal.signal(signal.SIGTERM, _ending)
+        signal.signal(signal.SIGHUP, _ending)
     else:
         signal.signal(signal.SIGTERM, stopping)
     known = False   # the step's outcome is known (the loop ended, or was interrupted)
+    outcome, cancelled = (0, 0), False   # its first failed task's (exit code, signal)
     try:
         while remaining and streams_left:
             kind, value = events.get()
@@ -218,6 +263,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
                     continue
                 if code and not first_bad:
                     first_bad = code
+                    outcome = (event.exit_code, 0 if event.exit_code else event.exit_signal)
                     # a rank that stopped cleanly for requeue is not a failure: the others follow
                     if kill_on_bad_exit and remaining and code != ExitCode.REQUEUE:
                         err.write(f"airrun: rank {event.rank} exited with {code}; ending the step\n".encode())
@@ -228,7 +274,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
             stream.flush()
         known = True
     except KeyboardInterrupt:
-        first_bad, known = 130, True
+        first_bad, known, cancelled = 130, True, True
     finally:
         for follower in followers:
             follower.cancel()
@@ -236,8 +282,11 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
             files.close()
         try:   # the step's outcome, for its record (airacct); the step has ended whatever the answer
             if known:
+                if first_bad and outcome == (0, 0) and not cancelled:   # (a node lost: airrun's own code)
+                    outcome = (min(255, first_bad), 0)
                 client.call("EndStep", pb.StepEnd(job_id=step.job_id, step_id=step.step_id, run=step.run,
-                                                  exit_code=min(255, first_bad)), timeout=5.0)
+                                                  exit_code=outcome[0], exit_signal=min(127, outcome[1]),
+                                                  cancelled=cancelled), timeout=5.0)
         except CliError:
             pass
     return first_bad

@@ -316,10 +316,12 @@ class Controller(NodeReports, SchedulingPass, Launching):
         away, as in Slurm. A running job past its new limit times out at the controller's next tick."""
         if change not in (-1, 0, 1) or seconds > MAX_TIME_LIMIT_S or (change and not seconds):
             raise InvalidRequest(f"time limit change {change:+d} of {seconds} s: not a time limit")
+        if not filt.job_ids and not filt.array_tasks:
+            raise InvalidRequest("name the jobs to update (JobId=N)")
         with self._lock:
             selected = self._select(filt, who, acting=True, doing="update")
             targets = [j for j in selected if j.phase in (JobPhase.PENDING, JobPhase.RUNNING)]
-            if len(filt.job_ids) == 1 and not targets:
+            if len(filt.job_ids) == 1 and selected and not targets:
                 raise Conflict(f"job {selected[0].job_id} is {long_state(selected[0].phase, selected[0].result)}; "
                                "only pending and running jobs take a new time limit")
             changes = []
@@ -330,6 +332,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 if new <= 0 and change:
                     raise InvalidRequest(f"job {j.job_id}: its time limit of {j.time_limit_s} s less {seconds} s "
                                          "leaves none")
+                if new > MAX_TIME_LIMIT_S:
+                    raise InvalidRequest(f"job {j.job_id}: a time limit of {new} s; at most {MAX_TIME_LIMIT_S} s")
                 raising = new == 0 and j.time_limit_s != 0 or new > j.time_limit_s != 0
                 if raising and not self.policy.is_operator(who):
                     raise Denied(f"job {j.job_id}: only root and operators may raise a time limit "
@@ -339,6 +343,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
             changed = self._commit(changes, self.clock(), who.uid)
             if changed:
                 self._dirty = True   # reservations and backfill rest on time limits
+            for j in changed:   # a --signal warning comes again before the new limit
+                self._warned.discard(j.job_id)
         self._wake.set()
         return [j.job_id for j in changed]
 
@@ -426,8 +432,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
     def end_step(self, end: pb.StepEnd, who: Identity) -> bool:
         """airrun's word that a step of the job ended, with its exit code: kept once, from the job's
         owner (or root), for a step of the run named. The job itself may have ended meanwhile."""
-        if not 0 <= end.exit_code <= 255:
-            raise InvalidRequest(f"exit code {end.exit_code}: 0 to 255")
+        if not 0 <= end.exit_code <= 255 or not 0 <= end.exit_signal <= 127 or end.job_id >= 1 << 62:
+            raise InvalidRequest(f"step end {end.job_id}.{end.step_id}: exit code 0 to 255, signal 0 to 127")
         with self._lock:
             job = self.jobs.get(end.job_id) or self.store.get_job(end.job_id)
             if job is None:
@@ -435,7 +441,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
             if job.uid != who.uid and not who.is_root:
                 raise Denied(f"job {job.job_id} belongs to {job.user}; only its owner may end its steps")
             with self.store.transaction():
-                return self.store.end_step(end.job_id, end.run, end.step_id, self.clock(), end.exit_code)
+                return self.store.end_step(end.job_id, end.run, end.step_id, self.clock(), end.exit_code,
+                                           end.exit_signal, end.cancelled)
 
     def create_step(self, spec: pb.StepSpec, who: Identity) -> pb.Step:
         """Lay out a step of a running job and have every node of it ready its ranks."""

@@ -154,14 +154,15 @@ def details(conn: sqlite3.Connection, job_ids: list[int], with_steps: bool = Tru
                 run=run, start_time=start, end_time=end, reason=reason, detail=detail, exit_code=code,
                 exit_signal=sig, figures=figures,
                 allocation=[pb.NodeAlloc(node=n, gpus=g, cpus=c) for n, g, c in json.loads(allocation)]))
-        for job_id, step_id, run, created, nodes, ntasks, command, ended, code in conn.execute(
-                "SELECT job_id, step_id, run, created, nodes, ntasks, command, end_time, exit_code FROM "
+        for job_id, step_id, run, created, nodes, ntasks, command, ended, code, sig, stopped in conn.execute(
+                "SELECT job_id, step_id, run, created, nodes, ntasks, command, end_time, exit_code, exit_signal, "
+                "cancelled FROM "
                 "(SELECT *, ROW_NUMBER() OVER (PARTITION BY job_id ORDER BY step_id DESC) AS nth FROM steps "
                 f"WHERE job_id IN ({marks})) WHERE nth <= ? ORDER BY job_id, step_id",
                 chunk + [MAX_STEPS]) if with_steps else ():
             steps.setdefault(job_id, []).append(pb.HistoryStep(
                 step_id=step_id, run=run, start_time=created, nodes=nodes, ntasks=ntasks, command=command,
-                end_time=ended, exit_code=code))
+                end_time=ended, exit_code=code, exit_signal=sig, cancelled=bool(stopped)))
         for job_id, who in conn.execute(   # the first such event is the request; later ones, its end
                 f"SELECT job_id, who FROM events WHERE job_id IN ({marks}) AND reason = ? ORDER BY id",
                 chunk + [_CANCELLED]):

@@ -148,6 +148,8 @@ def _migrate_12(db: sqlite_utils.Database) -> None:
     """Each step's own outcome, as airrun reports it when the step ends (0 end_time: not reported)."""
     db.execute("ALTER TABLE steps ADD COLUMN end_time REAL NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE steps ADD COLUMN exit_code INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE steps ADD COLUMN exit_signal INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE steps ADD COLUMN cancelled INTEGER NOT NULL DEFAULT 0")
 
 
 MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5, _migrate_6, _migrate_7, _migrate_8,
@@ -400,10 +402,12 @@ class Store:
         self.db.conn.execute("INSERT INTO steps (job_id, step_id, run, created, nodes, ntasks, command) "
                              "VALUES (?, ?, ?, ?, ?, ?, ?)", (job_id, step_id, run, created, nodes, ntasks, command))
 
-    def end_step(self, job_id: int, run: int, step_id: int, ended: float, exit_code: int) -> bool:
+    def end_step(self, job_id: int, run: int, step_id: int, ended: float, exit_code: int, exit_signal: int,
+                 cancelled: bool) -> bool:
         """Record a step's end, once: False when the step is not of that run, or its end is known."""
-        cur = self.db.conn.execute("UPDATE steps SET end_time = ?, exit_code = ? WHERE job_id = ? AND run = ? "
-                                   "AND step_id = ? AND end_time = 0", (ended, exit_code, job_id, run, step_id))
+        cur = self.db.conn.execute("UPDATE steps SET end_time = ?, exit_code = ?, exit_signal = ?, cancelled = ? "
+                                   "WHERE job_id = ? AND run = ? AND step_id = ? AND end_time = 0",
+                                   (ended, exit_code, exit_signal, int(cancelled), job_id, run, step_id))
         return cur.rowcount == 1
 
     def step_nodes(self, job_id: int, run: int) -> set[str]:

@@ -107,6 +107,29 @@ def test_airrun_outside_a_job_stopped_by_sigterm_ends_its_ranks_and_its_allocati
     wait_for(lambda: not _step_processes(), timeout=10, what="no rank left")
 
 
+def test_airrun_outside_a_job_stopped_while_it_waits_gives_its_queued_allocation_back(cluster):
+    import os
+    import signal
+    import subprocess
+    from cluster import BIN
+    blocker = cluster.submit(cluster.write_script("block.sh", "#!/bin/sh\nsleep 60\n"), "-N", "2",
+                             "--gpus-per-node=4")
+    cluster.wait_state(blocker, "RUNNING")
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", AIR_CONF=str(cluster.config), AIR_JOB_ID="")
+    proc = subprocess.Popen([str(BIN / "airrun"), "--gpus-per-node=1", "-J", "queued", "true"], env=env,
+                            cwd=str(cluster.work), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: cluster.queue("-n", "queued"), timeout=20, what="the allocation to be queued")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode != 0 and "queued and waiting for resources" in err, err
+    finally:
+        proc.kill()
+        cluster.cli("aircancel", str(blocker))
+    job_id = cluster.queue("-n", "queued")[0]["job_id"]
+    assert cluster.wait_state(job_id, "CANCELLED", timeout=20)["state"] == "CANCELLED"
+
+
 def test_airrun_bad_layouts(cluster):
     script = cluster.write_script("lay.sh", "#!/bin/sh\n#AIR -N 1 --gpus-per-node=2\n"
                                             "airrun --ntasks-per-node=2 --gpus-per-task=2 true\necho rc=$?\n")

@@ -164,8 +164,8 @@ def test_a_store_of_schema_6_migrates_to_one_without_holds_or_stop_times(tmp_pat
 
 
 def _undo_schema_10(s: Store) -> None:
-    s.db.execute("ALTER TABLE steps DROP COLUMN end_time")   # (schema 12's and 11's, first)
-    s.db.execute("ALTER TABLE steps DROP COLUMN exit_code")
+    for column in ("end_time", "exit_code", "exit_signal", "cancelled"):   # (schema 12's and 11's, first)
+        s.db.execute(f"ALTER TABLE steps DROP COLUMN {column}")
     s.db.execute("ALTER TABLE jobs DROP COLUMN figures")
     for index in ("jobs_uid_end", "jobs_account_end"):
         s.db.execute(f"DROP INDEX {index}")

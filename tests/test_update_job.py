@@ -9,6 +9,7 @@ from air.airctld.controller import Controller
 from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound
 from air.airctld.model import NodeAlloc
 from air.airctld.store import Store
+from air.airctld.validate import MAX_TIME_LIMIT_S
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
 from air.protos.states import JobPhase, JobResult, Reason
@@ -64,6 +65,19 @@ def test_only_root_and_operators_raise_or_lift_a_limit_and_nobody_touches_anothe
         _update(c, job_id, 60, -1, who=ROOT)
     assert _update(c, job_id, 120, who=ROOT) == [job_id] and _update(c, job_id, 120) == []   # no change, no write
     assert c.jobs.get(job_id).reason == Reason.JOB_HELD_USER
+
+
+def test_an_owner_may_limit_an_unlimited_job_and_nobody_updates_every_job_at_once(controller):
+    c, clock = controller
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True), ALICE)
+    assert c.jobs.get(job_id).time_limit_s == 0
+    assert _update(c, job_id, 600) == [job_id] and c.jobs.get(job_id).time_limit_s == 600   # lowering "unlimited"
+    with pytest.raises(InvalidRequest, match="name the jobs"):
+        c.update_time_limit(pb.JobFilter(), 60, 0, ROOT)
+    with pytest.raises(InvalidRequest, match="at most"):
+        _update(c, job_id, MAX_TIME_LIMIT_S, 1, who=ROOT)
+    with pytest.raises(InvalidRequest, match="100 years"):
+        c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", time_limit_s=MAX_TIME_LIMIT_S + 1), ALICE)
 
 
 def test_an_ended_job_takes_no_new_limit(controller):
