@@ -315,3 +315,54 @@ def test_no_requeue_jobs_refuse_requeue(cluster):
     proc = cluster.cli("aircontrol", "requeue", str(job_id), check=False)
     assert proc.returncode != 0 and "was submitted with --no-requeue" in proc.stderr
     cluster.cli("aircancel", str(job_id))
+
+
+TITAN_TRAIN = r'''
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print("rank=%d world=%d local=%s sum=%d node=%s" % (dist.get_rank(), dist.get_world_size(), os.environ["LOCAL_RANK"],
+                                                   t.item(), os.environ["SLURM_NODEID"]), flush=True)
+dist.destroy_process_group()
+'''
+
+# As torchtitan's multinode_trainer.slurm (its #SBATCH lines, the head node's address from a one-task
+# srun, torchrun under srun with a c10d rendezvous), with 2 GPUs a task where it asks for 8.
+TITAN_SCRIPT = """#!/bin/bash
+#SBATCH --job-name=torchtitan_multi_node
+#SBATCH --ntasks=2
+#SBATCH --nodes=2
+#SBATCH --gpus-per-task=2
+#SBATCH --cpus-per-task=2
+
+nodes=( $( scontrol show hostnames $SLURM_JOB_NODELIST ) )
+nodes_array=($nodes)
+head_node=${nodes_array[0]}
+head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
+echo Node IP: $head_node_ip
+export LOGLEVEL=INFO
+srun torchrun --nnodes 2 --nproc_per_node 2 --rdzv_id 101 --rdzv_backend c10d --rdzv_endpoint "$head_node_ip:PORT" \\
+    ./titan_train.py
+"""
+
+
+def test_a_torchtitan_style_script_runs_unchanged_and_trains_with_gloo_ranks(cluster, tmp_path):
+    import socket
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    cluster.cli("aircontrol", "slurm-commands", "install", "--dir", str(bindir))
+    (cluster.work / "titan_train.py").write_text(TITAN_TRAIN)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = cluster.write_script("titan.slurm", TITAN_SCRIPT.replace("PORT", str(port)))
+    torchrun = Path(sys.executable).parent / "torchrun"
+    job_id = cluster.submit(script, env={"PATH": f"{bindir}:{torchrun.parent}:{os.environ['PATH']}"})
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=180)
+    out = (cluster.work / f"air-{job_id}.out").read_text()
+    assert job["state"] == "COMPLETED", out
+    assert "Node IP: " in out and "Node IP: \n" not in out
+    rows = sorted(line for line in out.splitlines() if line.startswith("rank="))
+    assert [r.split()[:4] for r in rows] == [[f"rank={r}", "world=4", f"local={r % 2}", "sum=10"] for r in range(4)], out
+    assert sorted({r.split()[4] for r in rows}) == ["node=0", "node=1"]
