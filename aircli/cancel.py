@@ -27,9 +27,12 @@ def signal_number(text: str) -> int:
 @click.option("-n", "--name", help="only jobs with this name")
 @click.option("-s", "--signal", "sig", help="send this signal instead of cancelling")
 @click.option("-b", "--batch", is_flag=True, help="with -s: signal the batch shell only, not the steps")
+@click.option("-f", "--full", is_flag=True, help="with -s: signal the batch shell and the steps (aircancel's default; "
+              "scancel's without -b or -f is the steps only)")
 @click.option("-v", "--verbose", is_flag=True, help="say which jobs were acted on")
 @click.option("--config", hidden=True)
-def command(ids, user, states, name, sig, batch, verbose, config):
+@click.pass_context
+def command(ctx, ids, user, states, name, sig, batch, full, verbose, config):
     from air.aircli.client import Client
     from air.protos import air_pb2 as pb
     filt = pb.JobFilter()
@@ -50,8 +53,10 @@ def command(ids, user, states, name, sig, batch, verbose, config):
     number = signal_number(sig) if sig else 0
     if batch and not number:
         raise CliError("-b/--batch signals the batch shell: give the signal with -s (scancel -b -s USR1 ID)")
-    reply = Client(config).call("Cancel", pb.CancelRequest(filter=filt, signal=number, batch_only=batch),
-                                timeout=120)
+    # scancel, as Slurm's: a signal without -b or -f goes to the job's steps, not to the batch shell
+    steps_only = ctx.info_name == "scancel" and not full and not batch
+    reply = Client(config).call("Cancel", pb.CancelRequest(filter=filt, signal=number, batch_only=batch,
+                                                           steps_only=steps_only), timeout=120)
     if verbose:
         for job_id in reply.job_ids:
             click.echo(f"aircancel: {'signalled' if number else 'cancelled'} job {job_id}")

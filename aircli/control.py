@@ -100,10 +100,15 @@ def requeue(ids, config):
     from air.aircli.client import Client
     from air.aircli.queue import job_ids
     from air.protos import air_pb2 as pb
+    import signal
     filt = pb.JobFilter()
     for text in ids:
         filt.job_ids.extend(job_ids(text, "'JOB_ID'"))
-    Client(config).call("Requeue", filt)
+    client = Client(config)
+    # called from inside the job (submitit, Lightning), this process is the job's too: the SIGTERM of the
+    # requeue may come before the answer, which the caller wants (it checks the exit code)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    client.call("Requeue", filt)
 
 
 @command.command("update", context_settings={"ignore_unknown_options": True})

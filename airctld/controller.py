@@ -277,13 +277,14 @@ class Controller(NodeReports, SchedulingPass, Launching):
 
     # ------------------------------------------------------------ cancel and signal
 
-    def cancel(self, filt: pb.JobFilter, signal: int, who: Identity, batch_only: bool = False) -> list[int]:
+    def cancel(self, filt: pb.JobFilter, signal: int, who: Identity, batch_only: bool = False,
+               steps_only: bool = False) -> list[int]:
         with self._lock:
             targets = self._select(filt, who, acting=True)
             if signal:
                 targets = [j for j in targets if j.phase == JobPhase.RUNNING]
                 for job in targets:
-                    self._send_signal(job, signal, batch_only=batch_only)
+                    self._send_signal(job, signal, batch_only=batch_only, steps_only=steps_only and not batch_only)
                 return [j.job_id for j in targets]
             now = self.clock()
             changed = self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED,

@@ -76,7 +76,8 @@ class ControllerService:
 
     @_handle
     def Cancel(self, request: pb.CancelRequest, context, who):
-        return pb.CancelReply(job_ids=self.c.cancel(request.filter, request.signal, who, request.batch_only))
+        return pb.CancelReply(job_ids=self.c.cancel(request.filter, request.signal, who, request.batch_only,
+                                                    request.steps_only))
 
     @_handle
     def Requeue(self, request: pb.JobFilter, context, who):

@@ -366,3 +366,67 @@ def test_a_torchtitan_style_script_runs_unchanged_and_trains_with_gloo_ranks(clu
     rows = sorted(line for line in out.splitlines() if line.startswith("rank="))
     assert [r.split()[:4] for r in rows] == [[f"rank={r}", "world=4", f"local={r % 2}", "sum=10"] for r in range(4)], out
     assert sorted({r.split()[4] for r in rows}) == ["node=0", "node=1"]
+
+
+LIGHTNING_REQUEUE = r'''
+import os, signal, sys, time
+import torch
+import pytorch_lightning as pl
+from lightning_fabric.plugins.environments import SLURMEnvironment
+
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, index):
+        if self.global_step == 5 and os.environ["SLURM_RESTART_COUNT"] == "0":
+            print("ready for the signal", flush=True)
+        time.sleep(0.1)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def on_train_start(self):
+        print("training from step", self.global_step, flush=True)
+
+
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+trainer = pl.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=sys.argv[1],
+                     plugins=[SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1)])
+print("run", os.environ["SLURM_RESTART_COUNT"], flush=True)
+trainer.fit(Model(), torch.utils.data.DataLoader(data, batch_size=4))
+print("finished at step", trainer.global_step, flush=True)
+'''
+
+
+def test_lightning_auto_requeue_on_sigusr1_requeues_and_resumes_from_its_hpc_checkpoint(cluster, tmp_path):
+    """Lightning's own auto-requeue path: SIGUSR1 (as --signal=USR1@T sends it) makes Lightning save
+    an hpc checkpoint and call scontrol requeue; the next run resumes from it and finishes."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    cluster.cli("aircontrol", "slurm-commands", "install", "--dir", str(bindir))
+    (cluster.work / "lightning_requeue.py").write_text(LIGHTNING_REQUEUE)
+    root = cluster.work / "lightning-root"
+    root.mkdir()
+    script = cluster.write_script("lightning_requeue.sh", f"#!/bin/sh\n#SBATCH --ntasks-per-node=1\n"
+                                                          f"srun {sys.executable} lightning_requeue.py {root}\n")
+    job_id = cluster.submit(script, "-o", "lq-%j.out", env={"PATH": f"{bindir}:{os.environ['PATH']}"})
+    out = cluster.work / f"lq-{job_id}.out"
+    wait_for(lambda: out.exists() and "ready for the signal" in out.read_text(), timeout=90, what="training to run")
+    # as Slurm's scancel: to the step's task, not to the batch shell (which would die of it)
+    subprocess.run([str(bindir / "scancel"), "-s", "USR1", str(job_id)], check=True, cwd=cluster.work,
+                   env=dict(os.environ, AIR_CONF=str(cluster.config)), timeout=60)
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=180)
+    text = out.read_text()
+    assert job["state"] == "COMPLETED" and job["restart_count"] == 1, text
+    assert "run 0" in text and "run 1" in text and "finished at step 48" in text, text
+    assert "Requeuing SLURM job" not in text, text   # (its "failed with error code": scontrol requeue said no)
+    assert list(root.glob("hpc_ckpt_*.ckpt")), text   # what Lightning saved, and resumed from
+    starts = [int(line.split()[-1]) for line in text.splitlines() if line.startswith("training from step")]
+    assert starts[0] == 0 and starts[1] >= 6, text
