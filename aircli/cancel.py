@@ -51,10 +51,12 @@ def command(ctx, ids, user, states, name, sig, batch, full, verbose, config):
     if not (filt.job_ids or filt.array_tasks or filt.uids or filt.names or states):
         raise CliError("no job given: aircancel ID... or -u USER, -n NAME, -t STATES")
     number = signal_number(sig) if sig else 0
+    if sig and not 1 <= number <= 64:
+        raise CliError(f"-s {sig}: give a signal (1 to 64, or a name such as USR1); without -s the jobs are cancelled")
     if batch and not number:
         raise CliError("-b/--batch signals the batch shell: give the signal with -s (scancel -b -s USR1 ID)")
     # scancel, as Slurm's: a signal without -b or -f goes to the job's steps, not to the batch shell
-    steps_only = ctx.info_name == "scancel" and not full and not batch
+    steps_only = ctx.info_name == "scancel" and not full and not batch and number != signals.SIGKILL
     reply = Client(config).call("Cancel", pb.CancelRequest(filter=filt, signal=number, batch_only=batch,
                                                            steps_only=steps_only), timeout=120)
     if verbose:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -101,13 +102,18 @@ def requeue(ids, config):
     from air.aircli.queue import job_ids
     from air.protos import air_pb2 as pb
     import signal
-    filt = pb.JobFilter()
+    filt, tasks = pb.JobFilter(), []
     for text in ids:
-        filt.job_ids.extend(job_ids(text, "'JOB_ID'"))
+        filt.job_ids.extend(job_ids(text, "'JOB_ID'", tasks))
+    filt.array_tasks.extend(pb.ArrayTask(array_job_id=a, task_id=t) for a, t in tasks)
     client = Client(config)
-    # called from inside the job (submitit, Lightning), this process is the job's too: the SIGTERM of the
-    # requeue may come before the answer, which the caller wants (it checks the exit code)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # called from inside the job it requeues (submitit, Lightning), this process is the job's too: the
+    # SIGTERM of the requeue may come before the answer, which the caller wants (it checks the exit code)
+    env = os.environ
+    if int(env.get("AIR_JOB_ID", "0") or 0) in filt.job_ids or \
+            (env.get("SLURM_ARRAY_JOB_ID", "").isdigit() and env.get("SLURM_ARRAY_TASK_ID", "").isdigit()
+             and (int(env["SLURM_ARRAY_JOB_ID"]), int(env["SLURM_ARRAY_TASK_ID"])) in tasks):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     client.call("Requeue", filt)
 
 

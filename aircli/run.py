@@ -135,18 +135,22 @@ def _allocate(client, request, prog: str) -> int:
     failing, it is given back."""
     from air.protos import air_pb2 as pb
     from air.protos.states import JobPhase
-    signal.signal(signal.SIGTERM, _ending)
-    signal.signal(signal.SIGHUP, _ending)
-    stop = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop)   # a signal now comes once the job's id is known
+    pending: list[int] = []   # a signal while the job is submitted acts once its id is known
+
+    def remember(signum, frame):
+        pending.append(signum)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, remember)
     try:
         job_id = client.call("Submit", pb.SubmitRequest(job=request)).job_id
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
-        raise
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _ending)
+        signal.signal(signal.SIGHUP, _ending)
     said = False
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
+        if pending:
+            raise KeyboardInterrupt
         while True:
             job = _patiently(client, "GetJob", pb.GetJobRequest(job_id=job_id))
             if job.phase == JobPhase.RUNNING:
@@ -160,32 +164,32 @@ def _allocate(client, request, prog: str) -> int:
                 said = True
             time.sleep(0.2)
     except BaseException:
-        _release(client, job_id, 1, prog)
+        _release(client, job_id, INTERRUPTED, prog)
         raise
+
+
+INTERRUPTED = 130   # airrun's exit when it was interrupted: its allocation is cancelled
 
 
 def _release(client, job_id: int, code: int, prog: str) -> None:
     """Give the allocation back: its shell ends as the step did (SIGUSR1: COMPLETED, SIGUSR2: FAILED),
     told again until it has (a shell not started yet, or not yet at its traps, misses it), and
-    cancelled when it does not end or does not run; nothing interrupts this."""
-    if not job_id:
-        return
-    from air.protos import air_pb2 as pb
-    from air.protos.states import JobPhase
+    cancelled when it does not end, does not run, or airrun was interrupted; nothing interrupts this."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
+    from air.protos import air_pb2 as pb
+    from air.protos.states import JobPhase
     filt = pb.JobFilter(job_ids=[job_id])
     try:
-        for _ in range(10):
+        for _ in range(0 if code == INTERRUPTED else 10):
             job = _patiently(client, "GetJob", pb.GetJobRequest(job_id=job_id))
             if job.phase != JobPhase.RUNNING:
                 break
             _patiently(client, "Cancel", pb.CancelRequest(filter=filt, batch_only=True,
                                                           signal=signal.SIGUSR2 if code else signal.SIGUSR1))
             time.sleep(0.5)
-        if job.phase == JobPhase.DONE:
-            return
-        if job.phase != JobPhase.COMPLETING:
+        job = _patiently(client, "GetJob", pb.GetJobRequest(job_id=job_id))
+        if job.phase not in (JobPhase.DONE, JobPhase.COMPLETING):
             _patiently(client, "Cancel", pb.CancelRequest(filter=filt))
     except CliError as e:
         if e.status == "FAILED_PRECONDITION":   # it ended meanwhile
@@ -274,7 +278,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
             stream.flush()
         known = True
     except KeyboardInterrupt:
-        first_bad, known, cancelled = 130, True, True
+        first_bad, known, cancelled = INTERRUPTED, True, True
     finally:
         for follower in followers:
             follower.cancel()

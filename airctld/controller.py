@@ -279,6 +279,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
 
     def cancel(self, filt: pb.JobFilter, signal: int, who: Identity, batch_only: bool = False,
                steps_only: bool = False) -> list[int]:
+        if not 0 <= signal <= 64:
+            raise InvalidRequest(f"signal {signal}: 1 to 64 (0: cancel)")
         with self._lock:
             targets = self._select(filt, who, acting=True)
             if signal:
@@ -299,7 +301,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         with self._lock:
             selected = self._select(filt, who, acting=True, doing="requeue")
             running = [j for j in selected if j.phase == JobPhase.RUNNING]
-            if len(filt.job_ids) == 1 and not running:
+            if len(filt.job_ids) + len(filt.array_tasks) == 1 and selected and not running:
                 raise Conflict(f"job {selected[0].job_id} is not running; only running jobs can be requeued")
             refused = [j for j in running if not j.requeue_allowed]
             if refused:
@@ -322,7 +324,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         with self._lock:
             selected = self._select(filt, who, acting=True, doing="update")
             targets = [j for j in selected if j.phase in (JobPhase.PENDING, JobPhase.RUNNING)]
-            if len(filt.job_ids) == 1 and selected and not targets:
+            if len(filt.job_ids) + len(filt.array_tasks) == 1 and selected and not targets:
                 raise Conflict(f"job {selected[0].job_id} is {long_state(selected[0].phase, selected[0].result)}; "
                                "only pending and running jobs take a new time limit")
             changes = []

@@ -103,7 +103,7 @@ def test_airrun_outside_a_job_stopped_by_sigterm_ends_its_ranks_and_its_allocati
     finally:
         proc.kill()
     job_id = cluster.queue("-n", "stopped")[0]["job_id"]
-    assert cluster.wait_state(job_id, "FAILED", "COMPLETED", timeout=20)["state"] == "FAILED"
+    assert cluster.wait_state(job_id, "CANCELLED", "FAILED", "COMPLETED", timeout=20)["state"] == "CANCELLED"
     wait_for(lambda: not _step_processes(), timeout=10, what="no rank left")
 
 

@@ -99,3 +99,14 @@ def test_scontrol_update_words():
                            (["JobId=42", "TimeLimit=+UNLIMITED"], "not UNLIMITED")):
         with pytest.raises(CliError, match=message):
             parse_update(words)
+
+
+def test_a_signal_out_of_range_is_refused_and_one_ended_array_task_says_so(controller):
+    c, clock = controller
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", array="0-1", time_limit_s=600), ALICE)
+    with pytest.raises(InvalidRequest, match="signal 99"):
+        c.cancel(pb.JobFilter(job_ids=[job_id]), 99, ALICE)
+    c.cancel(pb.JobFilter(array_tasks=[pb.ArrayTask(array_job_id=job_id, task_id=1)]), 0, ALICE)
+    with pytest.raises(Conflict, match="only pending and running jobs"):
+        c.update_time_limit(pb.JobFilter(array_tasks=[pb.ArrayTask(array_job_id=job_id, task_id=1)]), 60, 0, ALICE)
+    assert _update(c, job_id, 60) == [job_id]   # the array: its task still pending
