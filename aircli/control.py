@@ -109,10 +109,11 @@ def requeue(ids, config):
     client = Client(config)
     # called from inside the job it requeues (submitit, Lightning), this process is the job's too: the
     # SIGTERM of the requeue may come before the answer, which the caller wants (it checks the exit code)
-    env = os.environ
-    if int(env.get("AIR_JOB_ID", "0") or 0) in filt.job_ids or \
-            (env.get("SLURM_ARRAY_JOB_ID", "").isdigit() and env.get("SLURM_ARRAY_TASK_ID", "").isdigit()
-             and (int(env["SLURM_ARRAY_JOB_ID"]), int(env["SLURM_ARRAY_TASK_ID"])) in tasks):
+    mine = [env for env in (os.environ.get("AIR_JOB_ID", ""), os.environ.get("SLURM_ARRAY_JOB_ID", ""))
+            if env.isdigit()]
+    task = os.environ.get("SLURM_ARRAY_TASK_ID", "")
+    if any(int(i) in filt.job_ids for i in mine) or \
+            (len(mine) == 2 and task.isdigit() and (int(mine[1]), int(task)) in tasks):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     client.call("Requeue", filt)
 

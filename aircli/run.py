@@ -88,13 +88,13 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
             submit_line=" ".join([ctx.info_name, *sys.argv[1:]])[:4096], submit_host=socket.gethostname()[:255])
         job_id = allocation = _allocate(client, request, ctx.info_name)
         ntasks_per_node = ntasks_per_node or per_node
-    code = 1
+    code, interrupted = 1, True   # (what the allocation's end says if _step does not return)
     try:
-        code = _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, kill_on_bad_exit,
-                     output, error, open_mode, command, bool(allocation))
+        code, interrupted = _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label,
+                                  kill_on_bad_exit, output, error, open_mode, command, bool(allocation))
     finally:
         if allocation:
-            _release(client, allocation, code, ctx.info_name)
+            _release(client, allocation, code, interrupted, ctx.info_name)
     if code:
         sys.exit(code)
 
@@ -111,10 +111,28 @@ while :; do sleep 60 & wait $!; done
 PATIENCE_S = 60.0   # how long airrun's own allocation waits out a controller that does not answer
 
 
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _ending(signum, frame):
-    """SIGTERM or SIGHUP to airrun while it holds its own allocation: as Ctrl-C, the step and the
-    allocation end (nobody else would signal the ranks)."""
+    """Ctrl-C, SIGTERM or SIGHUP to airrun while it holds its own allocation: the step and the
+    allocation end (nobody else would signal the ranks). Once: from here on nothing interrupts the
+    allocation's release."""
+    _hold_signals()
     raise KeyboardInterrupt
+
+
+def _hold_signals() -> None:
+    for signum in STOPPING:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _on_signals(handler) -> None:
+    """`handler` for Ctrl-C, SIGTERM and SIGHUP, except where airrun was started with one ignored
+    (`nohup`, a background job of a script): it stays ignored."""
+    for signum in STOPPING:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, handler)
 
 
 def _patiently(client, method: str, request):
@@ -139,17 +157,13 @@ def _allocate(client, request, prog: str) -> int:
 
     def remember(signum, frame):
         pending.append(signum)
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, remember)
+    _on_signals(remember)
+    job_id, said = 0, False
     try:
         job_id = client.call("Submit", pb.SubmitRequest(job=request)).job_id
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, _ending)
-        signal.signal(signal.SIGHUP, _ending)
-    said = False
-    try:
+        _on_signals(_ending)
         if pending:
+            _hold_signals()
             raise KeyboardInterrupt
         while True:
             job = _patiently(client, "GetJob", pb.GetJobRequest(job_id=job_id))
@@ -164,24 +178,25 @@ def _allocate(client, request, prog: str) -> int:
                 said = True
             time.sleep(0.2)
     except BaseException:
-        _release(client, job_id, INTERRUPTED, prog)
+        _hold_signals()
+        if job_id:
+            _release(client, job_id, 1, True, prog)
         raise
 
 
-INTERRUPTED = 130   # airrun's exit when it was interrupted: its allocation is cancelled
+INTERRUPTED = 130   # airrun's exit when it was interrupted
 
 
-def _release(client, job_id: int, code: int, prog: str) -> None:
+def _release(client, job_id: int, code: int, interrupted: bool, prog: str) -> None:
     """Give the allocation back: its shell ends as the step did (SIGUSR1: COMPLETED, SIGUSR2: FAILED),
     told again until it has (a shell not started yet, or not yet at its traps, misses it), and
     cancelled when it does not end, does not run, or airrun was interrupted; nothing interrupts this."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
+    _hold_signals()
     from air.protos import air_pb2 as pb
     from air.protos.states import JobPhase
     filt = pb.JobFilter(job_ids=[job_id])
     try:
-        for _ in range(0 if code == INTERRUPTED else 10):
+        for _ in range(0 if interrupted else 10):
             job = _patiently(client, "GetJob", pb.GetJobRequest(job_id=job_id))
             if job.phase != JobPhase.RUNNING:
                 break
@@ -199,8 +214,9 @@ def _release(client, job_id: int, code: int, prog: str) -> None:
 
 
 def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, kill_on_bad_exit, output, error,
-          open_mode, command, own_allocation: bool) -> int:
-    """Run the step in job `job_id`, its ranks' output passed on; the step's exit code."""
+          open_mode, command, own_allocation: bool) -> tuple[int, bool]:
+    """Run the step in job `job_id`, its ranks' output passed on; the step's exit code, and whether
+    airrun was interrupted."""
     import grpc
     from air.protos import air_pb2 as pb
     from air.protos import air_pb2_grpc as rpc
@@ -239,8 +255,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
         err.flush()
 
     if own_allocation:   # nobody else signals the ranks: ending the streams stops them
-        signal.signal(signal.SIGTERM, _ending)
-        signal.signal(signal.SIGHUP, _ending)
+        _on_signals(_ending)
     else:
         signal.signal(signal.SIGTERM, stopping)
     known = False   # the step's outcome is known (the loop ended, or was interrupted)
@@ -280,6 +295,8 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
     except KeyboardInterrupt:
         first_bad, known, cancelled = INTERRUPTED, True, True
     finally:
+        if own_allocation:   # its outcome and the release are not interrupted
+            _hold_signals()
         for follower in followers:
             follower.cancel()
         if files:
@@ -293,7 +310,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
                                                   cancelled=cancelled), timeout=5.0)
         except CliError:
             pass
-    return first_bad
+    return first_bad, cancelled
 
 
 def expand(pattern: str, step, rank: int, env: dict[str, str]) -> str:
