@@ -9,6 +9,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from air.protos.limits import MAX_CONSTRAINT_CHARS, MAX_NODE_NAMES
 from air.protos.timefmt import parse_duration
 
 
@@ -79,7 +80,6 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("exclude", "--exclude", "-x", "hostlist", help="none of these nodes is in the job (a host list)"),
 )
 FLAG_KINDS = ("flag", "exclusive")
-MAX_HOSTLIST = 65536   # nodes one -w or -x may name
 BY_NAME = {o.long: o for o in OPTIONS} | {o.short: o for o in OPTIONS if o.short}
 DIRECTIVE = re.compile(r"^#(AIR|SBATCH)(\s|$)")
 
@@ -99,8 +99,8 @@ def convert(opt: Opt, value: str | None) -> object:
     if opt.kind == "hostlist":
         return parse_hostlist(opt.long, value)
     if opt.kind == "constraint":
-        if len(value) > 1024 or any(c < " " for c in value):
-            raise OptionError(f"{opt.long}: at most 1024 printable characters")
+        if len(value) > MAX_CONSTRAINT_CHARS or any(c < " " for c in value):
+            raise OptionError(f"{opt.long}: at most {MAX_CONSTRAINT_CHARS} printable characters")
         return value
     if opt.kind == "count":
         if not value.isdigit() or int(value) < 1:
@@ -170,8 +170,8 @@ def parse_hostlist(flag: str, text: str) -> list[str]:
         names = hostlist.expand_hostlist(text)
     except hostlist.BadHostlist as e:
         raise OptionError(f"{flag}={text}: not a host list ({e})") from None
-    if len(names) > MAX_HOSTLIST:
-        raise OptionError(f"{flag}: {len(names)} nodes; at most {MAX_HOSTLIST}")
+    if len(names) > MAX_NODE_NAMES:
+        raise OptionError(f"{flag}: {len(names)} nodes; at most {MAX_NODE_NAMES}")
     return list(dict.fromkeys(names))   # a node named twice is named once (as Slurm)
 
 

@@ -12,6 +12,7 @@ import time
 import click
 
 from air.aircli.client import CliError, entry
+from air.aircli.options import OptionError, parse_hostlist
 from air.protos.outputs import substitute
 from air.protos.states import ExitCode
 
@@ -54,9 +55,11 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
     job_id = jobid or int(os.environ.get("AIR_JOB_ID", "0") or 0)
     try:
         names = hostlist.expand_hostlist(nodelist) if nodelist else []
-        excluded = hostlist.expand_hostlist(exclude) if exclude else []
+        excluded = parse_hostlist("--exclude", exclude) if exclude else []   # (as airbatch's -x)
     except hostlist.BadHostlist as e:
-        raise click.BadParameter(str(e), param_hint="'-w' or '-x'") from None
+        raise click.BadParameter(str(e), param_hint="'-w'") from None
+    except OptionError as e:
+        raise CliError(str(e)) from None
     count = len(names) or nodes or (int(os.environ.get("AIR_NNODES", "0") or 0) if job_id else 0) or 1
     if ntasks:
         if ntasks % count:

@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-MAX_CONSTRAINT = 1024
+from air.protos.limits import MAX_CONSTRAINT_CHARS
+
 MAX_TERMS = 64   # feature names in one constraint: each pass works it out over every node
 _TOKEN = re.compile(r"\s*(?:([A-Za-z0-9_.-]+)|([&|()]))")
 
@@ -27,8 +28,8 @@ Expr = object
 
 def parse_constraint(text: str) -> Expr | None:
     """The constraint's expression, or None for an empty one; ConstraintError says what is wrong."""
-    if len(text) > MAX_CONSTRAINT:
-        raise ConstraintError(f"--constraint: at most {MAX_CONSTRAINT} characters")
+    if len(text) > MAX_CONSTRAINT_CHARS:
+        raise ConstraintError(f"--constraint: at most {MAX_CONSTRAINT_CHARS} characters")
     if not text.strip():
         return None
     tokens, pos = [], 0
@@ -115,17 +116,6 @@ def features_named(expr: Expr | None) -> set[str]:
     return set().union(*(features_named(e) for e in expr[1]))
 
 
-def matches(expr: Expr | None, features: Iterable[str]) -> bool:
-    if expr is None:
-        return True
-    if isinstance(expr, str):
-        return expr in features
-    op, parts = expr
-    if op == "&":
-        return all(matches(e, features) for e in parts)
-    return any(matches(e, features) for e in parts)
-
-
 @dataclass(frozen=True)
 class NodeFilter:
     required: tuple[str, ...] = ()
@@ -137,15 +127,6 @@ class NodeFilter:
     def restricts(self) -> bool:
         return bool(self.required or self.excluded or self.constraint is not None or self.exclusive)
 
-    def allows(self, name: str, features: Iterable[str]) -> bool:
-        return name not in self.excluded and matches(self.constraint, features)
-
-
-def of_request(req) -> NodeFilter:
-    """The filter a job request (pb.JobRequest) asks for; its constraint was checked at submit."""
-    if not (req.nodelist or req.exclude or req.constraint or req.exclusive):
-        return NO_FILTER
-    return NodeFilter(tuple(req.nodelist), frozenset(req.exclude), parse_constraint(req.constraint), req.exclusive)
 
 
 NO_FILTER = NodeFilter()

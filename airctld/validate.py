@@ -10,6 +10,7 @@ import re
 from air.protos.config import ControllerConfig
 from air.airctld.errors import InvalidRequest
 from air.protos import air_pb2 as pb
+from air.protos.limits import MAX_CONSTRAINT_CHARS, MAX_NODE_NAMES
 
 MAX_PATH = 4096
 MAX_DEPENDENCY_CHARS = 64 * 1024
@@ -20,7 +21,6 @@ MAX_ARGS_BYTES = 256 * 1024
 MAX_ENV_VARS = 4096
 MAX_SUBMIT_LINE = 4096
 MAX_COMMENT = 1024
-MAX_NODE_NAMES = 65536   # in one -w or -x
 ALWAYS_DROPPED = ("LD_PRELOAD", "LD_AUDIT")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NODE_NAME = re.compile(r"[\x21-\x7e]+")   # printable, no space
@@ -62,8 +62,8 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
         value = getattr(req, field)
         if len(value) > MAX_COMMENT or any(c < " " for c in value):
             raise InvalidRequest(f"--{field.replace('_', '-')}: at most {MAX_COMMENT} printable characters")
-    if len(req.constraint) > MAX_COMMENT or any(c < " " for c in req.constraint):
-        raise InvalidRequest(f"--constraint: at most {MAX_COMMENT} printable characters")
+    if len(req.constraint) > MAX_CONSTRAINT_CHARS or any(c < " " for c in req.constraint):
+        raise InvalidRequest(f"--constraint: at most {MAX_CONSTRAINT_CHARS} printable characters")
     for flag, names in (("-w/--nodelist", req.nodelist), ("-x/--exclude", req.exclude)):
         if len(names) > MAX_NODE_NAMES or any(len(n) > longest or not _NODE_NAME.fullmatch(n) for n in names):
             raise InvalidRequest(f"{flag}: at most {MAX_NODE_NAMES} node names of at most {longest} characters, "

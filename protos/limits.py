@@ -1,7 +1,10 @@
-"""A job's resource limits as the controller lays them out and the node daemons enforce them."""
+"""A job's resource limits as the controller lays them out and the node daemons enforce them, and the
+bounds on what a request may name, which the tools check first and the controller checks again."""
 from __future__ import annotations
 
 MIB = 1024 * 1024
+MAX_CONSTRAINT_CHARS = 1024   # one --constraint
+MAX_NODE_NAMES = 65536        # one -w or -x
 
 
 def memory_limit_bytes(mem_per_node_mb: int, mem_per_gpu_mb: int, gpus_here: int) -> int:
