@@ -83,7 +83,7 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
         per_node = ntasks_per_node or 1
         request = pb.JobRequest(
             name=job_name or "".join(c for c in os.path.basename(command[0]) if c >= " ")[:64] or "airrun",
-            script=ALLOCATION_SCRIPT, workdir=os.getcwd(),
+            allocation=True, workdir=os.getcwd(),
             output="/dev/null", nodes=count, ntasks_per_node=per_node, cpus_per_task=cpus_per_task or 0,
             gpus_per_node=gpus_per_node if gpus_per_node is not None else (gpus_per_task or 0) * per_node,
             time_limit_s=limit, partition=partition or "", account=account or "", qos=qos or "", nodelist=names,
@@ -92,23 +92,16 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
         job_id = allocation = _allocate(client, request, ctx.info_name)
         ntasks_per_node = ntasks_per_node or per_node
     code, interrupted = 1, True   # (what the allocation's end says if _step does not return)
+    renewing = _Renewing(client, allocation) if allocation else None
     try:
         code, interrupted = _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label,
                                   kill_on_bad_exit, output, error, open_mode, command, bool(allocation))
     finally:
         if allocation:
             _release(client, allocation, code, interrupted, ctx.info_name)
+            renewing.stop()
     if code:
         sys.exit(code)
-
-
-# The batch script of airrun's own allocation: its steps run on the nodes; this shell only holds them
-# until airrun says how the step ended (SIGUSR1: it succeeded, SIGUSR2: it failed).
-ALLOCATION_SCRIPT = """#!/bin/sh
-trap 'exit 0' USR1
-trap 'exit 1' USR2
-while :; do sleep 60 & wait $!; done
-"""
 
 
 PATIENCE_S = 60.0   # how long airrun's own allocation waits out a controller that does not answer
@@ -190,10 +183,35 @@ def _allocate(client, request, prog: str) -> int:
 INTERRUPTED = 130   # airrun's exit when it was interrupted
 
 
+class _Renewing:
+    """airrun renews its own allocation while it holds it: one that airrun stops renewing (killed,
+    stopped or cut off) ends after the controller's inactive_limit_s. A renewal that fails is tried
+    again at the next turn; the controller's restart keeps the allocation."""
+
+    def __init__(self, client, job_id: int):
+        from air.protos import air_pb2 as pb
+        self._done = threading.Event()
+        limit = client.config.controller.inactive_limit_s
+        if limit:
+            every = max(0.5, limit / 6)
+            threading.Thread(target=self._run, args=(client, pb.JobFilter(job_ids=[job_id]), every),
+                             daemon=True).start()
+
+    def _run(self, client, filt, every: float) -> None:
+        while not self._done.wait(every):
+            try:
+                client.call("KeepAlive", filt, timeout=every)
+            except CliError:
+                pass
+
+    def stop(self) -> None:
+        self._done.set()
+
+
 def _release(client, job_id: int, code: int, interrupted: bool, prog: str) -> None:
-    """Give the allocation back: its shell ends as the step did (SIGUSR1: COMPLETED, SIGUSR2: FAILED),
-    told again until it has (a shell not started yet, or not yet at its traps, misses it), and
-    cancelled when it does not end, does not run, or airrun was interrupted; nothing interrupts this."""
+    """Give the allocation back: it ends as the step did (COMPLETED or FAILED), asked again until it
+    has (a shell not started yet, or not yet at its traps, misses it), and cancelled when it does not
+    end, does not run, or airrun was interrupted; nothing interrupts this."""
     _hold_signals()
     from air.protos import air_pb2 as pb
     from air.protos.states import JobPhase
@@ -203,8 +221,7 @@ def _release(client, job_id: int, code: int, interrupted: bool, prog: str) -> No
             job = _patiently(client, "GetJob", pb.GetJobRequest(job_id=job_id))
             if job.phase != JobPhase.RUNNING:
                 break
-            _patiently(client, "Cancel", pb.CancelRequest(filter=filt, batch_only=True,
-                                                          signal=signal.SIGUSR2 if code else signal.SIGUSR1))
+            _patiently(client, "Cancel", pb.CancelRequest(filter=filt, release=2 if code else 1))
             time.sleep(0.5)
         job = _patiently(client, "GetJob", pb.GetJobRequest(job_id=job_id))
         if job.phase not in (JobPhase.DONE, JobPhase.COMPLETING):

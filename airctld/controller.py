@@ -11,6 +11,7 @@ import logging
 import shlex
 import signal
 import threading
+from signal import SIGKILL, SIGUSR1, SIGUSR2
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
@@ -87,6 +88,10 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self.last_progress: dict[int, float] = {}   # job -> when one of its ranks last reported
         # running job -> when it last moved (monotonic): a report, its start, or this controller's start
         self.moved: dict[int, float] = {j.job_id: mono for j in self.jobs.in_phase(JobPhase.RUNNING)}
+        # airrun's running allocations -> when airrun last renewed them (monotonic): KeepAlive, their start,
+        # or the first look of this controller (a restart never ends one; see _inactive)
+        self.renewed: dict[int, float] = {}
+        self._lease_look = mono   # when _inactive last looked
         self.latest_report: dict[int, str] = {}     # job -> rank 0's newest report (JSON)
         self.suspect: dict[str, float] = {}         # nodes a step lost, until their next heartbeat
         # job -> {node: when that node has surely fenced itself (monotonic)}: a requeued job starts again
@@ -179,6 +184,12 @@ class Controller(NodeReports, SchedulingPass, Launching):
 
     def _new_job(self, req: pb.JobRequest, who: Identity) -> tuple[Job, list[int] | None]:
         """The job a request makes, and its array task indices (None when it is not an array)."""
+        if req.allocation:   # airrun's own: the shell that holds the nodes is airctld's, not the caller's
+            if req.script or req.argv or req.array:
+                raise InvalidRequest("an allocation (airrun outside a job) has no script, arguments or array")
+            own = pb.JobRequest()
+            own.CopyFrom(req)
+            own.script, own.no_requeue, req = ALLOCATION_SCRIPT, True, own
         check_request(req, self.config.controller)
         part = self.config.partition(req.partition)
         if part is None:
@@ -278,23 +289,52 @@ class Controller(NodeReports, SchedulingPass, Launching):
     # ------------------------------------------------------------ cancel and signal
 
     def cancel(self, filt: pb.JobFilter, signal: int, who: Identity, batch_only: bool = False,
-               steps_only: bool = False) -> list[int]:
-        if not 0 <= signal <= 64:
-            raise InvalidRequest(f"signal {signal}: 1 to 64 (0: cancel)")
+               steps_only: bool = False, release: int = 0) -> list[int]:
+        """Cancel jobs (signal 0, or SIGKILL to the whole job: at once, as Slurm's), or signal the
+        running ones; `release`: airrun gives its own allocation back (see CancelRequest.release)."""
+        if not 0 <= signal <= 64 or release not in (0, 1, 2):
+            raise InvalidRequest(f"signal {signal}: 1 to 64 (0: cancel)" if release in (0, 1, 2) else
+                                 f"release {release}: 1 (the step succeeded) or 2 (it failed)")
+        if release:
+            return self._release(filt, who, release == 1)
+        kill = signal == SIGKILL and not batch_only and not steps_only
         with self._lock:
             targets = self._select(filt, who, acting=True)
-            if signal:
+            if signal and not kill:
                 targets = [j for j in targets if j.phase == JobPhase.RUNNING]
-                for job in targets:
-                    self._send_signal(job, signal, batch_only=batch_only, steps_only=steps_only and not batch_only)
+                for job in targets:   # (an allocation's shell is airctld's: a signal is for its steps)
+                    self._send_signal(job, signal, batch_only=batch_only and not job.request.allocation,
+                                      steps_only=steps_only and not batch_only or job.request.allocation)
                 return [j.job_id for j in targets]
             now = self.clock()
             changed = self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED,
                                                     f"cancelled by uid {who.uid}")) for j in targets], now, who.uid)
             launching = set(self._launching)
-        self._terminate(changed, launching)
+        self._terminate(changed, launching, grace=0.0 if kill else None)
         self._wake.set()
         return [j.job_id for j in changed]
+
+    def _release(self, filt: pb.JobFilter, who: Identity, succeeded: bool) -> list[int]:
+        """The allocation's shell ends as airrun's step did (SIGUSR1: COMPLETED, SIGUSR2: FAILED, by its
+        traps), which only airctld signals."""
+        with self._lock:
+            targets = [j for j in self._select(filt, who, acting=True)
+                       if j.phase == JobPhase.RUNNING and j.request.allocation]
+            for job in targets:
+                self._send_signal(job, SIGUSR1 if succeeded else SIGUSR2, batch_only=True)
+        return [j.job_id for j in targets]
+
+    def keep_alive(self, filt: pb.JobFilter, who: Identity) -> list[int]:
+        """airrun renews its own allocations (see ControllerConfig.inactive_limit_s)."""
+        if not filt.job_ids or len(filt.job_ids) > 64 or filt.array_tasks:
+            raise InvalidRequest("name the allocations to renew (1 to 64 job ids)")
+        with self._lock:
+            targets = [j for j in self._select(filt, who, acting=True)
+                       if j.phase == JobPhase.RUNNING and j.request.allocation]
+            mono = self.mono()
+            for job in targets:
+                self.renewed[job.job_id] = mono
+        return [j.job_id for j in targets]
 
     def requeue(self, filt: pb.JobFilter, who: Identity) -> list[int]:
         """Running jobs stop cleanly (SIGTERM, then the grace time to checkpoint) and go back to the queue."""
@@ -351,12 +391,12 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._wake.set()
         return [j.job_id for j in changed]
 
-    def _terminate(self, changed: list[Job], launching: set[int]) -> None:
-        """Terminate the jobs just set COMPLETING; one still being launched is signalled once its
-        launch returns (see _launch)."""
+    def _terminate(self, changed: list[Job], launching: set[int], grace: float | None = None) -> None:
+        """Terminate the jobs just set COMPLETING (SIGTERM, then SIGKILL after `grace`, by default
+        kill_wait_s); one still being launched is signalled once its launch returns (see _launch)."""
         for job in changed:
             if job.phase == JobPhase.COMPLETING and job.job_id not in launching:
-                self._send_signal(job, 0)
+                self._send_signal(job, 0, grace=grace)
 
     def hold(self, filt: pb.JobFilter, hold: bool, who: Identity) -> list[int]:
         with self._lock:
@@ -640,8 +680,11 @@ class Controller(NodeReports, SchedulingPass, Launching):
                     for n in old.node_names if n in self.nodes}
             if new.phase == JobPhase.RUNNING and old.phase != JobPhase.RUNNING:
                 self.moved[new.job_id] = self.mono()
+                if new.request.allocation:
+                    self.renewed[new.job_id] = self.mono()
             elif new.phase != JobPhase.RUNNING:
                 self.moved.pop(new.job_id, None)
+                self.renewed.pop(new.job_id, None)
             if new.phase == JobPhase.DONE:
                 self._step_ids.pop(new.job_id, None)
             if new.phase == JobPhase.COMPLETING:
@@ -666,11 +709,16 @@ class Controller(NodeReports, SchedulingPass, Launching):
             over = [j for j in running if j.time_limit_s and now - j.start_time > j.time_limit_s]
             silent = [j for j in running if j.request.hang_timeout_s and j not in over and
                       mono - self.moved.get(j.job_id, mono) > j.request.hang_timeout_s]
-            with self.store.transaction():   # both or neither, and then the signals
+            inactive = self._inactive(running, over, mono)
+            with self.store.transaction():   # all or none, and then the signals
                 hung = self._commit([(j, events.hung(j, now, mono - self.moved.get(j.job_id, mono)))
                                      for j in silent], now, CONTROLLER_UID)
                 changed = self._commit([(j, events.stop(j, now, JobResult.TIMEOUT, Reason.TIME_LIMIT,
                                                         "time limit reached")) for j in over], now, CONTROLLER_UID)
+                changed += self._commit([(j, events.stop(
+                    j, now, JobResult.TIMEOUT, Reason.INACTIVE_LIMIT,
+                    f"airrun did not renew its allocation for {mono - self.renewed[j.job_id]:.0f} s "
+                    "(killed, stopped or cut off)")) for j in inactive], now, CONTROLLER_UID)
         for job in warn:   # --signal: the warning before the limit, once a run
             self._warned.add(job.job_id)
             self._send_signal(job, job.request.warn_signal, batch_only=job.request.warn_batch_only,
@@ -680,6 +728,19 @@ class Controller(NodeReports, SchedulingPass, Launching):
         for job in hung:   # stacks first (faulthandler on SIGUSR2 in the runtime), then the stop
             log.warning("job %d hung: %s", job.job_id, job.reason_detail)
             self._actions.submit(self._dump_then_stop, job)
+
+    def _inactive(self, running: list[Job], over: list[Job], mono: float) -> list[Job]:
+        """airrun's allocations it has not renewed for inactive_limit_s (Slurm's InactiveLimit)."""
+        limit = self.config.controller.inactive_limit_s
+        if not limit:
+            return []
+        if mono - self._lease_look > limit / 3:   # this controller was frozen or starved meanwhile: the
+            for job_id in self.renewed:              # renewals it did not take were not airrun's fault
+                self.renewed[job_id] = mono
+        self._lease_look = mono
+        ending = {j.job_id for j in over}
+        return [j for j in running if j.request.allocation and j.job_id not in ending
+                and mono - self.renewed.setdefault(j.job_id, mono) > limit]
 
     def _dump_then_stop(self, job: Job) -> None:
         for node in job.node_names:
@@ -697,6 +758,16 @@ class Controller(NodeReports, SchedulingPass, Launching):
                     self._warned.discard(job.job_id)
                     self.last_progress.pop(job.job_id, None)
                     self.latest_report.pop(job.job_id, None)
+
+
+# The batch script of airrun's own allocation: airrun's steps run on the nodes; this shell only holds
+# them until airrun gives them back, through airctld, as its step ended (SIGUSR1: it succeeded, SIGUSR2:
+# it failed). Users' signals go to the steps (see cancel), so only airctld signals it.
+ALLOCATION_SCRIPT = """#!/bin/sh
+trap 'exit 0' USR1
+trap 'exit 1' USR2
+while :; do sleep 60 & wait $!; done
+"""
 
 
 def _matches(job: Job, f: pb.JobFilter) -> bool:

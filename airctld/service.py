@@ -77,7 +77,11 @@ class ControllerService:
     @_handle
     def Cancel(self, request: pb.CancelRequest, context, who):
         return pb.CancelReply(job_ids=self.c.cancel(request.filter, request.signal, who, request.batch_only,
-                                                    request.steps_only))
+                                                    request.steps_only, request.release))
+
+    @_handle
+    def KeepAlive(self, request: pb.JobFilter, context, who):
+        return pb.CancelReply(job_ids=self.c.keep_alive(request, who))
 
     @_handle
     def Requeue(self, request: pb.JobFilter, context, who):
@@ -205,6 +209,7 @@ def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
         "ListNodes": unary(cs.ListNodes, pb.ListNodesRequest.FromString, pb.ListNodesReply.SerializeToString),
         "CreateStep": unary(cs.CreateStep, pb.StepSpec.FromString, pb.Step.SerializeToString),
         "EndStep": unary(cs.EndStep, pb.StepEnd.FromString, pb.CancelReply.SerializeToString),
+        "KeepAlive": unary(cs.KeepAlive, pb.JobFilter.FromString, pb.CancelReply.SerializeToString),
         "UpdateNode": unary(cs.UpdateNode, pb.UpdateNodeRequest.FromString, pb.Node.SerializeToString),
         "InjectFault": unary(cs.InjectFault, pb.FaultRequest.FromString, pb.FaultReply.SerializeToString),
         "GetNode": unary(cs.GetNode, pb.GetNodeRequest.FromString, pb.Node.SerializeToString),

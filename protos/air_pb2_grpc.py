@@ -90,6 +90,11 @@ class ControllerStub:
                 request_serializer=air_dot_protos_dot_air__pb2.StepEnd.SerializeToString,
                 response_deserializer=air_dot_protos_dot_air__pb2.CancelReply.FromString,
                 _registered_method=True)
+        self.KeepAlive = channel.unary_unary(
+                '/air.v1.Controller/KeepAlive',
+                request_serializer=air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
+                response_deserializer=air_dot_protos_dot_air__pb2.CancelReply.FromString,
+                _registered_method=True)
         self.UpdateNode = channel.unary_unary(
                 '/air.v1.Controller/UpdateNode',
                 request_serializer=air_dot_protos_dot_air__pb2.UpdateNodeRequest.SerializeToString,
@@ -200,6 +205,13 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KeepAlive(self, request, context):
+        """airrun, while it holds its own allocation: it is still there (see JobRequest.allocation)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def UpdateNode(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -301,6 +313,11 @@ def add_ControllerServicer_to_server(servicer, server):
             'EndStep': grpc.unary_unary_rpc_method_handler(
                     servicer.EndStep,
                     request_deserializer=air_dot_protos_dot_air__pb2.StepEnd.FromString,
+                    response_serializer=air_dot_protos_dot_air__pb2.CancelReply.SerializeToString,
+            ),
+            'KeepAlive': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeepAlive,
+                    request_deserializer=air_dot_protos_dot_air__pb2.JobFilter.FromString,
                     response_serializer=air_dot_protos_dot_air__pb2.CancelReply.SerializeToString,
             ),
             'UpdateNode': grpc.unary_unary_rpc_method_handler(
@@ -636,6 +653,33 @@ class Controller:
             target,
             '/air.v1.Controller/EndStep',
             air_dot_protos_dot_air__pb2.StepEnd.SerializeToString,
+            air_dot_protos_dot_air__pb2.CancelReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepAlive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/air.v1.Controller/KeepAlive',
+            air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
             air_dot_protos_dot_air__pb2.CancelReply.FromString,
             options,
             channel_credentials,

@@ -41,6 +41,8 @@ class ControllerConfig:
     fence_timeout_s: float = 0.0   # a node daemon that has not heard from airctld this long stops its jobs
     #                                (0: half of node_timeout_s); airctld restarts them elsewhere only later
     kill_wait_s: float = 30.0
+    inactive_limit_s: float = 60.0   # airrun's own allocation ends when airrun has not renewed it this long
+    #                                  (killed, frozen or cut off; Slurm's InactiveLimit); 0: never
     min_job_age_s: float = 300.0
     max_script_bytes: int = 4 * 1024 * 1024
     max_env_bytes: int = 1024 * 1024
@@ -263,6 +265,9 @@ def parse(data: dict) -> Config:
         host, _, port = controller.metrics_address.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"[controller] metrics_address = {controller.metrics_address!r}: give host:port")
+    if not 0 <= controller.inactive_limit_s < float("inf") or 0 < controller.inactive_limit_s < 3:
+        raise ConfigError(f"[controller] inactive_limit_s = {controller.inactive_limit_s!r}: 0 (never), or at "
+                          "least 3 s, over which airrun renews its allocation")
     if controller.node_timeout_s <= controller.heartbeat_interval_s:
         raise ConfigError("[controller] node_timeout_s must be longer than heartbeat_interval_s")
     if controller.fence_timeout_s < 0 or controller.fence_after_s + controller.heartbeat_interval_s \

@@ -75,6 +75,7 @@ REASON_NAMES = {
     Reason.OUT_OF_MEMORY: "OutOfMemory",
     Reason.HUNG: "Hung",
     Reason.BAD_CONSTRAINTS: "BadConstraints",
+    Reason.INACTIVE_LIMIT: "InactiveLimit",
 }
 
 TERMINAL_PHASES = frozenset({JobPhase.DONE})

@@ -66,6 +66,11 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str
         time.sleep(interval)
 
 
+# airrun's own allocations end this long after airrun stops renewing them (short, so that tests see it;
+# every airrun outside a job in the tests renews its allocation through it)
+INACTIVE_LIMIT = 6.0
+
+
 class LocalCluster:
     """airctld on 127.0.N.1:6817 and node0K's airnoded on 127.0.N.(K+1):6818, N from a reserved block."""
 
@@ -96,7 +101,8 @@ class LocalCluster:
         try:
             self.cli("aircontrol", "local", "up", "--dir", str(self.dir), "--nodes", str(self.nodes),
                      "--gpus-per-node", str(self.gpus_per_node), "--base-address", self.base_address,
-                     "--node-timeout", str(self.node_timeout), *self.options, *extra, env_conf=False)
+                     "--node-timeout", str(self.node_timeout), "--inactive-limit", str(INACTIVE_LIMIT),
+                     *self.options, *extra, env_conf=False)
         except BaseException:
             self.down()   # (what did start, and the block)
             raise

@@ -107,6 +107,41 @@ def test_airrun_outside_a_job_stopped_by_sigterm_ends_its_ranks_and_its_allocati
     wait_for(lambda: not _step_processes(), timeout=10, what="no rank left")
 
 
+def test_airrun_killed_outside_a_job_loses_its_allocation_at_the_inactive_limit_and_signals_reach_its_step(cluster):
+    # Slurm's InactiveLimit: an airrun that is gone (kill -9) no longer renews its allocation, which then
+    # ends (TIMEOUT, InactiveLimit) instead of holding its nodes to the time limit. Alive, it renews it;
+    # a user's signal to the allocation reaches the step's ranks and never ends the allocation itself.
+    import os
+    import signal
+    import subprocess
+    import time
+    from cluster import BIN, INACTIVE_LIMIT
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", AIR_CONF=str(cluster.config), AIR_JOB_ID="")
+    out = cluster.work / "leased.out"
+    loop = 'trap "echo got-usr1" USR1; trap "echo got-usr2" USR2; while :; do sleep 77.5 & wait $!; done'
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen([str(BIN / "airrun"), "-N", "2", "-J", "leased", "sh", "-c", loop], env=env,
+                                cwd=str(cluster.work), stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: len(_step_processes()) == 2, timeout=30, what="a rank on each node")
+        job_id = cluster.queue("-n", "leased")[0]["job_id"]
+        for sig in ("USR1", "USR2"):   # (the allocation's own shell ends on these from airrun only)
+            cluster.cli("aircancel", "-s", sig, str(job_id))
+        wait_for(lambda: out.read_text().count("got-usr1") == 2 and out.read_text().count("got-usr2") == 2,
+                 timeout=20, what="both ranks to get both signals")
+        time.sleep(2 * INACTIVE_LIMIT)   # renewed meanwhile
+        assert cluster.job(job_id)["state"] == "RUNNING" and proc.poll() is None, out.read_text()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        killed = time.monotonic()
+        job = cluster.wait_state(job_id, "TIMEOUT", "CANCELLED", "FAILED", "COMPLETED", timeout=INACTIVE_LIMIT + 20)
+        assert job["state"] == "TIMEOUT" and job["reason"] == "InactiveLimit", job
+        assert time.monotonic() - killed > INACTIVE_LIMIT - 2, "ended before its lease ran out"
+        wait_for(lambda: not _step_processes(), timeout=20, what="no rank left")
+    finally:
+        proc.kill()
+
+
 def test_airrun_outside_a_job_stopped_while_it_waits_gives_its_queued_allocation_back(cluster):
     import os
     import signal

@@ -1,0 +1,163 @@
+"""airrun's own allocation (srun outside a job), in a controller on a test clock: it lasts while airrun
+renews it and ends at the inactive limit when airrun stops (Slurm's InactiveLimit), a controller
+restart never ends it, only its owner gives it back, and a user's signal reaches its steps only.
+Also scancel -s KILL: the whole job, pending ones too, at once."""
+import signal
+
+import pytest
+
+from air.airctld import events
+from air.airctld.controller import ALLOCATION_SCRIPT, Controller
+from air.airctld.errors import Denied, InvalidRequest
+from air.airctld.model import NodeAlloc
+from air.airctld.store import Store
+from air.protos import air_pb2 as pb
+from air.protos.credential import Identity
+from air.protos.states import JobPhase, JobResult, Reason
+from test_runs_controller import _beat
+
+ALICE, BOB = Identity(4242, 4242), Identity(4343, 4343)
+LIMIT = 60.0   # ControllerConfig.inactive_limit_s, the default
+
+
+def _running(c, clock, who=ALICE, allocation=True) -> int:
+    req = pb.JobRequest(allocation=True, workdir="/tmp") if allocation else \
+        pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp")
+    job_id, _ = c.submit(req, who)
+    pending = c.jobs.get(job_id)
+    c._commit([(pending, events.start(pending, clock.now, (NodeAlloc("n1", (0,), 1),)))], clock.now, 0)
+    return job_id
+
+
+def _tick(c, *job_ids):
+    _beat(c, "n1", runs=[(j, 0) for j in job_ids])
+    _beat(c, "n2")
+    c.tick()
+
+
+def _wait(c, clock, seconds, *job_ids):
+    """Time passes as it does for a controller that ticks every few seconds."""
+    while seconds > 0:
+        clock.now += min(5.0, seconds)
+        seconds -= 5.0
+        _tick(c, *job_ids)
+
+
+def _signals(c) -> list:
+    sent = []
+    c._send_signal = lambda job, sig, grace=None, batch_only=False, steps_only=False: \
+        sent.append((job.job_id, sig, grace, batch_only, steps_only))
+    return sent
+
+
+def test_an_allocation_lasts_while_airrun_renews_it_and_ends_at_the_limit_once_it_stops(controller):
+    c, clock = controller
+    leased, plain = _running(c, clock), _running(c, clock, allocation=False)
+    for _ in range(3):   # renewed within the limit, three times over: it stays
+        _wait(c, clock, LIMIT - 1, leased, plain)
+        assert c.keep_alive(pb.JobFilter(job_ids=[leased]), ALICE) == [leased]
+        assert c.jobs.get(leased).phase == JobPhase.RUNNING
+    _wait(c, clock, LIMIT - 1, leased, plain)   # not renewed, but within the limit
+    assert c.jobs.get(leased).phase == JobPhase.RUNNING
+    _wait(c, clock, 2, leased, plain)
+    job = c.jobs.get(leased)
+    assert (job.phase, job.result, job.reason) == (JobPhase.COMPLETING, JobResult.TIMEOUT, Reason.INACTIVE_LIMIT)
+    assert "did not renew" in job.reason_detail
+    assert c.jobs.get(plain).phase == JobPhase.RUNNING   # a batch job has no lease
+
+
+def test_only_the_owner_renews_or_releases_and_only_an_allocation_is_released(controller):
+    c, clock = controller
+    leased, plain = _running(c, clock), _running(c, clock, allocation=False)
+    with pytest.raises(Denied):
+        c.keep_alive(pb.JobFilter(job_ids=[leased]), BOB)
+    with pytest.raises(Denied):
+        c.cancel(pb.JobFilter(job_ids=[leased]), 0, BOB, release=1)
+    with pytest.raises(InvalidRequest):
+        c.keep_alive(pb.JobFilter(), ALICE)
+    with pytest.raises(InvalidRequest, match="release 3"):
+        c.cancel(pb.JobFilter(job_ids=[leased]), 0, ALICE, release=3)
+    sent = _signals(c)
+    assert c.cancel(pb.JobFilter(job_ids=[plain]), 0, ALICE, release=1) == [] and sent == []
+    assert c.keep_alive(pb.JobFilter(job_ids=[plain]), ALICE) == []
+    assert c.cancel(pb.JobFilter(job_ids=[leased]), 0, ALICE, release=1) == [leased]
+    assert c.cancel(pb.JobFilter(job_ids=[leased]), 0, ALICE, release=2) == [leased]
+    assert sent == [(leased, signal.SIGUSR1, None, True, False), (leased, signal.SIGUSR2, None, True, False)]
+
+
+def test_a_users_signal_reaches_an_allocations_steps_never_its_shell(controller):
+    c, clock = controller
+    leased, plain = _running(c, clock), _running(c, clock, allocation=False)
+    sent = _signals(c)
+    for batch_only, steps_only in ((False, False), (True, False), (False, True)):   # aircancel -s, -b, scancel -s
+        c.cancel(pb.JobFilter(job_ids=[leased, plain]), signal.SIGUSR1, ALICE, batch_only, steps_only)
+    assert [s for s in sent if s[0] == leased] == [(leased, signal.SIGUSR1, None, False, True)] * 3
+    assert [s[3:] for s in sent if s[0] == plain] == [(False, False), (True, False), (False, True)]
+
+
+def test_an_allocation_is_airctlds_shell_and_never_requeued(controller):
+    c, clock = controller
+    leased = _running(c, clock)
+    job = c.jobs.get(leased)
+    assert job.request.script == ALLOCATION_SCRIPT and job.request.no_requeue and not job.requeue_allowed
+    for bad in (pb.JobRequest(allocation=True, workdir="/tmp", script="#!/bin/sh\nrm -rf ~\n"),
+                pb.JobRequest(allocation=True, workdir="/tmp", argv=["x"]),
+                pb.JobRequest(allocation=True, workdir="/tmp", array="0-3")):
+        with pytest.raises(InvalidRequest, match="allocation"):
+            c.submit(bad, ALICE)
+
+
+def test_a_frozen_controller_does_not_blame_airrun_for_the_renewals_it_did_not_take(controller):
+    c, clock = controller
+    leased = _running(c, clock)
+    _tick(c, leased)
+    clock.now += 3 * LIMIT   # airctld stopped (SIGSTOP, a stalled disk): airrun's renewals hang meanwhile
+    _tick(c, leased)
+    assert c.jobs.get(leased).phase == JobPhase.RUNNING
+    for _ in range(6):   # and then airrun is gone: the lease runs out, looked at as usual
+        clock.now += LIMIT / 5
+        _tick(c, leased)
+    assert c.jobs.get(leased).reason == Reason.INACTIVE_LIMIT
+
+
+def test_a_controller_restart_gives_every_allocation_a_fresh_lease(controller, tmp_path):
+    c, clock = controller
+    leased = _running(c, clock)
+    clock.now += LIMIT - 1
+    c.stop()
+    clock.now += 10 * LIMIT   # down for ten limits: airrun could not renew meanwhile
+    again = Controller(c.config, Store(str(tmp_path / "air.db")), clock=clock, monotonic=clock)
+    again.clients = c.clients
+    try:
+        for name in ("n1", "n2"):
+            again.register(pb.Node(name=name, address=again.config.node(name).endpoint, cpus=8, memory_mb=1024,
+                                   gpus=[pb.Gpu(index=i) for i in range(4)]))
+        _tick(again, leased)
+        assert again.jobs.get(leased).phase == JobPhase.RUNNING
+        _wait(again, clock, LIMIT - 1, leased)
+        assert again.jobs.get(leased).phase == JobPhase.RUNNING
+        again.keep_alive(pb.JobFilter(job_ids=[leased]), ALICE)
+        _wait(again, clock, LIMIT + 1, leased)
+        assert again.jobs.get(leased).reason == Reason.INACTIVE_LIMIT
+    finally:
+        again.stop()
+
+
+def test_sigkill_cancels_the_whole_job_at_once_pending_ones_too(controller):
+    # scancel -s KILL, as Slurm's: the job is cancelled (its steps and batch shell killed with no grace),
+    # and a pending job ends CANCELLED; any other signal leaves a pending job be
+    c, clock = controller
+    running = _running(c, clock, allocation=False)
+    waiting, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True), ALICE)
+    sent = _signals(c)
+    assert c.cancel(pb.JobFilter(job_ids=[waiting]), signal.SIGUSR1, ALICE) == []
+    assert c.jobs.get(waiting).phase == JobPhase.PENDING
+    assert sorted(c.cancel(pb.JobFilter(job_ids=[running, waiting]), signal.SIGKILL, ALICE)) == [running, waiting]
+    assert c.jobs.get(waiting).phase == JobPhase.DONE and c.jobs.get(waiting).result == JobResult.CANCELLED
+    job = c.jobs.get(running)
+    assert (job.phase, job.result) == (JobPhase.COMPLETING, JobResult.CANCELLED)
+    assert sent == [(running, 0, 0.0, False, False)]
+    # -b -s KILL: the batch shell only, a signal and no more
+    other = _running(c, clock, allocation=False)
+    assert c.cancel(pb.JobFilter(job_ids=[other]), signal.SIGKILL, ALICE, batch_only=True) == [other]
+    assert c.jobs.get(other).phase == JobPhase.RUNNING and sent[-1] == (other, signal.SIGKILL, None, True, False)
