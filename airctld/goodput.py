@@ -99,7 +99,7 @@ def breakdown(submit_time: float, runs: list[Run], now: float) -> pb.Goodput:
     out.training_s -= out.lost_s
     accounted = out.starting_s + out.restoring_s + out.training_s + out.checkpoint_s + out.lost_s
     out.other_s = max(0.0, held - accounted)
-    out.ettr = out.training_s / out.wall_s if out.wall_s > 0 else 0.0
+    out.ettr = min(1.0, out.training_s / out.wall_s) if out.wall_s > 0 else 0.0   # (sums of floats)
     return out
 
 

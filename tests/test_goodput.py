@@ -5,7 +5,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from air.airctld import goodput
 from air.runtime import goodput as runtime_goodput
@@ -46,6 +46,7 @@ run_spec = st.tuples(st.floats(0, 1000), st.floats(0, 1000), st.booleans(),
 
 
 @given(st.floats(0, 100), st.lists(run_spec, min_size=1, max_size=5))
+@example(0.0, [(0.0, 162.97470508289285, True, {"train_s": 1656321.0})])   # a training time a float above the wall
 def test_the_categories_cover_the_wall_time_whatever_a_job_claims(submit_offset, specs):
     """Whatever figures the runs claim (a job writes them: too much time, times before its start), the
     parts are never negative and add up to the wall time: no category is inflated past it."""
