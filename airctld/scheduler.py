@@ -330,16 +330,17 @@ class _Pass:
             else:
                 if sum(len(v) for v in by_switch.values()) < more:
                     return None
+                # the listed nodes' switches first (they add none), then the largest: the fewest switches
                 groups = sorted(by_switch.items(), key=lambda kv: (kv[0] not in near, -len(kv[1]), kv[0]))
-                wanted = job.request.switches
-                if wanted and not near and not _fits_in(groups, n, wanted) and \
-                        self.now - job.submit_time < job.request.switches_wait_s:
-                    return None
                 for _, group in groups:
                     chosen.extend(group[:n - len(chosen)])
                     if len(chosen) == n:
                         break
         if len(chosen) < n:
+            return None
+        wanted = job.request.switches   # --switches: wait for so few leaf switches, up to its time
+        if wanted and n > 1 and len({node.switch for node in chosen}) > wanted and \
+                self.now - job.submit_time < job.request.switches_wait_s:
             return None
         if filt.restricts:   # in the partition's order (as Slurm's: its first node runs the batch script)
             order = self._order.get(part)
@@ -550,10 +551,6 @@ class _Pass:
             self.spare_gpus[name], self.spare_cpus[name] = self._spare(name)
         return Reservation(job.job_id, start, end, names, g, c)
 
-
-
-def _fits_in(groups, n: int, switches: int) -> bool:
-    return sum(len(g) for _, g in groups[:switches]) >= n
 
 
 def _held_back(job: Job, blocked: Mapping[int, Reason], partitions: Mapping[str, PartitionConfig],

@@ -60,6 +60,24 @@ def test_switches_option_waits_for_one_switch_up_to_its_limit():
     assert len(dict(plan.starts)[1]) == 4   # waited long enough: takes two switches
 
 
+def test_switches_counts_the_listed_nodes_switches_too():
+    # -w n1 -N 3 --switches=1: the rest under n1's switch, or wait (up to the limit) until they fit there
+    busy = [_running(90, [("n2", range(8))]), _running(91, [("n3", range(8))])]   # s0 has only n1 and n4 free
+    req = pb.JobRequest(switches=1, switches_wait_s=600, nodelist=["n1"])
+    waiting = _schedule(_cluster(NODES12), [_job(1, nodes=3, gpus=8, request=req)], busy, SWITCHES, now=100)
+    assert waiting.waiting == {1: Reason.RESOURCES} and not waiting.starts
+    late = _schedule(_cluster(NODES12), [_job(1, nodes=3, gpus=8, request=req)], busy, SWITCHES, now=1000)
+    nodes = [a.node for a in dict(late.starts)[1]]
+    assert nodes[:2] == ["n1", "n4"] and len({SWITCHES[n] for n in nodes}) == 2   # waited: n1's switch first
+    roomy = _schedule(_cluster(NODES12), [_job(1, nodes=3, gpus=8, request=req)], busy[:1], SWITCHES, now=100)
+    assert sorted(a.node for a in dict(roomy.starts)[1]) == ["n1", "n3", "n4"]   # fits under s0: starts now
+    apart = pb.JobRequest(switches=1, switches_wait_s=600, nodelist=["n1", "n5"])   # two switches listed
+    assert _schedule(_cluster(NODES12), [_job(1, nodes=2, gpus=8, request=apart)], (), SWITCHES,
+                     now=100).waiting == {1: Reason.RESOURCES}
+    assert len(dict(_schedule(_cluster(NODES12), [_job(1, nodes=2, gpus=8, request=apart)], (), SWITCHES,
+                              now=1000).starts)[1]) == 2
+
+
 def test_small_jobs_fill_partly_used_nodes_and_aligned_gpu_blocks():
     busy = [_running(90, [("n2", (0,))])]
     plan = _schedule(_cluster(["n1", "n2", "n3"]), [_job(1, gpus=2), _job(2, gpus=1), _job(3, gpus=8)], busy)
