@@ -18,12 +18,13 @@ from air.aircli.client import entry
 @click.option("--config", hidden=True)
 def command(per_node, noheader, fmt, as_json, partitions, config):
     from air.aircli import formats
+    from air.protos import squeue
     from air.aircli.client import Client
     from air.protos import air_pb2 as pb
     default = formats.SINFO_NODE_DEFAULT if per_node else formats.SINFO_DEFAULT
     try:
-        items = formats.compile_format(fmt or default, formats.node_fields())
-    except formats.FormatError as e:
+        items = squeue.compile_format(fmt or default, formats.node_fields())
+    except squeue.FormatError as e:
         raise click.BadParameter(str(e), param_hint="'-o'") from None
     reply = Client(config).call("ListNodes", pb.ListNodesRequest())
     if partitions:
@@ -52,7 +53,7 @@ def command(per_node, noheader, fmt, as_json, partitions, config):
         json.dump({"partitions": parts, "nodes": nodes}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
-    for line in formats.render(items, formats.node_groups(reply, per_node), header=not noheader):
+    for line in squeue.render(items, formats.node_groups(reply, per_node), header=not noheader):
         click.echo(line)
 
 

@@ -81,6 +81,7 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
             show_priority, show_start, config):
     from air.aircli.client import Client
     from air.aircli import formats
+    from air.protos import squeue
     from air.protos import air_pb2 as pb
     filt = pb.JobFilter()
     tasks: list = []
@@ -97,12 +98,14 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
         phases, results = state_filter(states, "'-t'")
         filt.phases.extend(phases)
         filt.results.extend(results)
+    if partitions:
+        filt.partitions.extend(p for p in partitions.split(",") if p)
     try:
         if long_fmt:
-            fmt = formats.long_format(long_fmt)
-        items = formats.compile_format(fmt or (formats.SQUEUE_LONG if long_ else formats.SQUEUE_DEFAULT),
-                                       formats.job_fields(time.time()))
-    except formats.FormatError as e:
+            fmt = squeue.long_format(long_fmt)
+        items = squeue.compile_format(fmt or (squeue.SQUEUE_LONG if long_ else squeue.SQUEUE_DEFAULT),
+                                       squeue.job_fields(time.time()))
+    except squeue.FormatError as e:
         raise click.BadParameter(str(e), param_hint="'-O'" if long_fmt else "'-o'") from None
     if show_priority or show_start:
         filt.ClearField("phases")
@@ -119,19 +122,22 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
         lines = formats.table(rows, header=not noheader, left=(0, 1, 2, 3))
         sys.stdout.write("\n".join(lines) + "\n" if lines else "")
         return
+    if not (fmt or long_ or as_json):   # squeue's default rows, kept rendered by the controller
+        filt.rendered, filt.expand_arrays = True, expand_arrays
+        rendered = Client(config).call("ListJobs", filt).rendered
+        head = squeue.render(items, [], header=True)[0] + "\n" if not noheader else ""
+        sys.stdout.write(head + rendered)
+        return
     filt.with_progress = bool(long_ or as_json or (fmt and any(f in fmt for f in ("%s", "%L", "%k", "%f", "%c"))))
     reply = Client(config).call("ListJobs", filt)
     now = time.time()
     listed = reply.jobs
-    if partitions:
-        wanted = {p for p in partitions.split(",") if p}
-        listed = [j for j in listed if j.partition in wanted]
-    rows = listed if expand_arrays else formats.compact_arrays(listed)
+    rows = listed if expand_arrays else squeue.compact_arrays(listed)
     if as_json:
         json.dump({"jobs": [formats.job_json(j, now) for j in rows]}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
-    lines = formats.render(items, rows, header=not noheader)
+    lines = squeue.render(items, rows, header=not noheader)
     sys.stdout.write("\n".join(lines) + "\n" if lines else "")
 
 

@@ -19,7 +19,8 @@ from typing import Callable, Iterable
 import hostlist
 
 from air.airctld import deps, events, goodput, history, nodefilter, scheduler, steps
-from air.protos import arrays
+from air.protos import arrays, squeue
+from air.protos.arrays import compact as arrays_text
 from air.airctld.accounting import Accounting
 from air.protos.config import Config
 from air.airctld.fairshare import Assoc
@@ -544,6 +545,37 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 out.append(brief)
             return out
 
+    def list_rows(self, filt: pb.JobFilter, who: Identity) -> str:
+        """The jobs `list_jobs` would give, as squeue's default format shows them (plain airq): one line
+        each, no header, an array's pending tasks in one row unless filt.expand_arrays. A pending or
+        ended job's row is kept until the job changes; a running job's (its TIME moves) is made anew."""
+        now = self.clock()
+        horizon = now - self.config.controller.min_job_age_s
+        with self._lock:
+            picked = [(job, self.jobs.row(job)) for job in self._select(filt, who, acting=False)
+                      if not (job.phase == JobPhase.DONE and job.end_time < horizon and not filt.include_old
+                              and not filt.job_ids)]
+        items = squeue.compile_format(squeue.SQUEUE_DEFAULT, squeue.job_fields(now))
+        lines: list = []
+        arrays: dict[int, tuple[int, list[Job]]] = {}   # array -> (its row's place, its pending tasks)
+        for job, row in picked:   # (outside the lock: a row is made from the version of the job picked)
+            if job.array_job_id and job.phase == JobPhase.PENDING and not filt.expand_arrays:
+                arrays.setdefault(job.array_job_id, (len(lines), []))[1].append(job)
+                if len(arrays[job.array_job_id][1]) == 1:
+                    lines.append("")
+                continue
+            if row is None:
+                row = squeue.render(items, [pb.Job.FromString(_brief(job))], header=False)[0]
+                if job.phase in (JobPhase.PENDING, JobPhase.DONE):
+                    self.jobs.keep_row(job, row)
+            lines.append(row)
+        for place, tasks in arrays.values():
+            first = pb.Job.FromString(_brief(tasks[0]))
+            first.array_pending_tasks = arrays_text([t.array_task_id for t in tasks])
+            first.array_tasks_pending = len(tasks)
+            lines[place] = squeue.render(items, [first], header=False)[0]
+        return "".join(line + "\n" for line in lines)
+
     def _progress_fields(self, job_id: int) -> bytes:
         return pb.Job(progress=self.latest_report.get(job_id, ""),
                       last_progress=self.last_progress.get(job_id, 0.0)).SerializeToString()
@@ -778,6 +810,8 @@ def _matches(job: Job, f: pb.JobFilter) -> bool:
     if f.results and job.result not in f.results:
         return False
     if f.names and job.name not in f.names:
+        return False
+    if f.partitions and job.partition not in f.partitions:
         return False
     return True
 

@@ -13,6 +13,7 @@ class JobTable:
         self._by_phase: dict[JobPhase, dict[int, None]] = {p: {} for p in JobPhase}  # ordered sets
         self._held: dict[int, None] = {}   # pending jobs held by their owner: no pass looks at them
         self._brief: dict[int, bytes] = {}
+        self._rows: dict[int, tuple[Job, str]] = {}   # squeue's default row, with the job it shows
         for job in jobs:
             self.put(job)
 
@@ -27,12 +28,25 @@ class JobTable:
         else:
             self._held.pop(job.job_id, None)
         self._brief.pop(job.job_id, None)
+        self._rows.pop(job.job_id, None)
 
     def remove(self, job_id: int) -> None:
         job = self._jobs.pop(job_id)
         del self._by_phase[job.phase][job_id]
         self._held.pop(job_id, None)
         self._brief.pop(job_id, None)
+        self._rows.pop(job_id, None)
+
+    def row(self, job: Job) -> str | None:
+        """The job's row in squeue's default format, if one was kept for this very version of it."""
+        kept = self._rows.get(job.job_id)
+        return kept[1] if kept is not None and kept[0] is job else None
+
+    def keep_row(self, job: Job, row: str) -> None:
+        """Keep a row made without the controller's lock: tied to the version it shows, a row made
+        from a job that has changed since is never shown for the new one (see row)."""
+        if self._jobs.get(job.job_id) is job:
+            self._rows[job.job_id] = (job, row)
 
     def get(self, job_id: int) -> Job | None:
         return self._jobs.get(job_id)

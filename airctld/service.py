@@ -98,7 +98,10 @@ class ControllerService:
 
     @_handle
     def ListJobs(self, request: pb.JobFilter, context, who):
-        return self.c.list_jobs(request, who)
+        """Encoded here: the jobs from their kept encodings, or their kept rows (plain airq)."""
+        if request.rendered:
+            return pb.ListJobsReply(rendered=self.c.list_rows(request, who)).SerializeToString()
+        return encode_job_list(self.c.list_jobs(request, who))
 
     @_handle
     def GetJob(self, request: pb.GetJobRequest, context, who):
@@ -204,7 +207,7 @@ def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
         "Requeue": unary(cs.Requeue, pb.JobFilter.FromString, pb.CancelReply.SerializeToString),
         "Hold": unary(cs.Hold, pb.HoldRequest.FromString, pb.CancelReply.SerializeToString),
         "UpdateJob": unary(cs.UpdateJob, pb.UpdateJobRequest.FromString, pb.CancelReply.SerializeToString),
-        "ListJobs": unary(cs.ListJobs, pb.JobFilter.FromString, encode_job_list),
+        "ListJobs": unary(cs.ListJobs, pb.JobFilter.FromString, _identity),
         "GetJob": unary(cs.GetJob, pb.GetJobRequest.FromString, pb.Job.SerializeToString),
         "ListNodes": unary(cs.ListNodes, pb.ListNodesRequest.FromString, pb.ListNodesReply.SerializeToString),
         "CreateStep": unary(cs.CreateStep, pb.StepSpec.FromString, pb.Step.SerializeToString),

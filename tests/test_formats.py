@@ -1,5 +1,6 @@
 """squeue/sinfo-style rendering."""
 from air.aircli import formats
+from air.protos import squeue
 from air.protos import air_pb2 as pb
 
 
@@ -17,8 +18,8 @@ def _jobs():
 
 
 def test_squeue_default_columns():
-    items = formats.compile_format(formats.SQUEUE_DEFAULT, formats.job_fields(now=1125.0))
-    assert formats.render(items, _jobs(), header=True) == [
+    items = squeue.compile_format(squeue.SQUEUE_DEFAULT, squeue.job_fields(now=1125.0))
+    assert squeue.render(items, _jobs(), header=True) == [
         "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)",
         "                12       gpu a-very-l    alice PD       0:00      2 (Resources)",
         "                13       gpu      run      bob  R       2:05      2 node[01-02]",
@@ -27,8 +28,8 @@ def test_squeue_default_columns():
 
 
 def test_custom_format_left_and_right_alignment():
-    items = formats.compile_format("%i|%-6u|%.6T|%l|%b|%r", formats.job_fields(now=0))
-    assert formats.render(items, _jobs()[:2], header=False) == [
+    items = squeue.compile_format("%i|%-6u|%.6T|%l|%b|%r", squeue.job_fields(now=0))
+    assert squeue.render(items, _jobs()[:2], header=False) == [
         "12|alice |PENDIN|UNLIMITED|gres/gpu:4|Resources",
         "13|bob   |RUNNIN|1:00:00|N/A|None",
     ]
@@ -46,16 +47,16 @@ def test_node_state_names():
 
 
 def test_squeue_long_field_names_as_percent_fields():
-    fmt = formats.long_format("JobID:6,Name,State:.10,NumNodes:3")
+    fmt = squeue.long_format("JobID:6,Name,State:.10,NumNodes:3")
     assert fmt == "%6i %20j %.10T %3D"
-    items = formats.compile_format(fmt, formats.job_fields(now=1125.0))
-    assert formats.render(items, _jobs()[1:2], header=True) == [
+    items = squeue.compile_format(fmt, squeue.job_fields(now=1125.0))
+    assert squeue.render(items, _jobs()[1:2], header=True) == [
         "JOBID  NAME                      STATE NOD",
         "13     run                     RUNNING 2"]
     for bad in ("JobID,Bogus", "JobID:x", ""):
         try:
-            formats.long_format(bad)
-        except formats.FormatError as e:
+            squeue.long_format(bad)
+        except squeue.FormatError as e:
             assert "\n" not in str(e)
         else:
             raise AssertionError(f"-O {bad!r} was taken")
