@@ -122,14 +122,16 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
         lines = formats.table(rows, header=not noheader, left=(0, 1, 2, 3))
         sys.stdout.write("\n".join(lines) + "\n" if lines else "")
         return
+    reply = None
     if not (fmt or long_ or as_json):   # squeue's default rows, kept rendered by the controller
         filt.rendered, filt.expand_arrays = True, expand_arrays
-        rendered = Client(config).call("ListJobs", filt).rendered
-        head = squeue.render(items, [], header=True)[0] + "\n" if not noheader else ""
-        sys.stdout.write(head + rendered)
-        return
+        reply = Client(config).call("ListJobs", filt)
+        if reply.rendered or not reply.jobs:   # (a controller from before rendered rows sends jobs)
+            head = squeue.render(items, [], header=True)[0] + "\n" if not noheader else ""
+            sys.stdout.write(head + reply.rendered)
+            return
     filt.with_progress = bool(long_ or as_json or (fmt and any(f in fmt for f in ("%s", "%L", "%k", "%f", "%c"))))
-    reply = Client(config).call("ListJobs", filt)
+    reply = reply or Client(config).call("ListJobs", filt)
     now = time.time()
     listed = reply.jobs
     rows = listed if expand_arrays else squeue.compact_arrays(listed)

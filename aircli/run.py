@@ -185,24 +185,28 @@ INTERRUPTED = 130   # airrun's exit when it was interrupted
 
 class _Renewing:
     """airrun renews its own allocation while it holds it: one that airrun stops renewing (killed,
-    stopped or cut off) ends after the controller's inactive_limit_s. A renewal that fails is tried
-    again at the next turn; the controller's restart keeps the allocation."""
+    stopped or cut off) ends after the controller's inactive_limit_s, which each renewal's answer
+    gives (the login node's configuration may differ). A renewal that fails is tried again soon;
+    a controller restart keeps the allocation."""
+
+    FIRST_S = 1.0   # the first renewal, and the period while the controller's limit is not known
 
     def __init__(self, client, job_id: int):
         from air.protos import air_pb2 as pb
         self._done = threading.Event()
-        limit = client.config.controller.inactive_limit_s
-        if limit:
-            every = max(0.5, limit / 6)
-            threading.Thread(target=self._run, args=(client, pb.JobFilter(job_ids=[job_id]), every),
-                             daemon=True).start()
+        threading.Thread(target=self._run, args=(client, pb.JobFilter(job_ids=[job_id])), daemon=True).start()
 
-    def _run(self, client, filt, every: float) -> None:
+    def _run(self, client, filt) -> None:
+        every = self.FIRST_S
         while not self._done.wait(every):
             try:
-                client.call("KeepAlive", filt, timeout=every)
-            except CliError:
-                pass
+                limit = client.call("KeepAlive", filt, timeout=max(every, self.FIRST_S)).inactive_limit_s
+            except Exception as e:   # (whatever it is, the next turn tries again: the step goes on)
+                if not isinstance(e, CliError):
+                    print(f"airrun: warning: renewing the allocation: {e!r}", file=sys.stderr, flush=True)
+                every = self.FIRST_S
+                continue
+            every = max(0.5, limit / 6) if limit else self.FIRST_S   # (0: off, for now)
 
     def stop(self) -> None:
         self._done.set()

@@ -14,7 +14,7 @@ import grpc
 
 from air.protos import config as configuration
 from air.airctld import retention, store_file
-from air.airctld.controller import Controller
+from air.airctld.controller import RPC_WORKERS, Controller
 from air.airctld.metrics import StateCollector
 from air.airctld.nodes import NodeClients
 from air.protos.sdnotify import notify
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"airctld: error: {e}", file=sys.stderr)
         return 2
     controller = Controller(cfg, store, clients=NodeClients(cfg, auth))
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=RPC_WORKERS), options=[
         ("grpc.max_send_message_length", -1),  # listings of 100,000 jobs run past any request limit
         ("grpc.max_receive_message_length", cc.max_message_bytes),
         ("grpc.so_reuseport", 0)])

@@ -13,6 +13,7 @@ import signal
 import threading
 from signal import SIGKILL, SIGUSR1, SIGUSR2
 import time
+from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
@@ -36,6 +37,7 @@ from air.airctld.planning import Planner
 from air.airctld.policy import Policy, user_name
 from air.airctld.store import Store
 from air.airctld.validate import MAX_TIME_LIMIT_S, check_request, check_step, filtered_environment
+from air.protos.limits import MAX_FILTER_ITEMS
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
 from air.protos.states import ACTIVE_PHASES, REASON_NAMES, JobPhase, JobResult, NodeState, Reason, long_state
@@ -93,6 +95,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
         # or the first look of this controller (a restart never ends one; see _inactive)
         self.renewed: dict[int, float] = {}
         self._lease_look = mono   # when _inactive last looked
+        self.rpcs_in_flight: set[int] = set()   # the RPC worker threads serving a call now (see service)
+        self._no_grace: set[int] = set()   # jobs cancelled with SIGKILL: killed at once, whenever signalled
         self.latest_report: dict[int, str] = {}     # job -> rank 0's newest report (JSON)
         self.suspect: dict[str, float] = {}         # nodes a step lost, until their next heartbeat
         # job -> {node: when that node has surely fenced itself (monotonic)}: a requeued job starts again
@@ -190,7 +194,10 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 raise InvalidRequest("an allocation (airrun outside a job) has no script, arguments or array")
             own = pb.JobRequest()
             own.CopyFrom(req)
-            own.script, own.no_requeue, req = ALLOCATION_SCRIPT, True, own
+            own.script, own.no_requeue, own.retries, req = ALLOCATION_SCRIPT, True, 0, own
+            for signals_its_shell in ("warn_signal", "warn_time_s", "warn_batch_only", "warn_steps_only",
+                                      "hang_timeout_s"):   # (only airctld's release signals that shell)
+                own.ClearField(signals_its_shell)
         check_request(req, self.config.controller)
         part = self.config.partition(req.partition)
         if part is None:
@@ -310,8 +317,10 @@ class Controller(NodeReports, SchedulingPass, Launching):
             now = self.clock()
             changed = self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED,
                                                     f"cancelled by uid {who.uid}")) for j in targets], now, who.uid)
+            if kill:   # (also when signalled later: after its launch returns, or stopped again)
+                self._no_grace.update(j.job_id for j in changed if j.phase == JobPhase.COMPLETING)
             launching = set(self._launching)
-        self._terminate(changed, launching, grace=0.0 if kill else None)
+        self._terminate(changed, launching)
         self._wake.set()
         return [j.job_id for j in changed]
 
@@ -392,12 +401,12 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._wake.set()
         return [j.job_id for j in changed]
 
-    def _terminate(self, changed: list[Job], launching: set[int], grace: float | None = None) -> None:
-        """Terminate the jobs just set COMPLETING (SIGTERM, then SIGKILL after `grace`, by default
-        kill_wait_s); one still being launched is signalled once its launch returns (see _launch)."""
+    def _terminate(self, changed: list[Job], launching: set[int]) -> None:
+        """Terminate the jobs just set COMPLETING; one still being launched is signalled once its
+        launch returns (see _launch)."""
         for job in changed:
             if job.phase == JobPhase.COMPLETING and job.job_id not in launching:
-                self._send_signal(job, 0, grace=grace)
+                self._send_signal(job, 0)
 
     def hold(self, filt: pb.JobFilter, hold: bool, who: Identity) -> list[int]:
         with self._lock:
@@ -417,6 +426,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
 
     def _select(self, filt: pb.JobFilter, who: Identity, acting: bool,
                 doing: str = "cancel or signal") -> list[Job]:
+        wanted = _wanted(filt)   # (bounded: the caller holds the controller's lock)
         if filt.job_ids or filt.array_tasks:
             missing = [i for i in filt.job_ids if i not in self.jobs and i not in self._arrays
                        and self.store.get_job(i) is None]
@@ -425,16 +435,21 @@ class Controller(NodeReports, SchedulingPass, Launching):
             ids = []
             for i in filt.job_ids:
                 ids.extend(self._arrays.get(i, [i]))
+            tasks: dict[int, dict[int, list[int]]] = {}   # array -> task index -> job ids, each array read once
             for t in filt.array_tasks:
-                found = [i for i in self._arrays.get(t.array_job_id, ())
-                         if (j := self.jobs.get(i) or self.store.get_job(i)) and j.array_task_id == t.task_id]
+                if t.array_job_id not in tasks:
+                    tasks[t.array_job_id] = by_index = {}
+                    for i in self._arrays.get(t.array_job_id, ()):
+                        if (j := self.jobs.get(i) or self.store.get_job(i)) is not None:
+                            by_index.setdefault(j.array_task_id, []).append(i)
+                found = tasks[t.array_job_id].get(t.task_id)
                 if not found:
                     raise NotFound(f"job {t.array_job_id}_{t.task_id} does not exist")
                 ids.extend(found)
             candidates = [self.jobs.get(i) or self.store.get_job(i) for i in dict.fromkeys(ids)]
         else:
             candidates = list(self.jobs)
-        selected = [j for j in candidates if _matches(j, filt)]
+        selected = [j for j in candidates if _matches(j, wanted)] if wanted.any else candidates
         if not acting:
             if not self.policy.sees_all(who):
                 selected = [j for j in selected if j.uid == who.uid]
@@ -454,8 +469,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
         """To every node of the job: the batch script and any step ranks there (or the batch shell only,
         or the steps' ranks only)."""
         if grace is None:
-            grace = self.config.scheduler.preempt_grace_s if job.reason == Reason.PREEMPTED \
-                else self.config.controller.kill_wait_s
+            grace = 0.0 if job.job_id in self._no_grace else self.config.scheduler.preempt_grace_s \
+                if job.reason == Reason.PREEMPTED else self.config.controller.kill_wait_s
         nodes = job.node_names[:1] if batch_only else job.node_names
         why = REASON_NAMES[Reason(job.reason)] if signal == 0 else ("TimeLimit" if job.job_id in self._warned else "")
         for node in nodes:
@@ -552,11 +567,13 @@ class Controller(NodeReports, SchedulingPass, Launching):
         now = self.clock()
         horizon = now - self.config.controller.min_job_age_s
         with self._lock:
-            picked = [(job, self.jobs.row(job)) for job in self._select(filt, who, acting=False)
-                      if not (job.phase == JobPhase.DONE and job.end_time < horizon and not filt.include_old
-                              and not filt.job_ids)]
+            jobs = self._select(filt, who, acting=False)
+            if not filt.include_old and not filt.job_ids:
+                jobs = [j for j in jobs if j.end_time >= horizon or j.phase != JobPhase.DONE]
+            picked = zip(jobs, self.jobs.rows(jobs))
         items = squeue.compile_format(squeue.SQUEUE_DEFAULT, squeue.job_fields(now))
         lines: list = []
+        made: list[tuple[Job, str]] = []
         arrays: dict[int, tuple[int, list[Job]]] = {}   # array -> (its row's place, its pending tasks)
         for job, row in picked:   # (outside the lock: a row is made from the version of the job picked)
             if job.array_job_id and job.phase == JobPhase.PENDING and not filt.expand_arrays:
@@ -567,14 +584,18 @@ class Controller(NodeReports, SchedulingPass, Launching):
             if row is None:
                 row = squeue.render(items, [pb.Job.FromString(_brief(job))], header=False)[0]
                 if job.phase in (JobPhase.PENDING, JobPhase.DONE):
-                    self.jobs.keep_row(job, row)
+                    made.append((job, row))
             lines.append(row)
+        if made:
+            with self._lock:   # (the table changes only under it: a job changed or forgotten meanwhile
+                for job, row in made:   # keeps no row)
+                    self.jobs.keep_row(job, row)
         for place, tasks in arrays.values():
             first = pb.Job.FromString(_brief(tasks[0]))
             first.array_pending_tasks = arrays_text([t.array_task_id for t in tasks])
             first.array_tasks_pending = len(tasks)
             lines[place] = squeue.render(items, [first], header=False)[0]
-        return "".join(line + "\n" for line in lines)
+        return "\n".join(lines) + "\n" if lines else ""
 
     def _progress_fields(self, job_id: int) -> bytes:
         return pb.Job(progress=self.latest_report.get(job_id, ""),
@@ -723,6 +744,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 self._stopped_at.setdefault(new.job_id, now)
             else:
                 self._stopped_at.pop(new.job_id, None)
+                self._no_grace.discard(new.job_id)
             if new.phase != old.phase and new.phase != JobPhase.COMPLETING:
                 self._misses.pop(new.job_id, None)
                 self._dirty = True  # resources freed, a job that others waited behind gone, or one requeued
@@ -741,7 +763,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
             over = [j for j in running if j.time_limit_s and now - j.start_time > j.time_limit_s]
             silent = [j for j in running if j.request.hang_timeout_s and j not in over and
                       mono - self.moved.get(j.job_id, mono) > j.request.hang_timeout_s]
-            inactive = self._inactive(running, over, mono)
+            inactive = self._inactive(running, over + silent, mono)
             with self.store.transaction():   # all or none, and then the signals
                 hung = self._commit([(j, events.hung(j, now, mono - self.moved.get(j.job_id, mono)))
                                      for j in silent], now, CONTROLLER_UID)
@@ -761,16 +783,18 @@ class Controller(NodeReports, SchedulingPass, Launching):
             log.warning("job %d hung: %s", job.job_id, job.reason_detail)
             self._actions.submit(self._dump_then_stop, job)
 
-    def _inactive(self, running: list[Job], over: list[Job], mono: float) -> list[Job]:
+    def _inactive(self, running: list[Job], ending_now: list[Job], mono: float) -> list[Job]:
         """airrun's allocations it has not renewed for inactive_limit_s (Slurm's InactiveLimit)."""
         limit = self.config.controller.inactive_limit_s
         if not limit:
             return []
-        if mono - self._lease_look > limit / 3:   # this controller was frozen or starved meanwhile: the
-            for job_id in self.renewed:              # renewals it did not take were not airrun's fault
+        if mono - self._lease_look > limit / 3 or len(self.rpcs_in_flight) >= RPC_WORKERS:
+            # this controller was frozen, or every one of its RPC workers is busy: the renewals it
+            # did not take (or that wait for a worker) are not airrun's fault
+            for job_id in self.renewed:
                 self.renewed[job_id] = mono
         self._lease_look = mono
-        ending = {j.job_id for j in over}
+        ending = {j.job_id for j in ending_now}
         return [j for j in running if j.request.allocation and j.job_id not in ending
                 and mono - self.renewed.setdefault(j.job_id, mono) > limit]
 
@@ -792,6 +816,9 @@ class Controller(NodeReports, SchedulingPass, Launching):
                     self.latest_report.pop(job.job_id, None)
 
 
+RPC_WORKERS = 16   # the threads that serve RPCs (airctld's gRPC server)
+
+
 # The batch script of airrun's own allocation: airrun's steps run on the nodes; this shell only holds
 # them until airrun gives them back, through airctld, as its step ended (SIGUSR1: it succeeded, SIGUSR2:
 # it failed). Users' signals go to the steps (see cancel), so only airctld signals it.
@@ -802,18 +829,33 @@ while :; do sleep 60 & wait $!; done
 """
 
 
-def _matches(job: Job, f: pb.JobFilter) -> bool:
-    if f.uids and job.uid not in f.uids:
-        return False
-    if f.phases and job.phase not in f.phases:
-        return False
-    if f.results and job.result not in f.results:
-        return False
-    if f.names and job.name not in f.names:
-        return False
-    if f.partitions and job.partition not in f.partitions:
-        return False
-    return True
+@dataclass(frozen=True)
+class _Wanted:
+    """A job filter's lists as sets (None: any), made once per request."""
+    uids: frozenset | None
+    phases: frozenset | None
+    results: frozenset | None
+    names: frozenset | None
+    partitions: frozenset | None
+
+    @property
+    def any(self) -> bool:
+        return any(x is not None for x in (self.uids, self.phases, self.results, self.names, self.partitions))
+
+
+def _wanted(f: pb.JobFilter) -> _Wanted:
+    for what, items in (("job ids", f.job_ids), ("array tasks", f.array_tasks), ("users", f.uids),
+                        ("names", f.names), ("partitions", f.partitions), ("states", f.phases),
+                        ("states", f.results)):
+        if len(items) > MAX_FILTER_ITEMS:
+            raise InvalidRequest(f"{len(items)} {what} in one request; at most {MAX_FILTER_ITEMS}")
+    return _Wanted(*(frozenset(x) if x else None for x in (f.uids, f.phases, f.results, f.names, f.partitions)))
+
+
+def _matches(job: Job, w: _Wanted) -> bool:
+    return ((w.uids is None or job.uid in w.uids) and (w.phases is None or job.phase in w.phases)
+            and (w.results is None or job.result in w.results) and (w.names is None or job.name in w.names)
+            and (w.partitions is None or job.partition in w.partitions))
 
 
 def _strip_private(view: pb.Job) -> None:

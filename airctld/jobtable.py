@@ -7,6 +7,12 @@ from air.airctld.model import Job
 from air.protos.states import ACTIVE_PHASES, JobPhase
 
 
+def _shown(job: Job) -> tuple:
+    """What squeue's default row of a job shows, besides its request (see tests/test_queue_rows.py)."""
+    return (job.phase, job.result, job.reason, job.partition, job.user, job.num_nodes, job.start_time,
+            job.end_time, job.allocation, job.array_job_id, job.array_task_id)
+
+
 class JobTable:
     def __init__(self, jobs: list[Job] = ()):
         self._jobs: dict[int, Job] = {}
@@ -28,7 +34,9 @@ class JobTable:
         else:
             self._held.pop(job.job_id, None)
         self._brief.pop(job.job_id, None)
-        self._rows.pop(job.job_id, None)
+        kept = self._rows.pop(job.job_id, None)
+        if kept is not None and kept[0] is old and old.request is job.request and _shown(old) == _shown(job):
+            self._rows[job.job_id] = (job, kept[1])   # nothing the row shows changed (its priority, say)
 
     def remove(self, job_id: int) -> None:
         job = self._jobs.pop(job_id)
@@ -41,6 +49,11 @@ class JobTable:
         """The job's row in squeue's default format, if one was kept for this very version of it."""
         kept = self._rows.get(job.job_id)
         return kept[1] if kept is not None and kept[0] is job else None
+
+    def rows(self, jobs: list[Job]) -> list[str | None]:
+        """row() of each job."""
+        get = self._rows.get
+        return [kept[1] if (kept := get(job.job_id)) is not None and kept[0] is job else None for job in jobs]
 
     def keep_row(self, job: Job, row: str) -> None:
         """Keep a row made without the controller's lock: tied to the version it shows, a row made

@@ -340,8 +340,9 @@ class _Pass:
             return None
         wanted = job.request.switches   # --switches: wait for so few leaf switches, up to its time
         if wanted and n > 1 and len({node.switch for node in chosen}) > wanted and \
-                self.now - job.submit_time < job.request.switches_wait_s:
-            return None
+                self.now - job.submit_time < job.request.switches_wait_s and \
+                len({node.switch for node in chosen if node.name in filt.required}) <= wanted:
+            return None   # (the nodes it lists may span more already: no wait can help that)
         if filt.restricts:   # in the partition's order (as Slurm's: its first node runs the batch script)
             order = self._order.get(part)
             if order is None:

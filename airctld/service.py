@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import logging
 import sqlite3
+import threading
 import time
 
 import grpc
@@ -21,6 +22,8 @@ def _handle(fn):
     @functools.wraps(fn)
     def wrapper(self, request, context):
         began, code = time.perf_counter(), None
+        me = threading.get_ident()
+        self.c.rpcs_in_flight.add(me)   # (all workers busy: see Controller._inactive)
         try:
             who = self.auth.identify(context, f"/{self.SERVICE}/{fn.__name__}", request, self.target)
             try:
@@ -38,6 +41,7 @@ def _handle(fn):
                 code = grpc.StatusCode.INTERNAL
                 context.abort(code, f"the controller could not read its store: {e}")
         finally:
+            self.c.rpcs_in_flight.discard(me)
             if code is None:   # the caller was refused, or an error of our own (gRPC answers UNKNOWN)
                 code = getattr(context, "code", lambda: None)() or grpc.StatusCode.UNKNOWN
             self.c.metrics.rpc(fn.__name__, code.name, time.perf_counter() - began)
@@ -81,7 +85,8 @@ class ControllerService:
 
     @_handle
     def KeepAlive(self, request: pb.JobFilter, context, who):
-        return pb.CancelReply(job_ids=self.c.keep_alive(request, who))
+        return pb.KeepAliveReply(job_ids=self.c.keep_alive(request, who),
+                                 inactive_limit_s=self.c.config.controller.inactive_limit_s)
 
     @_handle
     def Requeue(self, request: pb.JobFilter, context, who):
@@ -212,7 +217,7 @@ def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
         "ListNodes": unary(cs.ListNodes, pb.ListNodesRequest.FromString, pb.ListNodesReply.SerializeToString),
         "CreateStep": unary(cs.CreateStep, pb.StepSpec.FromString, pb.Step.SerializeToString),
         "EndStep": unary(cs.EndStep, pb.StepEnd.FromString, pb.CancelReply.SerializeToString),
-        "KeepAlive": unary(cs.KeepAlive, pb.JobFilter.FromString, pb.CancelReply.SerializeToString),
+        "KeepAlive": unary(cs.KeepAlive, pb.JobFilter.FromString, pb.KeepAliveReply.SerializeToString),
         "UpdateNode": unary(cs.UpdateNode, pb.UpdateNodeRequest.FromString, pb.Node.SerializeToString),
         "InjectFault": unary(cs.InjectFault, pb.FaultRequest.FromString, pb.FaultReply.SerializeToString),
         "GetNode": unary(cs.GetNode, pb.GetNodeRequest.FromString, pb.Node.SerializeToString),

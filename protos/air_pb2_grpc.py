@@ -93,7 +93,7 @@ class ControllerStub:
         self.KeepAlive = channel.unary_unary(
                 '/air.v1.Controller/KeepAlive',
                 request_serializer=air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
-                response_deserializer=air_dot_protos_dot_air__pb2.CancelReply.FromString,
+                response_deserializer=air_dot_protos_dot_air__pb2.KeepAliveReply.FromString,
                 _registered_method=True)
         self.UpdateNode = channel.unary_unary(
                 '/air.v1.Controller/UpdateNode',
@@ -318,7 +318,7 @@ def add_ControllerServicer_to_server(servicer, server):
             'KeepAlive': grpc.unary_unary_rpc_method_handler(
                     servicer.KeepAlive,
                     request_deserializer=air_dot_protos_dot_air__pb2.JobFilter.FromString,
-                    response_serializer=air_dot_protos_dot_air__pb2.CancelReply.SerializeToString,
+                    response_serializer=air_dot_protos_dot_air__pb2.KeepAliveReply.SerializeToString,
             ),
             'UpdateNode': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateNode,
@@ -680,7 +680,7 @@ class Controller:
             target,
             '/air.v1.Controller/KeepAlive',
             air_dot_protos_dot_air__pb2.JobFilter.SerializeToString,
-            air_dot_protos_dot_air__pb2.CancelReply.FromString,
+            air_dot_protos_dot_air__pb2.KeepAliveReply.FromString,
             options,
             channel_credentials,
             insecure,

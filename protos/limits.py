@@ -14,3 +14,4 @@ def memory_limit_bytes(mem_per_node_mb: int, mem_per_gpu_mb: int, gpus_here: int
     if mem_per_gpu_mb and gpus_here:
         return mem_per_gpu_mb * gpus_here * MIB
     return 0
+MAX_FILTER_ITEMS = 10_000     # job ids, array tasks, users, names or partitions in one job filter

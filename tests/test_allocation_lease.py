@@ -156,8 +156,72 @@ def test_sigkill_cancels_the_whole_job_at_once_pending_ones_too(controller):
     assert c.jobs.get(waiting).phase == JobPhase.DONE and c.jobs.get(waiting).result == JobResult.CANCELLED
     job = c.jobs.get(running)
     assert (job.phase, job.result) == (JobPhase.COMPLETING, JobResult.CANCELLED)
-    assert sent == [(running, 0, 0.0, False, False)]
+    assert sent == [(running, 0, None, False, False)] and running in c._no_grace   # (no grace: see below)
     # -b -s KILL: the batch shell only, a signal and no more
     other = _running(c, clock, allocation=False)
     assert c.cancel(pb.JobFilter(job_ids=[other]), signal.SIGKILL, ALICE, batch_only=True) == [other]
     assert c.jobs.get(other).phase == JobPhase.RUNNING and sent[-1] == (other, signal.SIGKILL, None, True, False)
+
+
+def test_an_allocation_takes_no_signal_its_shell_would_die_of_and_is_never_retried(controller):
+    c, clock = controller
+    job_id, _ = c.submit(pb.JobRequest(allocation=True, workdir="/tmp", warn_signal=signal.SIGUSR1, warn_time_s=60,
+                                       warn_batch_only=True, hang_timeout_s=30, retries=3), ALICE)
+    req = c.jobs.get(job_id).request
+    assert (req.warn_signal, req.warn_batch_only, req.hang_timeout_s, req.retries) == (0, False, 0, 0)
+
+
+def test_a_busy_controller_does_not_blame_airrun_for_renewals_waiting_for_a_worker(controller):
+    from air.airctld.controller import RPC_WORKERS
+    c, clock = controller
+    leased = _running(c, clock)
+    c.rpcs_in_flight.update(range(RPC_WORKERS))   # every RPC worker busy (sixteen heavy listings, say)
+    _wait(c, clock, 3 * LIMIT, leased)
+    assert c.jobs.get(leased).phase == JobPhase.RUNNING
+    c.rpcs_in_flight.clear()
+    _wait(c, clock, LIMIT + 5, leased)
+    assert c.jobs.get(leased).reason == Reason.INACTIVE_LIMIT
+
+
+def test_sigkill_of_a_job_being_launched_kills_it_at_once_when_its_launch_returns(controller):
+    c, clock = controller
+    job_id = _running(c, clock, allocation=False)
+    c._launching.add(job_id)
+    delivered = []
+    c._actions.submit = lambda fn, *args: fn(*args)
+    c.clients.signal = lambda address, job, run, sig, grace, *rest: delivered.append((job, sig, grace))
+    c.cancel(pb.JobFilter(job_ids=[job_id]), signal.SIGKILL, ALICE)
+    assert delivered == []   # not yet: its launch has not returned
+    c._send_signal(c.jobs.get(job_id), 0)   # as _launch does once it returns
+    assert delivered == [(job_id, 0, 0.0)]
+    other = _running(c, clock, allocation=False)
+    c.cancel(pb.JobFilter(job_ids=[other]), 0, ALICE)   # a plain cancel keeps its grace
+    assert delivered[-1] == (other, 0, c.config.controller.kill_wait_s)
+
+
+def test_airrun_renews_at_the_controllers_pace_and_survives_a_failed_renewal(monkeypatch):
+    import threading
+    import time
+    from air.aircli import run
+    monkeypatch.setattr(run._Renewing, "FIRST_S", 0.05)
+    calls, lock = [], threading.Lock()
+
+    class Client:
+        def call(self, method, request, timeout):
+            with lock:
+                calls.append((method, list(request.job_ids), time.monotonic()))
+                n = len(calls)
+            if n == 1:
+                raise RuntimeError("a bug of ours, or a broken channel")
+            return pb.KeepAliveReply(job_ids=[7], inactive_limit_s=3.0)   # the controller's: renew every 0.5 s
+
+    renewing = run._Renewing(Client(), 7)
+    try:
+        deadline = time.monotonic() + 10
+        while len(calls) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        renewing.stop()
+    assert len(calls) >= 4 and {(c[0], tuple(c[1])) for c in calls} == {("KeepAlive", (7,))}
+    gaps = [b[2] - a[2] for a, b in zip(calls[2:], calls[3:])]
+    assert all(0.4 < g < 2.0 for g in gaps), gaps

@@ -71,11 +71,13 @@ def test_switches_counts_the_listed_nodes_switches_too():
     assert nodes[:2] == ["n1", "n4"] and len({SWITCHES[n] for n in nodes}) == 2   # waited: n1's switch first
     roomy = _schedule(_cluster(NODES12), [_job(1, nodes=3, gpus=8, request=req)], busy[:1], SWITCHES, now=100)
     assert sorted(a.node for a in dict(roomy.starts)[1]) == ["n1", "n3", "n4"]   # fits under s0: starts now
-    apart = pb.JobRequest(switches=1, switches_wait_s=600, nodelist=["n1", "n5"])   # two switches listed
-    assert _schedule(_cluster(NODES12), [_job(1, nodes=2, gpus=8, request=apart)], (), SWITCHES,
-                     now=100).waiting == {1: Reason.RESOURCES}
-    assert len(dict(_schedule(_cluster(NODES12), [_job(1, nodes=2, gpus=8, request=apart)], (), SWITCHES,
-                              now=1000).starts)[1]) == 2
+    apart = pb.JobRequest(switches=1, switches_wait_s=600, nodelist=["n1", "n5"])   # two switches listed:
+    for nodes in (2, 3):                                                           # no wait can help, it starts
+        plan = _schedule(_cluster(NODES12), [_job(1, nodes=nodes, gpus=8, request=apart)], (), SWITCHES, now=100)
+        assert len(dict(plan.starts)[1]) == nodes
+    listed = pb.JobRequest(switches=1, switches_wait_s=600, nodelist=["n1", "n2"])   # all its nodes listed
+    assert sorted(a.node for a in dict(_schedule(_cluster(NODES12), [_job(1, nodes=2, gpus=8, request=listed)],
+                                                 (), SWITCHES, now=100).starts)[1]) == ["n1", "n2"]
 
 
 def test_small_jobs_fill_partly_used_nodes_and_aligned_gpu_blocks():
