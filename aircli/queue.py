@@ -134,6 +134,8 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
     reply = reply or Client(config).call("ListJobs", filt)
     now = time.time()
     listed = reply.jobs
+    if filt.partitions:   # (a controller from before JobFilter.partitions sends every partition's)
+        listed = [j for j in listed if j.partition in filt.partitions]
     rows = listed if expand_arrays else squeue.compact_arrays(listed)
     if as_json:
         json.dump({"jobs": [formats.job_json(j, now) for j in rows]}, sys.stdout, indent=1)

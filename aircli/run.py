@@ -190,6 +190,7 @@ class _Renewing:
     a controller restart keeps the allocation."""
 
     FIRST_S = 1.0   # the first renewal, and the period while the controller's limit is not known
+    OFF_S = 30.0    # the period while the controller ends no allocation (its limit is 0, maybe for now)
 
     def __init__(self, client, job_id: int):
         from air.protos import air_pb2 as pb
@@ -203,10 +204,12 @@ class _Renewing:
                 limit = client.call("KeepAlive", filt, timeout=max(every, self.FIRST_S)).inactive_limit_s
             except Exception as e:   # (whatever it is, the next turn tries again: the step goes on)
                 if not isinstance(e, CliError):
-                    print(f"airrun: warning: renewing the allocation: {e!r}", file=sys.stderr, flush=True)
-                every = self.FIRST_S
-                continue
-            every = max(0.5, limit / 6) if limit else self.FIRST_S   # (0: off, for now)
+                    try:
+                        print(f"airrun: warning: renewing the allocation: {e!r}", file=sys.stderr, flush=True)
+                    except Exception:
+                        pass
+                continue   # at the pace known: five more tries before the limit
+            every = max(0.5, limit / 6) if limit else self.OFF_S
 
     def stop(self) -> None:
         self._done.set()

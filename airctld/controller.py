@@ -37,7 +37,7 @@ from air.airctld.planning import Planner
 from air.airctld.policy import Policy, user_name
 from air.airctld.store import Store
 from air.airctld.validate import MAX_TIME_LIMIT_S, check_request, check_step, filtered_environment
-from air.protos.limits import MAX_FILTER_ITEMS
+from air.protos.limits import MAX_FILTER_ITEMS, MAX_NAMED_JOBS
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
 from air.protos.states import ACTIVE_PHASES, REASON_NAMES, JobPhase, JobResult, NodeState, Reason, long_state
@@ -96,6 +96,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self.renewed: dict[int, float] = {}
         self._lease_look = mono   # when _inactive last looked
         self.rpcs_in_flight: set[int] = set()   # the RPC worker threads serving a call now (see service)
+        self._saturated_since: float | None = None   # since when all of them have been busy
         self._no_grace: set[int] = set()   # jobs cancelled with SIGKILL: killed at once, whenever signalled
         self.latest_report: dict[int, str] = {}     # job -> rank 0's newest report (JSON)
         self.suspect: dict[str, float] = {}         # nodes a step lost, until their next heartbeat
@@ -428,25 +429,32 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 doing: str = "cancel or signal") -> list[Job]:
         wanted = _wanted(filt)   # (bounded: the caller holds the controller's lock)
         if filt.job_ids or filt.array_tasks:
-            missing = [i for i in filt.job_ids if i not in self.jobs and i not in self._arrays
-                       and self.store.get_job(i) is None]
+            named = list(dict.fromkeys(filt.job_ids))
+            arrays = list(dict.fromkeys([t.array_job_id for t in filt.array_tasks]))
+            size = sum(len(self._arrays.get(i, (i,))) for i in named) + \
+                sum(len(self._arrays.get(a, ())) for a in arrays)
+            if size > MAX_NAMED_JOBS:
+                raise InvalidRequest(f"the jobs named stand for {size} jobs (array tasks counted); at most "
+                                     f"{MAX_NAMED_JOBS} in one request: name fewer")
+            ids = [i for n in named for i in self._arrays.get(n, (n,))] + \
+                [i for a in arrays for i in self._arrays.get(a, ())]
+            stored = self.store.get_jobs([i for i in ids if i not in self.jobs])   # one read for all
+            found = {i: j for i in ids if (j := self.jobs.get(i) or stored.get(i)) is not None}
+            missing = [i for i in named if i not in found and i not in self._arrays]
             if missing:
                 raise NotFound(f"job {missing[0]} does not exist")
-            ids = []
-            for i in filt.job_ids:
-                ids.extend(self._arrays.get(i, [i]))
-            tasks: dict[int, dict[int, list[int]]] = {}   # array -> task index -> job ids, each array read once
+            ids = [i for n in named for i in self._arrays.get(n, (n,)) if i in found]
+            by_index: dict[tuple[int, int], list[int]] = {}   # (array, task index) -> job ids
+            for a in arrays:
+                for i in self._arrays.get(a, ()):
+                    if i in found:
+                        by_index.setdefault((a, found[i].array_task_id), []).append(i)
             for t in filt.array_tasks:
-                if t.array_job_id not in tasks:
-                    tasks[t.array_job_id] = by_index = {}
-                    for i in self._arrays.get(t.array_job_id, ()):
-                        if (j := self.jobs.get(i) or self.store.get_job(i)) is not None:
-                            by_index.setdefault(j.array_task_id, []).append(i)
-                found = tasks[t.array_job_id].get(t.task_id)
-                if not found:
+                tasks = by_index.get((t.array_job_id, t.task_id))
+                if not tasks:
                     raise NotFound(f"job {t.array_job_id}_{t.task_id} does not exist")
-                ids.extend(found)
-            candidates = [self.jobs.get(i) or self.store.get_job(i) for i in dict.fromkeys(ids)]
+                ids.extend(tasks)
+            candidates = [found[i] for i in dict.fromkeys(ids)]   # (retention may have removed some tasks)
         else:
             candidates = list(self.jobs)
         selected = [j for j in candidates if _matches(j, wanted)] if wanted.any else candidates
@@ -788,9 +796,15 @@ class Controller(NodeReports, SchedulingPass, Launching):
         limit = self.config.controller.inactive_limit_s
         if not limit:
             return []
-        if mono - self._lease_look > limit / 3 or len(self.rpcs_in_flight) >= RPC_WORKERS:
-            # this controller was frozen, or every one of its RPC workers is busy: the renewals it
-            # did not take (or that wait for a worker) are not airrun's fault
+        if len(self.rpcs_in_flight) < RPC_WORKERS:
+            self._saturated_since = None
+        elif self._saturated_since is None:
+            self._saturated_since = mono
+        busy = self._saturated_since is not None and mono - self._saturated_since < SATURATION_CREDIT * limit
+        if mono - self._lease_look > limit / 3 or busy:
+            # this controller was frozen, or every one of its RPC workers is busy (for a while: callers
+            # that keep them busy for ever do not keep dead allocations for ever): the renewals it did
+            # not take, or that wait for a worker, are not airrun's fault
             for job_id in self.renewed:
                 self.renewed[job_id] = mono
         self._lease_look = mono
@@ -817,6 +831,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
 
 
 RPC_WORKERS = 16   # the threads that serve RPCs (airctld's gRPC server)
+SATURATION_CREDIT = 5   # inactive limits of busy RPC workers that airrun's renewals are excused for
 
 
 # The batch script of airrun's own allocation: airrun's steps run on the nodes; this shell only holds

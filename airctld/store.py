@@ -351,6 +351,17 @@ class Store:
         rows = self._rows(f"SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs WHERE id = ?", [job_id])
         return _job_from_row(rows[0]) if rows else None
 
+    def get_jobs(self, job_ids: list[int]) -> dict[int, Job]:
+        """The stored jobs of these ids (those that exist), a few hundred ids a query."""
+        out = {}
+        for i in range(0, len(job_ids), 500):
+            part = job_ids[i:i + 500]
+            for row in self._rows(f"SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs "
+                                  f"WHERE id IN ({', '.join('?' * len(part))})", part):
+                job = _job_from_row(row)
+                out[job.job_id] = job
+        return out
+
     def load_jobs(self, done_since: float) -> list[Job]:
         """Jobs not done, and jobs done at or after `done_since`."""
         cur = self._rows(

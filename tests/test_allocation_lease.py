@@ -183,6 +183,42 @@ def test_a_busy_controller_does_not_blame_airrun_for_renewals_waiting_for_a_work
     assert c.jobs.get(leased).reason == Reason.INACTIVE_LIMIT
 
 
+def test_workers_kept_busy_for_ever_do_not_keep_a_dead_allocation_for_ever(controller):
+    # (sixteen looping listings, say, by whoever: the excuse lasts SATURATION_CREDIT limits)
+    from air.airctld.controller import RPC_WORKERS, SATURATION_CREDIT
+    c, clock = controller
+    leased = _running(c, clock)
+    c.rpcs_in_flight.update(range(RPC_WORKERS))
+    _wait(c, clock, SATURATION_CREDIT * LIMIT - 5, leased)
+    assert c.jobs.get(leased).phase == JobPhase.RUNNING
+    _wait(c, clock, LIMIT + 10, leased)
+    assert c.jobs.get(leased).reason == Reason.INACTIVE_LIMIT
+
+
+def test_every_rpc_counts_as_a_busy_worker_while_it_runs(controller):
+    # what the busy-controller excuse reads: the service marks its worker for the length of each call
+    from air.airctld.service import ControllerService
+
+    class Auth:
+        def identify(self, context, method, request, target):
+            return ALICE
+
+    c, clock = controller
+    leased = _running(c, clock)
+    seen = []
+    real = c.keep_alive
+    c.keep_alive = lambda filt, who: seen.append(len(c.rpcs_in_flight)) or real(filt, who)
+    reply = ControllerService(c, Auth()).KeepAlive(pb.JobFilter(job_ids=[leased]), None)
+    assert seen == [1] and not c.rpcs_in_flight and list(reply.job_ids) == [leased]
+    assert reply.inactive_limit_s == LIMIT
+
+
+def test_the_server_has_as_many_workers_as_the_controller_counts():
+    import inspect
+    from air.airctld import __main__ as daemon
+    assert "ThreadPoolExecutor(max_workers=RPC_WORKERS)" in inspect.getsource(daemon)
+
+
 def test_sigkill_of_a_job_being_launched_kills_it_at_once_when_its_launch_returns(controller):
     c, clock = controller
     job_id = _running(c, clock, allocation=False)

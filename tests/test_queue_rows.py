@@ -209,3 +209,33 @@ def test_whatever_field_of_a_job_changes_its_kept_row_is_what_airq_would_make(co
                 kept_through.add(f.name)
             assert c.list_rows(every, ROOT) == _by_hand(c, clock, every, ROOT), f.name
     assert {"priority", "reason_detail", "figures", "exit_code"} <= kept_through   # a new priority keeps the row
+
+
+def test_naming_an_array_many_times_is_one_array_and_a_huge_one_is_refused(controller, monkeypatch):
+    import time
+    import pytest
+    from air.airctld import controller as controller_module
+    from air.airctld.errors import InvalidRequest
+    from air.protos.limits import MAX_FILTER_ITEMS
+    c, clock = controller
+    arr = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True, array="0-999"), BOB)[0]
+    began = time.monotonic()
+    rows = _ids(c.list_rows(pb.JobFilter(rendered=True, job_ids=[arr] * MAX_FILTER_ITEMS), ALICE))
+    assert rows == [f"{arr}_[0-999]"] and time.monotonic() - began < 2.0
+    monkeypatch.setattr(controller_module, "MAX_NAMED_JOBS", 999)
+    with pytest.raises(InvalidRequest, match="stand for 1000 jobs"):
+        c.list_rows(pb.JobFilter(rendered=True, job_ids=[arr]), ALICE)
+    with pytest.raises(InvalidRequest, match="stand for 1000 jobs"):
+        c.cancel(pb.JobFilter(array_tasks=[pb.ArrayTask(array_job_id=arr, task_id=5)]), 0, BOB)
+
+
+def test_tasks_removed_by_retention_are_left_out_not_a_failure(controller):
+    c, clock = controller
+    arr = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True, array="0-2"), ALICE)[0]
+    gone = arr + 1   # task 1: as if retention removed it from the store and memory
+    with c.store.transaction():
+        c.store.db.execute("DELETE FROM jobs WHERE id = ?", [gone])
+    c.jobs.remove(gone)
+    assert _ids(c.list_rows(pb.JobFilter(rendered=True, job_ids=[arr], expand_arrays=True), ALICE)) == \
+        [f"{arr}_0", f"{arr}_2"]
+    assert c.cancel(pb.JobFilter(job_ids=[arr]), 0, ALICE) == [arr, arr + 2]
