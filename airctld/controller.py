@@ -307,8 +307,18 @@ class Controller(NodeReports, SchedulingPass, Launching):
         if release:
             return self._release(filt, who, release == 1)
         kill = signal == SIGKILL and not batch_only and not steps_only
+        ending: list[Job] = []   # (with SIGKILL: jobs already in their grace time, killed now)
         with self._lock:
-            targets = self._select(filt, who, acting=True)
+            if kill:
+                selected = self._select(filt, who, acting=True, doing="cancel")
+                targets = [j for j in selected if j.phase in (JobPhase.PENDING, JobPhase.RUNNING)]
+                ending = [j for j in selected if j.phase == JobPhase.COMPLETING]
+                if len(selected) == 1 and len(filt.job_ids) + len(filt.array_tasks) == 1 and \
+                        selected[0].phase == JobPhase.DONE:
+                    raise Conflict(f"job {selected[0].job_id} is "
+                                   f"{long_state(selected[0].phase, selected[0].result).lower()}; cannot cancel it")
+            else:
+                targets = self._select(filt, who, acting=True)
             if signal and not kill:
                 targets = [j for j in targets if j.phase == JobPhase.RUNNING]
                 for job in targets:   # (an allocation's shell is airctld's: a signal is for its steps)
@@ -319,11 +329,11 @@ class Controller(NodeReports, SchedulingPass, Launching):
             changed = self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED,
                                                     f"cancelled by uid {who.uid}")) for j in targets], now, who.uid)
             if kill:   # (also when signalled later: after its launch returns, or stopped again)
-                self._no_grace.update(j.job_id for j in changed if j.phase == JobPhase.COMPLETING)
+                self._no_grace.update(j.job_id for j in [*changed, *ending] if j.phase == JobPhase.COMPLETING)
             launching = set(self._launching)
-        self._terminate(changed, launching)
+        self._terminate(changed + ending, launching)
         self._wake.set()
-        return [j.job_id for j in changed]
+        return [j.job_id for j in changed + ending]
 
     def _release(self, filt: pb.JobFilter, who: Identity, succeeded: bool) -> list[int]:
         """The allocation's shell ends as airrun's step did (SIGUSR1: COMPLETED, SIGUSR2: FAILED, by its

@@ -261,3 +261,22 @@ def test_airrun_renews_at_the_controllers_pace_and_survives_a_failed_renewal(mon
     assert len(calls) >= 4 and {(c[0], tuple(c[1])) for c in calls} == {("KeepAlive", (7,))}
     gaps = [b[2] - a[2] for a, b in zip(calls[2:], calls[3:])]
     assert all(0.4 < g < 2.0 for g in gaps), gaps
+
+
+def test_sigkill_ends_the_grace_time_of_a_job_already_stopping(controller):
+    # scancel -s KILL of a job in its grace time (cancelled, timed out, preempted): killed now, as Slurm's
+    from air.airctld.errors import Conflict
+    c, clock = controller
+    job_id = _running(c, clock, allocation=False)
+    delivered = []
+    c._actions.submit = lambda fn, *args: fn(*args)
+    c.clients.signal = lambda address, job, run, sig, grace, *rest: delivered.append((job, sig, grace))
+    c.cancel(pb.JobFilter(job_ids=[job_id]), 0, ALICE)
+    assert delivered == [(job_id, 0, c.config.controller.kill_wait_s)]
+    assert c.cancel(pb.JobFilter(job_ids=[job_id]), signal.SIGKILL, ALICE) == [job_id]
+    assert delivered[-1] == (job_id, 0, 0.0) and c.jobs.get(job_id).phase == JobPhase.COMPLETING
+    job = c.jobs.get(job_id)
+    c._commit([(job, events.exited(job, clock.now, 0, 9))], clock.now, 0)
+    assert job_id not in c._no_grace   # (forgotten once it has ended)
+    with pytest.raises(Conflict, match="cannot cancel it"):
+        c.cancel(pb.JobFilter(job_ids=[job_id]), signal.SIGKILL, ALICE)
