@@ -65,7 +65,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._misses: dict[int, int] = {}
         self._launching: set[int] = set()
         now, mono = clock(), monotonic()
-        self.jobs = JobTable(store.load_jobs(now - config.controller.min_job_age_s))
+        self.jobs = JobTable([self._settled(j) for j in store.load_jobs(now - config.controller.min_job_age_s)])
         # job -> its last step's number (steps are numbered on, across runs and restarts; from the store
         # the first time a job asks after a start)
         self._step_ids: dict[int, int] = {}
@@ -449,6 +449,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
             ids = [i for n in named for i in self._arrays.get(n, (n,))] + \
                 [i for a in arrays for i in self._arrays.get(a, ())]
             stored = self.store.get_jobs([i for i in ids if i not in self.jobs])   # one read for all
+            for job in stored.values():
+                self._settled(job)
             found = {i: j for i in ids if (j := self.jobs.get(i) or stored.get(i)) is not None}
             missing = [i for i in named if i not in found and i not in self._arrays]
             if missing:
@@ -615,6 +617,13 @@ class Controller(NodeReports, SchedulingPass, Launching):
             lines[place] = squeue.render(items, [first], header=False)[0]
         return "\n".join(lines) + "\n" if lines else ""
 
+    def _settled(self, job: Job | None) -> Job | None:
+        """A job read from the store, with the QOS it ran under: jobs stored before the QOS was recorded
+        at submit have none, and ran under the default (history settles it in its own reads)."""
+        if job is not None and not job.request.qos:
+            job.request.qos = self.config.scheduler.default_qos
+        return job
+
     def _progress_fields(self, job_id: int) -> bytes:
         return pb.Job(progress=self.latest_report.get(job_id, ""),
                       last_progress=self.last_progress.get(job_id, 0.0)).SerializeToString()
@@ -626,7 +635,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
     def get_job(self, job_id: int, who: Identity) -> Job:
         with self._lock:
             job = self.jobs.get(job_id)
-        job = job or self.store.get_job(job_id)
+        job = job or self._settled(self.store.get_job(job_id))
         if job is None:
             raise NotFound(f"job {job_id} does not exist")
         if job.uid != who.uid and not self.policy.sees_all(who):

@@ -239,3 +239,27 @@ def test_tasks_removed_by_retention_are_left_out_not_a_failure(controller):
     assert _ids(c.list_rows(pb.JobFilter(rendered=True, job_ids=[arr], expand_arrays=True), ALICE)) == \
         [f"{arr}_0", f"{arr}_2"]
     assert c.cancel(pb.JobFilter(job_ids=[arr]), 0, ALICE) == [arr, arr + 2]
+
+
+def test_a_job_stored_before_qos_was_recorded_shows_the_default_it_ran_under(controller, tmp_path):
+    import dataclasses
+    from air.airctld.controller import Controller
+    from air.airctld.store import Store
+    c, clock = controller
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True), ALICE)
+    legacy = c.jobs.get(job_id)
+    legacy.request.ClearField("qos")   # as a store from before the QOS was recorded keeps it
+    with c.store.transaction():
+        c.store.db.execute("UPDATE jobs SET request = ?, qos = '' WHERE id = ?",
+                           [legacy.request.SerializeToString(), job_id])
+    c.stop()
+    conf = c.config
+    standard = dataclasses.replace(conf, scheduler=dataclasses.replace(conf.scheduler, default_qos="standard"))
+    again = Controller(standard, Store(str(tmp_path / "air.db")), clock=clock, monotonic=clock)
+    try:
+        assert [pb.Job.FromString(b).request.qos for b in again.list_jobs(pb.JobFilter(), ALICE)] == ["standard"]
+        assert again.job_view(job_id, ALICE).request.qos == "standard"
+        again.jobs.remove(job_id)   # (an old job, read from the store)
+        assert again.job_view(job_id, ALICE).request.qos == "standard"
+    finally:
+        again.stop()
