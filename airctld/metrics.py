@@ -20,7 +20,7 @@ from air.airctld import goodput
 from air.airctld.model import Job
 from air.protos import air_pb2 as pb
 from air.protos.reports import report_numbers
-from air.protos.signals import signal_kind
+from air.protos.signals import kind_of
 from air.protos.states import REASON_NAMES, JobPhase, Reason, long_state, node_state_name
 
 if TYPE_CHECKING:
@@ -267,7 +267,7 @@ class StateCollector:
         for n in views:
             state = node_state_name(n)
             if state in ("drain", "drng", "down"):
-                kind = "down" if state == "down" else (signal_kind(n.drain_signal) if n.drain_signal else "admin")
+                kind = "down" if state == "down" else (kind_of(n.drain_signal).label if n.drain_signal else "admin")
                 drains.add_metric([n.name, kind], 1)
         yield drains
 

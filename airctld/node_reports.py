@@ -12,6 +12,7 @@ from air.airctld import events, scheduler
 from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound
 from air.airctld.model import Job, Node, evolve
 from air.protos import air_pb2 as pb
+from air.protos import signals
 from air.protos.credential import Identity
 from air.protos.states import ACTIVE_PHASES, ExitCode, JobPhase, NodeState, Reason
 
@@ -19,11 +20,6 @@ log = logging.getLogger("airctld")
 
 CONTROLLER_UID = -1   # "who" in event rows for changes the controller made on its own
 MISSES_BEFORE_LOST = 2
-
-
-def clears_by_itself(signal: str) -> bool:
-    """Health signals of conditions that can pass (a port, a temperature, the admin's program)."""
-    return (signal.startswith("IB ") and not signal.endswith("flapping")) or signal in ("thermal", "health program")
 
 
 class NodeReports:
@@ -186,13 +182,13 @@ class NodeReports:
         the health program passing) returns to service when its config allows; XID, ECC and NVLink
         faults, and admin drains, always wait for `aircontrol node resume`."""
         nc = self.config.node(node.name)
-        if nc is None or not nc.health_auto_resume or not clears_by_itself(node.drain_signal):
+        if nc is None or not nc.health_auto_resume or not signals.kind_of(node.drain_signal).clears_by_itself:
             return
         back = evolve(node, state=NodeState.UP, reason="", drain_signal="")
         with self.store.transaction():
             self.store.save_node(back)
             self.store.add_node_events(node.name, [pb.HealthEvent(
-                gpu=-1, signal="resumed", message=f"{node.drain_signal} cleared; back in service", time=now)])
+                gpu=-1, signal=signals.RESUMED, message=f"{node.drain_signal} cleared; back in service", time=now)])
         self.nodes[node.name] = back
         self._dirty = True
         log.info("node %s back in service: %s cleared", node.name, node.drain_signal)
@@ -248,7 +244,7 @@ class NodeReports:
             with self.store.transaction():
                 self.store.save_node(new)
                 self.store.add_node_events(name, [pb.HealthEvent(
-                    gpu=-1, signal="admin", message=f"{new.state.name} by uid {who.uid}: {reason}",
+                    gpu=-1, signal=signals.ADMIN, message=f"{new.state.name} by uid {who.uid}: {reason}",
                     time=self.clock())])
             self.nodes[name] = new
             self._dirty = True

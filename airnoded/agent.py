@@ -19,6 +19,7 @@ from air.airnoded.launcher import Launcher, StaleRun
 from air.airnoded.metrics import NodeMetrics
 from air.airnoded.steps import StepError, StepLimit, StepRunner, Stopping
 from air.protos import air_pb2 as pb
+from air.protos import signals
 from air.protos import air_pb2_grpc as rpc
 from air.protos.credential import signed
 
@@ -118,7 +119,7 @@ class Agent:
             self.steps.signal(job_id, run, signal.SIGTERM if kill_in else signal.SIGKILL)
             if kill_in:
                 threading.Timer(kill_in, self.steps.signal, (job_id, run, signal.SIGKILL)).start()
-        self._health_event(pb.HealthEvent(gpu=-1, signal="fenced", time=time.time(), message=(
+        self._health_event(pb.HealthEvent(gpu=-1, signal=signals.FENCED, time=time.time(), message=(
             f"no word from the controller for {silent:.1f} s: stopped runs {', '.join(f'{j}.{r}' for j, r in runs)}")))
 
     def run(self) -> None:

@@ -6,6 +6,7 @@ import uuid
 from typing import Protocol
 
 from air.protos import air_pb2 as pb
+from air.protos import signals
 
 SIM_NAME = "NVIDIA H100 80GB HBM3 (simulated)"
 SIM_MEMORY_MB = 81559
@@ -82,18 +83,18 @@ class SimulatedGpus:
             self._xids.append((fault.gpu, fault.xid))
         if fault.ecc_dbe:
             self._ecc[fault.gpu] = self._ecc.get(fault.gpu, 0) + 1
-            self._faults.append(pb.HealthEvent(gpu=fault.gpu, signal="ECC DBE", critical=True, time=now,
+            self._faults.append(pb.HealthEvent(gpu=fault.gpu, signal=signals.ECC_DBE, critical=True, time=now,
                                                message="uncorrectable (double-bit) ECC error"))
         if fault.HasField("nvlink_down"):
             self._links_down.add((fault.gpu, fault.nvlink_down))
-            self._faults.append(pb.HealthEvent(gpu=fault.gpu, signal=f"NVLink {fault.nvlink_down} down",
+            self._faults.append(pb.HealthEvent(gpu=fault.gpu, signal=signals.nvlink_down(fault.nvlink_down),
                                                critical=True, time=now, message="NVLink link is down"))
         if fault.HasField("temperature_c"):
             if fault.gpu < 0:
                 raise GpuError("--temp needs --gpu")
             self._temps[fault.gpu] = fault.temperature_c
         if fault.ib_down:
-            self._faults.append(pb.HealthEvent(gpu=-1, signal=f"IB {fault.ib_down} DOWN", critical=True,
+            self._faults.append(pb.HealthEvent(gpu=-1, signal=signals.ib_port(fault.ib_down, "DOWN"), critical=True,
                                                time=now, message=f"InfiniBand port {fault.ib_down} is DOWN"))
 
     def take_xids(self) -> list[tuple[int, int]]:
@@ -163,7 +164,7 @@ class NvmlGpus:
                 dbe = nvml.nvmlDeviceGetTotalEccErrors(h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                                                        nvml.NVML_VOLATILE_ECC)
                 if dbe > self._ecc_seen.get(i, 0):
-                    out.append(pb.HealthEvent(gpu=i, signal="ECC DBE", critical=True, time=now,
+                    out.append(pb.HealthEvent(gpu=i, signal=signals.ECC_DBE, critical=True, time=now,
                                               message=f"{dbe} uncorrectable ECC errors (volatile)"))
                 self._ecc_seen[i] = dbe
             except nvml.NVMLError:
@@ -171,7 +172,7 @@ class NvmlGpus:
             try:
                 _, _, _, failure = nvml.nvmlDeviceGetRemappedRows(h)
                 if failure:
-                    out.append(pb.HealthEvent(gpu=i, signal="row remap failure", critical=True, time=now,
+                    out.append(pb.HealthEvent(gpu=i, signal=signals.ROW_REMAP_FAILURE, critical=True, time=now,
                                               message="row remapping failed"))
             except nvml.NVMLError:
                 pass
@@ -190,7 +191,7 @@ class NvmlGpus:
                             continue
                 if not active and (i, link) not in self._links_down:
                     self._links_down.add((i, link))
-                    out.append(pb.HealthEvent(gpu=i, signal=f"NVLink {link} down", critical=True, time=now,
+                    out.append(pb.HealthEvent(gpu=i, signal=signals.nvlink_down(link), critical=True, time=now,
                                               message="NVLink link is down"))
         return out
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from air.protos import air_pb2 as pb
-from air.protos.signals import signal_kind
+from air.protos import signals
 
 log = logging.getLogger("airnoded")
 
@@ -30,12 +30,12 @@ APPLICATION_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault"
 
 def classify_xid(gpu: int, xid: int, seen_before: int, now: float) -> pb.HealthEvent:
     if xid in CRITICAL_XIDS:
-        return pb.HealthEvent(gpu=gpu, signal=f"XID {xid}", message=CRITICAL_XIDS[xid], critical=True, time=now)
+        return pb.HealthEvent(gpu=gpu, signal=signals.xid(xid), message=CRITICAL_XIDS[xid], critical=True, time=now)
     if xid in CRITICAL_ON_REPEAT:
-        return pb.HealthEvent(gpu=gpu, signal=f"XID {xid}", message=CRITICAL_ON_REPEAT[xid],
+        return pb.HealthEvent(gpu=gpu, signal=signals.xid(xid), message=CRITICAL_ON_REPEAT[xid],
                               critical=seen_before > 0, time=now)
     what = APPLICATION_XIDS.get(xid, "not classified")
-    return pb.HealthEvent(gpu=gpu, signal=f"XID {xid}", message=what, critical=False, time=now)
+    return pb.HealthEvent(gpu=gpu, signal=signals.xid(xid), message=what, critical=False, time=now)
 
 
 def ib_port_states(root: Path) -> dict[str, str]:
@@ -126,7 +126,7 @@ class HealthMonitor:
             self._check(now)
 
     def _report(self, event: pb.HealthEvent) -> None:
-        key = (signal_kind(event.signal), event.critical)
+        key = (signals.kind_of(event.signal).label, event.critical)
         self.event_counts[key] = self.event_counts.get(key, 0) + 1
         self.report(event)
 
@@ -147,7 +147,7 @@ class HealthMonitor:
             for status in self.latest:
                 hot = status.temperature_c > self.max_temp_c
                 if hot and status.index not in self._hot:
-                    self._report(pb.HealthEvent(gpu=status.index, signal="thermal", critical=True, time=now,
+                    self._report(pb.HealthEvent(gpu=status.index, signal=signals.THERMAL, critical=True, time=now,
                                                message=f"{status.temperature_c} C, over the limit of "
                                                        f"{self.max_temp_c} C"))
                 (self._hot.add if hot else self._hot.discard)(status.index)
@@ -155,7 +155,7 @@ class HealthMonitor:
             down = ib_port_faults(self.ib_root)
             for port, state in down.items():
                 if port not in self._ib_down:
-                    self._report(pb.HealthEvent(gpu=-1, signal=f"IB {port} {state.split(': ')[-1]}",
+                    self._report(pb.HealthEvent(gpu=-1, signal=signals.ib_port(port, state),
                                                message=f"InfiniBand port {port} is {state}, not ACTIVE",
                                                critical=True, time=now))
             self._ib_down = down
@@ -173,12 +173,12 @@ class HealthMonitor:
             before = self._ib_counts.get(port, {})
             rises = {k: v - before.get(k, v) for k, v in values.items() if v > before.get(k, v)}
             if rises:
-                self._report(pb.HealthEvent(gpu=-1, signal=f"IB {port} errors", critical=False, time=now,
+                self._report(pb.HealthEvent(gpu=-1, signal=signals.ib_errors(port), critical=False, time=now,
                                            message=", ".join(f"{k} +{n}" for k, n in sorted(rises.items()))))
             downs = values.get("link_downed", 0) - self._ib_base.get(port, {}).get("link_downed", 0)
             if downs > IB_FLAP_LIMIT and port not in self._ib_flapping:
                 self._ib_flapping.add(port)
-                self._report(pb.HealthEvent(gpu=-1, signal=f"IB {port} flapping", critical=True, time=now,
+                self._report(pb.HealthEvent(gpu=-1, signal=signals.ib_flapping(port), critical=True, time=now,
                                            message=f"link went down {downs} times since the daemon started"))
         self._ib_counts = {port: dict(v) for port, v in counts.items()}
 
@@ -199,5 +199,5 @@ class HealthMonitor:
         except OSError as e:
             failing, text = True, f"cannot run {self.program}: {e.strerror}"
         if failing and not self._program_failing:
-            self._report(pb.HealthEvent(gpu=-1, signal="health program", message=text, critical=True, time=now))
+            self._report(pb.HealthEvent(gpu=-1, signal=signals.HEALTH_PROGRAM, message=text, critical=True, time=now))
         self._program_failing = failing

@@ -61,7 +61,7 @@ def test_cancel_reaches_processes_that_left_the_job_group(cluster, tmp_path):
     assert os.getpgid(pid) != os.getpgid(os.getpid()) and psutil.pid_exists(pid)
     cluster.cli("aircancel", str(job))
     cluster.wait_state(job, "CANCELLED", timeout=40)
-    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+    wait_for(lambda: _gone(pid),
              timeout=10, what="the escaped process to be killed")
 
 
@@ -80,7 +80,7 @@ def test_ranks_on_a_node_without_the_batch_script_are_held_in_a_cgroup_of_the_ru
     assert any(str(pid) in (g / "cgroup.procs").read_text().split() for g in groups), groups
     cluster.cli("aircancel", str(job))
     cluster.wait_state(job, "CANCELLED", timeout=40)
-    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+    wait_for(lambda: _gone(pid),
              timeout=10, what="the escaped process to be killed")
 
     hog = cluster.write_script("rank-hog.sh", f"#!/bin/sh\n[ \"$SLURM_NODEID\" = 1 ] || exit 0\nexec {sys.executable} "
@@ -126,3 +126,11 @@ def test_a_steps_group_is_the_batch_scripts_where_it_runs_and_the_runs_own_elsew
     (earlier / "cgroup").write_text(str(older))
     assert runner.run_group(pb.Step(job_id=8, run=0, nodes=[pb.StepNode(node="n1")]), 0, earlier) == older
     assert older in groups.leftovers()   # and a restarted daemon would find it to kill, were no run to own it
+
+
+def _gone(pid: int) -> bool:
+    """The process has ended (reaped or a zombie), also when it ends while we look."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

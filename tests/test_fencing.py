@@ -45,13 +45,13 @@ class Runs:
     def alive(self) -> set[str]:
         runs = set()
         for p in psutil.process_iter(["environ"]):
-            try:
+            try:   # (a process may end between the listing and any look at it)
                 env = p.info["environ"] or {}
+                if env.get("AIR_JOB_ID") == self.job_id and \
+                        env.get("AIR_STOP_REASON_FILE", "").startswith(self.spool) and p.status() != psutil.STATUS_ZOMBIE:
+                    runs.add(env.get("AIR_RESTART_COUNT", "?"))
             except psutil.Error:
                 continue
-            if env.get("AIR_JOB_ID") == self.job_id and env.get("AIR_STOP_REASON_FILE", "").startswith(self.spool) \
-                    and p.status() != psutil.STATUS_ZOMBIE:
-                runs.add(env.get("AIR_RESTART_COUNT", "?"))
         return runs
 
     def _watch(self):
