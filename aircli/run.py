@@ -190,7 +190,8 @@ class _Renewing:
     a controller restart keeps the allocation."""
 
     FIRST_S = 1.0   # the first renewal, and the period while the controller's limit is not known
-    OFF_S = 30.0    # the period while the controller ends no allocation (its limit is 0, maybe for now)
+    OFF_S = 3.0     # the period while the controller ends no allocation (its limit is 0, maybe for now;
+    #                 a restart may bring the shortest limit it takes)
 
     def __init__(self, client, job_id: int):
         from air.protos import air_pb2 as pb
@@ -208,7 +209,8 @@ class _Renewing:
                         print(f"airrun: warning: renewing the allocation: {e!r}", file=sys.stderr, flush=True)
                     except Exception:
                         pass
-                continue   # at the pace known: five more tries before the limit
+                every = min(every, 2.0)   # (a restart may have brought a shorter limit)
+                continue
             every = max(0.5, limit / 6) if limit else self.OFF_S
 
     def stop(self) -> None:

@@ -96,7 +96,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self.renewed: dict[int, float] = {}
         self._lease_look = mono   # when _inactive last looked
         self.rpcs_in_flight: set[int] = set()   # the RPC worker threads serving a call now (see service)
-        self._saturated_since: float | None = None   # since when all of them have been busy
+        self.airrun_renewed: dict[int, float] = {}   # as renewed, but only airrun's own renewals (and starts)
         self._no_grace: set[int] = set()   # jobs cancelled with SIGKILL: killed at once, whenever signalled
         self.latest_report: dict[int, str] = {}     # job -> rank 0's newest report (JSON)
         self.suspect: dict[str, float] = {}         # nodes a step lost, until their next heartbeat
@@ -307,18 +307,21 @@ class Controller(NodeReports, SchedulingPass, Launching):
         if release:
             return self._release(filt, who, release == 1)
         kill = signal == SIGKILL and not batch_only and not steps_only
-        ending: list[Job] = []   # (with SIGKILL: jobs already in their grace time, killed now)
+        ending: list[Job] = []       # with SIGKILL: jobs already in their grace time, killed now
+        requeuing: list[Job] = []    # jobs stopping to go back to the queue: they end CANCELLED instead
         with self._lock:
-            if kill:
+            if signal and not kill:
+                targets = self._select(filt, who, acting=True)
+            else:
                 selected = self._select(filt, who, acting=True, doing="cancel")
                 targets = [j for j in selected if j.phase in (JobPhase.PENDING, JobPhase.RUNNING)]
-                ending = [j for j in selected if j.phase == JobPhase.COMPLETING]
+                stopping = [j for j in selected if j.phase == JobPhase.COMPLETING]
+                requeuing = [j for j in stopping if j.reason in events.REQUEUING and j.requeue_allowed]
+                ending = stopping if kill else []
                 if len(selected) == 1 and len(filt.job_ids) + len(filt.array_tasks) == 1 and \
-                        selected[0].phase == JobPhase.DONE:
+                        not (targets or requeuing or ending):
                     raise Conflict(f"job {selected[0].job_id} is "
                                    f"{long_state(selected[0].phase, selected[0].result).lower()}; cannot cancel it")
-            else:
-                targets = self._select(filt, who, acting=True)
             if signal and not kill:
                 targets = [j for j in targets if j.phase == JobPhase.RUNNING]
                 for job in targets:   # (an allocation's shell is airctld's: a signal is for its steps)
@@ -326,14 +329,18 @@ class Controller(NodeReports, SchedulingPass, Launching):
                                       steps_only=steps_only and not batch_only or job.request.allocation)
                 return [j.job_id for j in targets]
             now = self.clock()
-            changed = self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED,
-                                                    f"cancelled by uid {who.uid}")) for j in targets], now, who.uid)
+            why = f"cancelled by uid {who.uid}"
+            changed = self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED, why))
+                                    for j in targets] +
+                                   [(j, events.cancelled_while_stopping(j, why)) for j in requeuing], now, who.uid)
+            stopped = {j.job_id for j in requeuing}   # (already signalled: their grace time goes on)
             if kill:   # (also when signalled later: after its launch returns, or stopped again)
                 self._no_grace.update(j.job_id for j in [*changed, *ending] if j.phase == JobPhase.COMPLETING)
+            ending = [self.jobs.get(j.job_id) or j for j in ending]
             launching = set(self._launching)
-        self._terminate(changed + ending, launching)
+        self._terminate([j for j in changed if j.job_id not in stopped] + ending, launching)
         self._wake.set()
-        return [j.job_id for j in changed + ending]
+        return list(dict.fromkeys([j.job_id for j in changed] + [j.job_id for j in ending]))
 
     def _release(self, filt: pb.JobFilter, who: Identity, succeeded: bool) -> list[int]:
         """The allocation's shell ends as airrun's step did (SIGUSR1: COMPLETED, SIGUSR2: FAILED, by its
@@ -354,7 +361,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
                        if j.phase == JobPhase.RUNNING and j.request.allocation]
             mono = self.mono()
             for job in targets:
-                self.renewed[job.job_id] = mono
+                self.renewed[job.job_id] = self.airrun_renewed[job.job_id] = mono
         return [j.job_id for j in targets]
 
     def requeue(self, filt: pb.JobFilter, who: Identity) -> list[int]:
@@ -448,13 +455,21 @@ class Controller(NodeReports, SchedulingPass, Launching):
                                      f"{MAX_NAMED_JOBS} in one request: name fewer")
             ids = [i for n in named for i in self._arrays.get(n, (n,))] + \
                 [i for a in arrays for i in self._arrays.get(a, ())]
-            stored = self.store.get_jobs([i for i in ids if i not in self.jobs])   # one read for all
-            for job in stored.values():
-                self._settled(job)
-            found = {i: j for i in ids if (j := self.jobs.get(i) or stored.get(i)) is not None}
-            missing = [i for i in named if i not in found and i not in self._arrays]
+            older = [i for i in ids if i not in self.jobs]   # jobs that ended long ago, in the store only
+            skim = acting and len(named) + len(filt.array_tasks) > 1
+            if skim:
+                # nothing acts on an ended job: of these, only whether a named one exists matters
+                stored = {}
+                exists = self.store.existing_ids([i for i in named if i in older and i not in self._arrays])
+                missing = [i for i in named if i not in self.jobs and i not in self._arrays and i not in exists]
+            else:   # a listing shows them; a job named alone is answered with its state
+                stored = self.store.get_jobs(older)   # one read for all (bounded above)
+                for job in stored.values():
+                    self._settled(job)
+                missing = [i for i in named if i not in self.jobs and i not in stored and i not in self._arrays]
             if missing:
                 raise NotFound(f"job {missing[0]} does not exist")
+            found = {i: j for i in ids if (j := self.jobs.get(i) or stored.get(i)) is not None}
             ids = [i for n in named for i in self._arrays.get(n, (n,)) if i in found]
             by_index: dict[tuple[int, int], list[int]] = {}   # (array, task index) -> job ids
             for a in arrays:
@@ -463,9 +478,9 @@ class Controller(NodeReports, SchedulingPass, Launching):
                         by_index.setdefault((a, found[i].array_task_id), []).append(i)
             for t in filt.array_tasks:
                 tasks = by_index.get((t.array_job_id, t.task_id))
-                if not tasks:
+                if not tasks and not (skim and t.array_job_id in self._arrays):   # (skim: an ended task, maybe)
                     raise NotFound(f"job {t.array_job_id}_{t.task_id} does not exist")
-                ids.extend(tasks)
+                ids.extend(tasks or ())
             candidates = [found[i] for i in dict.fromkeys(ids)]   # (retention may have removed some tasks)
         else:
             candidates = list(self.jobs)
@@ -761,10 +776,11 @@ class Controller(NodeReports, SchedulingPass, Launching):
             if new.phase == JobPhase.RUNNING and old.phase != JobPhase.RUNNING:
                 self.moved[new.job_id] = self.mono()
                 if new.request.allocation:
-                    self.renewed[new.job_id] = self.mono()
+                    self.renewed[new.job_id] = self.airrun_renewed[new.job_id] = self.mono()
             elif new.phase != JobPhase.RUNNING:
                 self.moved.pop(new.job_id, None)
                 self.renewed.pop(new.job_id, None)
+                self.airrun_renewed.pop(new.job_id, None)
             if new.phase == JobPhase.DONE:
                 self._step_ids.pop(new.job_id, None)
             if new.phase == JobPhase.COMPLETING:
@@ -815,17 +831,15 @@ class Controller(NodeReports, SchedulingPass, Launching):
         limit = self.config.controller.inactive_limit_s
         if not limit:
             return []
-        if len(self.rpcs_in_flight) < RPC_WORKERS:
-            self._saturated_since = None
-        elif self._saturated_since is None:
-            self._saturated_since = mono
-        busy = self._saturated_since is not None and mono - self._saturated_since < SATURATION_CREDIT * limit
-        if mono - self._lease_look > limit / 3 or busy:
-            # this controller was frozen, or every one of its RPC workers is busy (for a while: callers
-            # that keep them busy for ever do not keep dead allocations for ever): the renewals it did
-            # not take, or that wait for a worker, are not airrun's fault
-            for job_id in self.renewed:
+        if mono - self._lease_look > limit / 3:   # this controller was frozen or starved meanwhile: the
+            for job_id in self.renewed:              # renewals it did not take were not airrun's fault
                 self.renewed[job_id] = mono
+        elif len(self.rpcs_in_flight) >= RPC_WORKERS:
+            # every RPC worker is busy: renewals may wait for one. Excused for a while after airrun's
+            # last renewal that arrived (callers that keep the workers busy keep no dead allocation)
+            cap = SATURATION_CREDIT * limit
+            for job_id, renewed in self.renewed.items():
+                self.renewed[job_id] = max(renewed, min(mono, self.airrun_renewed.setdefault(job_id, mono) + cap))
         self._lease_look = mono
         ending = {j.job_id for j in ending_now}
         return [j for j in running if j.request.allocation and j.job_id not in ending
@@ -878,6 +892,8 @@ class _Wanted:
 
 
 def _wanted(f: pb.JobFilter) -> _Wanted:
+    if any(i >= 1 << 62 for i in f.job_ids) or any(t.array_job_id >= 1 << 62 for t in f.array_tasks):
+        raise InvalidRequest("a job id of 2^62 or more: no such job")
     for what, items in (("job ids", f.job_ids), ("array tasks", f.array_tasks), ("users", f.uids),
                         ("names", f.names), ("partitions", f.partitions), ("states", f.phases),
                         ("states", f.results)):

@@ -102,6 +102,13 @@ def hung(job: Job, now: float, silent_s: float) -> Job:
     return stop(job, now, result, Reason.HUNG, f"no progress for {silent_s:.0f} s (--hang-timeout)")
 
 
+def cancelled_while_stopping(job: Job, detail: str) -> Job:
+    """A job stopping to go back to the queue (preempted, requeue asked, hung) is cancelled: it ends
+    CANCELLED when its run has stopped, instead of being requeued."""
+    _require(job, JobPhase.COMPLETING, doing="cancel it")
+    return evolve(job, result=JobResult.CANCELLED, reason=Reason.CANCELLED, reason_detail=detail)
+
+
 def held(job: Job, hold: bool) -> Job:
     """Hold a pending job, or release it."""
     _require(job, JobPhase.PENDING, doing="hold or release it")

@@ -92,5 +92,7 @@ class JobTable:
         """The job's cached short encoding for listings, made with `encode` when missing."""
         enc = self._brief.get(job.job_id)
         if enc is None:
-            enc = self._brief[job.job_id] = encode(job)
+            enc = encode(job)
+            if self._jobs.get(job.job_id) is job:   # (a job read from the store is not kept)
+                self._brief[job.job_id] = enc
         return enc

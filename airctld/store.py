@@ -362,6 +362,15 @@ class Store:
                 out[job.job_id] = job
         return out
 
+    def existing_ids(self, job_ids: list[int]) -> set[int]:
+        """Which of these job ids the store has (no job decoded)."""
+        out: set[int] = set()
+        for i in range(0, len(job_ids), 500):
+            part = job_ids[i:i + 500]
+            out.update(r[0] for r in self._rows(f"SELECT id FROM jobs WHERE id IN ({', '.join('?' * len(part))})",
+                                                part))
+        return out
+
     def load_jobs(self, done_since: float) -> list[Job]:
         """Jobs not done, and jobs done at or after `done_since`."""
         cur = self._rows(

@@ -15,4 +15,4 @@ def memory_limit_bytes(mem_per_node_mb: int, mem_per_gpu_mb: int, gpus_here: int
         return mem_per_gpu_mb * gpus_here * MIB
     return 0
 MAX_FILTER_ITEMS = 10_000     # job ids, array tasks, users, names or partitions in one job filter
-MAX_NAMED_JOBS = 100_000      # jobs the ids of one request stand for, each array's tasks counted
+MAX_NAMED_JOBS = 20_000       # jobs the ids of one request stand for, each array's tasks counted

@@ -70,8 +70,8 @@ def ib_flapping(port: str) -> str:
 
 
 def _word(text: str) -> str:
-    """One word of a signal: a name read from sysfs never splits it."""
-    return "".join(c for c in text if c.isprintable() and not c.isspace())
+    """One word of a signal: a name read from sysfs never splits it (its spaces become "_")."""
+    return "".join(("_" if c.isspace() else c) for c in text.strip() if c.isprintable() or c.isspace())
 
 
 def kind_of(signal: str) -> HealthKind:
@@ -85,6 +85,7 @@ def kind_of(signal: str) -> HealthKind:
         return HealthKind.XID
     if len(words) == 3 and words[0] == "NVLink" and words[2] == "down":
         return HealthKind.NVLINK
-    if len(words) == 3 and words[0] == "IB" and words[1]:
-        return {"errors": HealthKind.IB_ERRORS, "flapping": HealthKind.IB_FLAPPING}.get(words[2], HealthKind.IB_PORT)
+    if len(words) >= 3 and words[0] == "IB" and words[1]:   # (an earlier daemon's port state had spaces)
+        kinds = {"errors": HealthKind.IB_ERRORS, "flapping": HealthKind.IB_FLAPPING}
+        return kinds.get(words[2], HealthKind.IB_PORT) if len(words) == 3 else HealthKind.IB_PORT
     return HealthKind.OTHER

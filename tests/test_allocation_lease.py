@@ -280,3 +280,40 @@ def test_sigkill_ends_the_grace_time_of_a_job_already_stopping(controller):
     assert job_id not in c._no_grace   # (forgotten once it has ended)
     with pytest.raises(Conflict, match="cannot cancel it"):
         c.cancel(pb.JobFilter(job_ids=[job_id]), signal.SIGKILL, ALICE)
+
+
+def test_a_job_stopping_to_be_requeued_is_cancelled_not_requeued(controller):
+    # preempted (or asked to requeue): aircancel ends it CANCELLED once its run stops, leaving its grace
+    # time be; -s KILL ends the grace time too. Either way it never comes back to the queue.
+    c, clock = controller
+    delivered = []
+    c._actions.submit = lambda fn, *args: fn(*args)
+    c.clients.signal = lambda address, job, run, sig, grace, *rest: delivered.append((job, sig, grace))
+    for sig, resent in ((0, []), (signal.SIGKILL, [0.0])):
+        job_id = _running(c, clock, allocation=False)
+        job = c.jobs.get(job_id)
+        c._commit([(job, events.stop(job, clock.now, JobResult.NONE, Reason.PREEMPTED, "preempted"))], clock.now, 0)
+        delivered.clear()
+        assert c.cancel(pb.JobFilter(job_ids=[job_id]), sig, ALICE) == [job_id]
+        assert [g for j, s, g in delivered if j == job_id] == resent
+        job = c.jobs.get(job_id)
+        assert (job.phase, job.result, job.reason) == (JobPhase.COMPLETING, JobResult.CANCELLED, Reason.CANCELLED)
+        c._commit([(job, events.finished(job, clock.now, 0, 15))], clock.now, 0)
+        job = c.jobs.get(job_id)
+        assert (job.phase, job.result, job.restart_count) == (JobPhase.DONE, JobResult.CANCELLED, 0)
+
+
+def test_short_lulls_in_a_busy_controller_do_not_renew_the_excuse(controller):
+    from air.airctld.controller import RPC_WORKERS, SATURATION_CREDIT
+    c, clock = controller
+    leased = _running(c, clock)
+    busy = set(range(RPC_WORKERS))
+    for _ in range(4 * SATURATION_CREDIT):   # busy, a short lull, busy again, ...
+        c.rpcs_in_flight.update(busy)
+        _wait(c, clock, LIMIT / 2, leased)
+        c.rpcs_in_flight.clear()
+        _wait(c, clock, 5, leased)
+        if c.jobs.get(leased).phase != JobPhase.RUNNING:
+            break
+    assert c.jobs.get(leased).reason == Reason.INACTIVE_LIMIT
+    assert clock.now - c.jobs.get(leased).start_time <= (SATURATION_CREDIT + 2) * LIMIT

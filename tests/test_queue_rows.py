@@ -263,3 +263,31 @@ def test_a_job_stored_before_qos_was_recorded_shows_the_default_it_ran_under(con
         assert again.job_view(job_id, ALICE).request.qos == "standard"
     finally:
         again.stop()
+
+
+def test_jobs_that_ended_long_ago_are_listed_by_id_and_skipped_by_a_cancel_of_many(controller):
+    # jobs only in the store (forgotten from memory): a listing by id shows them, read in one query of
+    # a few hundred ids at a time; a cancel naming many ignores them (nothing acts on an ended job)
+    c, clock = controller
+    arr = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True, array="0-599"), ALICE)[0]
+    c.cancel(pb.JobFilter(job_ids=[arr]), 0, ALICE)
+    live = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True), ALICE)[0]
+    for i in c._arrays[arr]:
+        c.jobs.remove(i)
+    rows = c.list_rows(pb.JobFilter(rendered=True, job_ids=[arr], expand_arrays=True), ALICE).splitlines()
+    assert len(rows) == 600 and all(r.split()[-4] == "CA" for r in rows)
+    assert {r.split()[0] for r in rows} == {f"{arr}_{t}" for t in range(600)}
+    assert c.cancel(pb.JobFilter(job_ids=[arr, live]), 0, ALICE) == [live]
+    assert c.cancel(pb.JobFilter(array_tasks=[pb.ArrayTask(array_job_id=arr, task_id=7),
+                                              pb.ArrayTask(array_job_id=arr, task_id=8)]), 0, ALICE) == []
+    import pytest
+    from air.airctld.errors import Conflict, InvalidRequest, NotFound
+    with pytest.raises(Conflict, match="cancelled; cannot cancel it"):
+        c.cancel(pb.JobFilter(array_tasks=[pb.ArrayTask(array_job_id=arr, task_id=7)]), 0, ALICE)
+    with pytest.raises(NotFound, match=f"job {arr}_600 does not exist"):
+        c.cancel(pb.JobFilter(array_tasks=[pb.ArrayTask(array_job_id=arr, task_id=600)]), 0, ALICE)
+    with pytest.raises(NotFound, match="job 99999 does not exist"):
+        c.cancel(pb.JobFilter(job_ids=[live, 99999]), 0, ALICE)
+    with pytest.raises(InvalidRequest, match="2\\^62"):
+        c.list_rows(pb.JobFilter(rendered=True, job_ids=[1 << 63]), ALICE)
+    assert arr not in c.jobs._brief   # (a job read from the store is not kept)

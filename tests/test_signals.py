@@ -36,3 +36,10 @@ def test_odd_texts_are_other_and_sysfs_names_never_change_a_kind():
     assert signals.kind_of(signals.ib_port("mlx5 0/1 flapping", "4: ACTIVE DEFER\n")) == K.IB_PORT
     assert signals.kind_of(signals.ib_port("x", "")) == K.IB_PORT
     assert signals.kind_of(signals.ib_errors("a b")) == K.IB_ERRORS
+
+
+def test_texts_of_earlier_daemons_keep_their_kind():
+    # a port state with spaces (an unreadable state file) was sent as is: still a port, which clears
+    assert signals.kind_of("IB mlx5_0/1 unreadable (No such file or directory)") == K.IB_PORT
+    assert signals.ib_port("mlx5_0/1", "unreadable (No such file)") == "IB mlx5_0/1 unreadable_(No_such_file)"
+    assert signals.ib_port("mlx5 0/1", "1: DOWN") != signals.ib_port("mlx50/1", "1: DOWN")
