@@ -313,7 +313,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
             if signal and not kill:
                 targets = self._select(filt, who, acting=True)
             else:
-                selected = self._select(filt, who, acting=True, doing="cancel")
+                selected = self._select(filt, who, acting=True, every_phase=True)
                 targets = [j for j in selected if j.phase in (JobPhase.PENDING, JobPhase.RUNNING)]
                 stopping = [j for j in selected if j.phase == JobPhase.COMPLETING]
                 requeuing = [j for j in stopping if j.reason in events.REQUEUING and j.requeue_allowed]
@@ -443,7 +443,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         return [j.job_id for j in changed]
 
     def _select(self, filt: pb.JobFilter, who: Identity, acting: bool,
-                doing: str = "cancel or signal") -> list[Job]:
+                doing: str = "cancel or signal", every_phase: bool = False) -> list[Job]:
         wanted = _wanted(filt)   # (bounded: the caller holds the controller's lock)
         if filt.job_ids or filt.array_tasks:
             named = list(dict.fromkeys(filt.job_ids))
@@ -491,7 +491,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
             return selected
         for job in selected:
             self.policy.check_may_act(who, job, doing)
-        if doing != "cancel or signal":
+        if doing != "cancel or signal" or every_phase:
             return selected
         if len(selected) == 1 and len(filt.job_ids) + len(filt.array_tasks) == 1 and \
                 selected[0].phase not in (JobPhase.PENDING, JobPhase.RUNNING):
