@@ -346,19 +346,21 @@ class Controller(NodeReports, SchedulingPass, Launching):
         """The allocation's shell ends as airrun's step did (SIGUSR1: COMPLETED, SIGUSR2: FAILED, by its
         traps), which only airctld signals."""
         with self._lock:
-            targets = [j for j in self._select(filt, who, acting=True)
-                       if j.phase == JobPhase.RUNNING and j.request.allocation]
+            targets = self._allocations(filt, who)
             for job in targets:
                 self._send_signal(job, SIGUSR1 if succeeded else SIGUSR2, batch_only=True)
         return [j.job_id for j in targets]
+
+    def _allocations(self, filt: pb.JobFilter, who: Identity) -> list[Job]:
+        """airrun's own running allocations among the jobs named (under the lock)."""
+        return [j for j in self._select(filt, who, acting=True) if j.phase == JobPhase.RUNNING and j.request.allocation]
 
     def keep_alive(self, filt: pb.JobFilter, who: Identity) -> list[int]:
         """airrun renews its own allocations (see ControllerConfig.inactive_limit_s)."""
         if not filt.job_ids or len(filt.job_ids) > 64 or filt.array_tasks:
             raise InvalidRequest("name the allocations to renew (1 to 64 job ids)")
         with self._lock:
-            targets = [j for j in self._select(filt, who, acting=True)
-                       if j.phase == JobPhase.RUNNING and j.request.allocation]
+            targets = self._allocations(filt, who)
             mono = self.mono()
             for job in targets:
                 self.renewed[job.job_id] = self.airrun_renewed[job.job_id] = mono
@@ -580,31 +582,31 @@ class Controller(NodeReports, SchedulingPass, Launching):
 
     def list_jobs(self, filt: pb.JobFilter, who: Identity) -> list[bytes]:
         """Jobs matching the filter, each as an encoded brief Job (no script, no environment)."""
-        now = self.clock()
-        horizon = now - self.config.controller.min_job_age_s
         with self._lock:
-            jobs = self._select(filt, who, acting=False)
             out = []
-            for job in jobs:
-                if job.phase == JobPhase.DONE and job.end_time < horizon and not filt.include_old \
-                        and not filt.job_ids:
-                    continue
+            for job in self._listed(filt, who, self.clock()):
                 brief = self.jobs.brief(job, _brief)
                 if filt.with_progress and job.job_id in self.latest_report:
                     brief += self._progress_fields(job.job_id)   # fields appended merge into the message
                 out.append(brief)
             return out
 
+    def _listed(self, filt: pb.JobFilter, who: Identity, now: float) -> list[Job]:
+        """What a listing shows (under the lock): the jobs `who` may see, but those that ended before the
+        visibility window unless asked for (include_old, or by id)."""
+        jobs = self._select(filt, who, acting=False)
+        if filt.include_old or filt.job_ids:
+            return jobs
+        horizon = now - self.config.controller.min_job_age_s
+        return [j for j in jobs if j.phase != JobPhase.DONE or j.end_time >= horizon]
+
     def list_rows(self, filt: pb.JobFilter, who: Identity) -> str:
         """The jobs `list_jobs` would give, as squeue's default format shows them (plain airq): one line
         each, no header, an array's pending tasks in one row unless filt.expand_arrays. A pending or
         ended job's row is kept until the job changes; a running job's (its TIME moves) is made anew."""
         now = self.clock()
-        horizon = now - self.config.controller.min_job_age_s
         with self._lock:
-            jobs = self._select(filt, who, acting=False)
-            if not filt.include_old and not filt.job_ids:
-                jobs = [j for j in jobs if j.end_time >= horizon or j.phase != JobPhase.DONE]
+            jobs = self._listed(filt, who, now)
             picked = zip(jobs, self.jobs.rows(jobs))
         items = squeue.compile_format(squeue.SQUEUE_DEFAULT, squeue.job_fields(now))
         lines: list = []

@@ -47,8 +47,7 @@ class JobTable:
 
     def row(self, job: Job) -> str | None:
         """The job's row in squeue's default format, if one was kept for this very version of it."""
-        kept = self._rows.get(job.job_id)
-        return kept[1] if kept is not None and kept[0] is job else None
+        return self.rows([job])[0]
 
     def rows(self, jobs: list[Job]) -> list[str | None]:
         """row() of each job."""

@@ -352,24 +352,19 @@ class Store:
         return _job_from_row(rows[0]) if rows else None
 
     def get_jobs(self, job_ids: list[int]) -> dict[int, Job]:
-        """The stored jobs of these ids (those that exist), a few hundred ids a query."""
-        out = {}
-        for i in range(0, len(job_ids), 500):
-            part = job_ids[i:i + 500]
-            for row in self._rows(f"SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs "
-                                  f"WHERE id IN ({', '.join('?' * len(part))})", part):
-                job = _job_from_row(row)
-                out[job.job_id] = job
-        return out
+        """The stored jobs of these ids (those that exist)."""
+        jobs = (_job_from_row(row) for row in self._by_ids(f"id, {', '.join(_JOB_COLUMNS)}", job_ids))
+        return {job.job_id: job for job in jobs}
 
     def existing_ids(self, job_ids: list[int]) -> set[int]:
         """Which of these job ids the store has (no job decoded)."""
-        out: set[int] = set()
+        return {row[0] for row in self._by_ids("id", job_ids)}
+
+    def _by_ids(self, columns: str, job_ids: list[int]):
+        """Rows of the jobs table for these ids, a few hundred ids a query."""
         for i in range(0, len(job_ids), 500):
             part = job_ids[i:i + 500]
-            out.update(r[0] for r in self._rows(f"SELECT id FROM jobs WHERE id IN ({', '.join('?' * len(part))})",
-                                                part))
-        return out
+            yield from self._rows(f"SELECT {columns} FROM jobs WHERE id IN ({', '.join('?' * len(part))})", part)
 
     def load_jobs(self, done_since: float) -> list[Job]:
         """Jobs not done, and jobs done at or after `done_since`."""
