@@ -116,6 +116,9 @@ class _Pass:
         self.active = active
         self.priority = priority
         self.part_nodes = {p: [n for n in part.nodes if n in free] for p, part in partitions.items()}
+        # --switches needs a topology, as Slurm's needs topology/tree: without a `switch` on any node
+        # (each is then a switch of its own) it is ignored
+        self.topology = any(node.switch != node.name for node in free.values())
         self.max_gpus = {p: max((free[n].total_gpus for n in names), default=0) for p, names in self.part_nodes.items()}
         # buckets[p][k]: up nodes of partition p with exactly k free GPUs, in configuration order
         self.buckets: dict[str, list[dict[str, None]]] = {}
@@ -339,7 +342,7 @@ class _Pass:
         if len(chosen) < n:
             return None
         wanted = job.request.switches   # --switches: wait for so few leaf switches, up to its time
-        if wanted and n > 1 and len({node.switch for node in chosen}) > wanted and \
+        if wanted and n > 1 and self.topology and len({node.switch for node in chosen}) > wanted and \
                 self.now - job.submit_time < job.request.switches_wait_s and \
                 len({node.switch for node in chosen if node.name in filt.required}) <= wanted:
             return None   # (the nodes it lists may span more already: no wait can help that)

@@ -60,6 +60,17 @@ def test_switches_option_waits_for_one_switch_up_to_its_limit():
     assert len(dict(plan.starts)[1]) == 4   # waited long enough: takes two switches
 
 
+def test_switches_option_is_ignored_without_a_topology():
+    # as Slurm's --switches without topology/tree: no node has a switch, so none is waited for
+    req = pb.JobRequest(switches=1, switches_wait_s=600)
+    plan = _schedule(_cluster(NODES12), [_job(1, nodes=4, gpus=8, request=req)], (), None, now=100)
+    assert len(dict(plan.starts)[1]) == 4
+    # with a topology, the same job waits while no single switch has room (three busy nodes, one a switch)
+    busy = [_running(90, [("n1", range(8))]), _running(91, [("n5", range(8))]), _running(92, [("n9", range(8))])]
+    plan = _schedule(_cluster(NODES12), [_job(1, nodes=4, gpus=8, request=req)], busy, SWITCHES, now=100)
+    assert plan.waiting == {1: Reason.RESOURCES}
+
+
 def test_switches_counts_the_listed_nodes_switches_too():
     # -w n1 -N 3 --switches=1: the rest under n1's switch, or wait (up to the limit) until they fit there
     busy = [_running(90, [("n2", range(8))]), _running(91, [("n3", range(8))])]   # s0 has only n1 and n4 free
