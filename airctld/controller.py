@@ -793,11 +793,10 @@ class Controller(NodeReports, SchedulingPass, Launching):
             if new.phase != old.phase and new.phase != JobPhase.COMPLETING:
                 self._misses.pop(new.job_id, None)
                 self._dirty = True  # resources freed, a job that others waited behind gone, or one requeued
-        for old, new in changes:   # last: a metric never keeps the controller from taking a change in
-            try:
-                self.metrics.changed(old, new, now)
-            except Exception:
-                log.exception("job %d: metrics not updated", new.job_id)
+        try:   # last: a metric never keeps the controller from taking a change in
+            self.metrics.changed(changes, now)
+        except Exception:
+            log.exception("metrics not updated for %d job changes", len(changes))
 
     def _enforce_time_limits(self, now: float) -> None:
         with self._lock:

@@ -75,38 +75,52 @@ class ControllerMetrics:
         for job in jobs:
             self.submissions.labels(job.partition, job.request.account or "default").inc()
 
-    def changed(self, old: Job, new: Job, now: float) -> None:
-        """One job change the store has committed."""
-        account = new.request.account or "default"
-        if new.phase == JobPhase.RUNNING and old.phase == JobPhase.PENDING:
-            self.starts.labels(new.partition).inc()
-            requeued_at = self._requeued_at.pop(new.job_id, None)
-            if new.restart_count == 0:   # the first start: queued since submission
-                waited = max(0.0, new.start_time - new.submit_time)
-                self.submit_to_start.labels(new.partition).observe(waited)
-                self.goodput.labels(account, "queued").inc(waited)
-            elif requeued_at is not None:   # a later one: down since the requeue
-                waited = max(0.0, new.start_time - requeued_at)
-                self.goodput.labels(account, "down").inc(waited)
-            else:   # a requeue before a controller restart: when is not known
-                waited = None
-            if waited is not None:
-                self.queue_wait.labels(new.partition).observe(waited)
-        if goodput.run_ended(old, new):
-            end = new.end_time or now
-            g = goodput.breakdown(old.start_time, [goodput.Run(old.start_time, end, new.figures)], end)
-            for category in ("starting", "restoring", "training", "checkpoint", "lost", "other"):
-                self.goodput.labels(account, category).inc(getattr(g, f"{category}_s"))
-        requeued = new.phase == JobPhase.PENDING and old.phase in (JobPhase.RUNNING, JobPhase.COMPLETING)
-        if requeued:
-            self.requeues.labels(Reason(new.last_stop_reason).name).inc()
-            self._requeued_at[new.job_id] = now
-        stopped = requeued or (new.phase == JobPhase.DONE and old.phase != JobPhase.DONE)
-        if stopped and Reason.PREEMPTED in (new.last_stop_reason, new.reason):
-            self.preemptions.labels(new.partition, new.request.qos or "default").inc()
-        if new.phase == JobPhase.DONE and old.phase != JobPhase.DONE:
-            self.ends.labels(new.partition, long_state(new.phase, new.result)).inc()
-            self._requeued_at.pop(new.job_id, None)
+    def changed(self, changes: list[tuple[Job, Job]], now: float) -> None:
+        """Job changes the store has committed, (old, new) pairs. Counts are added once for each set of
+        labels (a cancel of 100,000 jobs is one addition, not 100,000)."""
+        counts: dict[tuple, int] = {}
+        for old, new in changes:
+            if new.phase == old.phase and new.restart_count == old.restart_count:
+                continue   # (no start, requeue or end: nothing counted)
+            account = new.request.account or "default"
+            if new.phase == JobPhase.RUNNING and old.phase == JobPhase.PENDING:
+                key = (self.starts, new.partition)
+                counts[key] = counts.get(key, 0) + 1
+                self._started(new, account)
+            if goodput.run_ended(old, new):
+                end = new.end_time or now
+                g = goodput.breakdown(old.start_time, [goodput.Run(old.start_time, end, new.figures)], end)
+                for category in ("starting", "restoring", "training", "checkpoint", "lost", "other"):
+                    self.goodput.labels(account, category).inc(getattr(g, f"{category}_s"))
+            requeued = new.phase == JobPhase.PENDING and old.phase in (JobPhase.RUNNING, JobPhase.COMPLETING)
+            if requeued:
+                key = (self.requeues, Reason(new.last_stop_reason).name)
+                counts[key] = counts.get(key, 0) + 1
+                self._requeued_at[new.job_id] = now
+            stopped = requeued or (new.phase == JobPhase.DONE and old.phase != JobPhase.DONE)
+            if stopped and Reason.PREEMPTED in (new.last_stop_reason, new.reason):
+                key = (self.preemptions, new.partition, new.request.qos or "default")
+                counts[key] = counts.get(key, 0) + 1
+            if new.phase == JobPhase.DONE and old.phase != JobPhase.DONE:
+                key = (self.ends, new.partition, long_state(new.phase, new.result))
+                counts[key] = counts.get(key, 0) + 1
+                self._requeued_at.pop(new.job_id, None)
+        for (metric, *labels), n in counts.items():
+            metric.labels(*labels).inc(n)
+
+    def _started(self, new: Job, account: str) -> None:
+        requeued_at = self._requeued_at.pop(new.job_id, None)
+        if new.restart_count == 0:   # the first start: queued since submission
+            waited = max(0.0, new.start_time - new.submit_time)
+            self.submit_to_start.labels(new.partition).observe(waited)
+            self.goodput.labels(account, "queued").inc(waited)
+        elif requeued_at is not None:   # a later one: down since the requeue
+            waited = max(0.0, new.start_time - requeued_at)
+            self.goodput.labels(account, "down").inc(waited)
+        else:   # a requeue before a controller restart: when is not known
+            waited = None
+        if waited is not None:
+            self.queue_wait.labels(new.partition).observe(waited)
 
     def retained(self, done) -> None:
         for kind in ("reports", "events", "node_events", "jobs"):

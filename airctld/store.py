@@ -299,11 +299,10 @@ class Store:
 
     def insert_job(self, job: Job, who: int) -> int:
         """Store a new job (its job_id is ignored) and return the id it was given."""
-        row = _job_row(job)
         cur = self.db.execute(
             f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}, account, qos) "
             f"VALUES ({', '.join('?' * (len(_JOB_COLUMNS) + 2))})",
-            [row[c] for c in _JOB_COLUMNS] + [job.request.account, job.request.qos])
+            [*_job_values(job), job.request.SerializeToString(), job.request.account, job.request.qos])
         job_id = cur.lastrowid
         self._event(job_id, job.submit_time, "", long_state(job.phase, job.result), job.reason,
                     "submitted", who)
@@ -315,22 +314,23 @@ class Store:
     def update_jobs(self, changes: list[tuple[Job, Job]], now: float, who: int) -> None:
         """Write jobs' new states, an event row for each whose state changed, and a run row for each
         run that ended in a requeue (the job's row goes on with its next run)."""
-        cols = [c for c in _JOB_COLUMNS if c != "request"]
         rows, events, runs = [], [], []
         for old, new in changes:
             if new.restart_count > old.restart_count and old.start_time > 0:
                 runs.append((old.job_id, old.restart_count, old.start_time, now, _allocation_text(old),
                              int(new.last_stop_reason), new.reason_detail, new.exit_code, new.exit_signal,
                              new.figures))
-            row = _job_row(new, with_request=False)
-            rows.append([row[c] for c in cols] + [new.job_id])
+            rows.append((*_job_values(new), new.job_id))
+            if old.phase == new.phase and old.result == new.result and old.hold == new.hold:
+                continue   # (the same state: no event)
             old_state, new_state = long_state(old.phase, old.result), long_state(new.phase, new.result)
             if old_state != new_state or old.phase != new.phase or old.hold != new.hold:
                 why = new.reason
                 if new.phase == JobPhase.PENDING and old.phase in (JobPhase.RUNNING, JobPhase.COMPLETING):
                     why = new.last_stop_reason   # requeued: why its run stopped
                 events.append((new.job_id, now, old_state, new_state, Reason(why).name, new.reason_detail, who))
-        self.db.conn.executemany(f"UPDATE jobs SET {', '.join(c + ' = ?' for c in cols)} WHERE id = ?", rows)
+        self.db.conn.executemany(f"UPDATE jobs SET {', '.join(c + ' = ?' for c in _JOB_COLUMNS[:-1])} WHERE id = ?",
+                                 rows)
         self.db.conn.executemany("INSERT INTO events (job_id, time, old_state, new_state, reason, detail, who) "
                                  "VALUES (?, ?, ?, ?, ?, ?, ?)", events)
         self.db.conn.executemany("INSERT OR REPLACE INTO runs (job_id, run, start_time, end_time, allocation, "
@@ -526,22 +526,13 @@ class Store:
         return out
 
 
-def _job_row(job: Job, with_request: bool = True) -> dict:
-    row = {
-        "uid": job.uid, "gid": job.gid, "user": job.user, "name": job.name, "partition": job.partition,
-        "num_nodes": job.num_nodes, "gpus_per_node": job.gpus_per_node, "cpus_per_node": job.cpus_per_node,
-        "time_limit_s": job.time_limit_s, "submit_time": job.submit_time, "priority": job.priority,
-        "phase": int(job.phase), "result": int(job.result), "reason": int(job.reason),
-        "reason_detail": job.reason_detail, "hold": int(job.hold),
-        "allocation": _allocation_text(job),
-        "start_time": job.start_time, "end_time": job.end_time, "exit_code": job.exit_code,
-        "exit_signal": job.exit_signal, "restart_count": job.restart_count,
-        "last_stop_reason": int(job.last_stop_reason), "array_job_id": job.array_job_id,
-        "array_task_id": job.array_task_id, "figures": job.figures,
-    }
-    if with_request:
-        row["request"] = job.request.SerializeToString()
-    return row
+def _job_values(job: Job) -> tuple:
+    """A job's columns, in _JOB_COLUMNS order, but its request (the last)."""
+    return (job.uid, job.gid, job.user, job.name, job.partition, job.num_nodes, job.gpus_per_node,
+            job.cpus_per_node, job.time_limit_s, job.submit_time, job.priority, int(job.phase), int(job.result),
+            int(job.reason), job.reason_detail, int(job.hold), _allocation_text(job), job.start_time,
+            job.end_time, job.exit_code, job.exit_signal, job.restart_count, int(job.last_stop_reason),
+            job.array_job_id, job.array_task_id, job.figures)
 
 
 def _allocation_text(job: Job) -> str:

@@ -88,8 +88,8 @@ def is_terminal(phase: int) -> bool:
 
 def long_state(phase: int, result: int) -> str:
     """The state name scontrol shows (PENDING, RUNNING, COMPLETED, NODE_FAIL, ...)."""
-    if phase == JobPhase.DONE:
-        return _DONE_NAMES[JobResult(result)]
+    if phase == JobPhase.DONE:   # (an IntEnum hashes as its int: no enum made in the usual case)
+        return _DONE_NAMES[result] if result in _DONE_NAMES else _DONE_NAMES[JobResult(result)]
     if phase == JobPhase.COMPLETING:
         return "COMPLETING"
     if phase == JobPhase.RUNNING:

@@ -32,6 +32,24 @@ def test_insert_get_round_trip_with_event(store):
     assert [e["new_state"] for e in store.events(job_id)] == ["PENDING"]
 
 
+def test_every_field_of_a_job_comes_back_as_it_was_written(store):
+    # each field a value no other has: a column written in another's place cannot go unseen
+    with store.transaction():
+        job_id = store.insert_job(_job(), who=1000)
+    job = Job(job_id=job_id, uid=1001, gid=1002, user="carol", name="n", partition="part", num_nodes=3,
+              gpus_per_node=4, cpus_per_node=5, time_limit_s=6, submit_time=7.5, priority=8,
+              phase=JobPhase.COMPLETING, result=JobResult.TIMEOUT, reason=Reason.TIME_LIMIT, reason_detail="d",
+              hold=True, allocation=(NodeAlloc("node09", (2, 3), 11),), start_time=12.5, end_time=13.5,
+              exit_code=14, exit_signal=15, restart_count=16, last_stop_reason=Reason.PREEMPTED,
+              array_job_id=17, array_task_id=18, figures="f", request=pb.JobRequest(name="n", script="s"))
+    with store.transaction():
+        store.update_job(store.get_job(job_id), job, 20.0, who=0)
+    assert store.get_job(job_id) == job
+    with store.transaction():
+        again = store.insert_job(job, who=0)
+    assert store.get_job(again) == Job(**{**job.__dict__, "job_id": again})
+
+
 def test_update_writes_an_event_per_state_change(store):
     with store.transaction():
         job_id = store.insert_job(_job(), who=1000)
