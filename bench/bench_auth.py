@@ -35,8 +35,8 @@ def measure(config: str, workdir: str) -> dict[str, float]:
     env = dict(os.environ, AIR_CONF=config)
     cli = statistics.median(_timed([str(BIN / "airbatch"), "-H", "-o", "/dev/null", "--wrap", "true"], env)
                             for _ in range(30)) * 1000
-    api_1 = api_submit(config, 1000, 1, hold=True, workdir=workdir)
-    api_4 = api_submit(config, 1000, 4, hold=True, workdir=workdir)
+    api_1, _ = api_submit(config, 1000, 1, hold=True, workdir=workdir)
+    api_4, _ = api_submit(config, 1000, 4, hold=True, workdir=workdir)
     return {"cli_ms": cli, "api_1": api_1, "api_4": api_4}
 
 
