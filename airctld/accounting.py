@@ -49,14 +49,21 @@ class Accounting:
 
     # ------------------------------------------------------------ usage
 
-    def charge(self, jobs: Iterable[Job], now: float, force: bool = False) -> bool:
-        """Charge usage up to `now` (at most every CHARGE_INTERVAL_S unless forced) and save it."""
-        if not force and now - self.charged_until < CHARGE_INTERVAL_S:
+    def due(self, now: float) -> bool:
+        """Whether charge() would charge now (unforced)."""
+        return not now - self.charged_until < CHARGE_INTERVAL_S
+
+    def charge(self, jobs: Iterable[Job], now: float, force: bool = False, requeued: Iterable[tuple] = ()) -> bool:
+        """Charge usage up to `now` (at most every CHARGE_INTERVAL_S unless forced) and save it: the runs
+        of `jobs` (active or ended) and `requeued`, runs that ended in a requeue since the last charge (a
+        requeued job no longer has its run's times), each as ended_run() gave it."""
+        if not force and not self.due(now):
             return False
         since, before = self.charged_until, self.usage
         running = [(association(j), j.start_time, j.end_time if j.phase == JobPhase.DONE else 0.0,
                     j.gpus_held, j.cpus_held)
                    for j in jobs if j.start_time and (j.phase != JobPhase.DONE or j.end_time > since)]
+        running += requeued
         s = self.sched
         usage = fairshare.accrue(before, running, since, now, s.usage_half_life_s, s.billing_gpu, s.billing_cpu)
         with self.store.transaction():
@@ -64,6 +71,11 @@ class Accounting:
         # a new dict, never one changed in place: passes and airshare read it without a lock
         self.usage, self.charged_until = usage, now
         return True
+
+    @staticmethod
+    def ended_run(job: Job, end: float) -> tuple:
+        """What charge() needs of a run of `job` (as it was while active) that ended at `end`."""
+        return (association(job), job.start_time, end, job.gpus_held, job.cpus_held)
 
     # ------------------------------------------------------------ the tree
 

@@ -112,6 +112,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._due = float("inf")   # when a pending job's --begin time comes
         self._epoch = 0            # bumped by every change to what priorities are made of (accounts)
         self._released: list[int] = []   # the last priorities of jobs released since the pass's snapshot
+        self._forgot_at = float("-inf")   # when _forget_old last looked
+        self._requeued_runs: list[tuple] = []   # runs that ended in a requeue, not yet charged (accounting)
         # stopping job -> when it was asked to stop; pending preemptor -> the nodes held for it. Both are
         # written with the decisions that make them, so that a restarted controller counts the same
         self._stopped_at: dict[int, float] = {
@@ -158,9 +160,17 @@ class Controller(NodeReports, SchedulingPass, Launching):
         now = self.clock()
         self._check_liveness(now)
         self._enforce_time_limits(now)
-        with self._lock:   # usage is charged from a snapshot: requests change the table meanwhile
-            jobs = list(self.jobs)
-        self.accounting.charge(jobs, now)
+        if self.accounting.due(now):   # (every few seconds: not a copy of a long queue on every wake-up)
+            with self._lock:   # usage is charged from a snapshot: requests change the table meanwhile
+                jobs = [j for phase in (JobPhase.RUNNING, JobPhase.COMPLETING, JobPhase.DONE)
+                        for j in self.jobs.in_phase(phase)]   # (pending jobs have used nothing)
+                requeued, self._requeued_runs = self._requeued_runs, []
+            try:
+                self.accounting.charge(jobs, now, requeued=requeued)
+            except Exception:   # (not charged: the next charge has them)
+                with self._lock:
+                    self._requeued_runs[:0] = requeued
+                raise
         self._forget_old(now)
         self._schedule(now)
 
@@ -771,6 +781,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
         for old, new in changes:
             self.jobs.put(new)
             if old.phase in ACTIVE_PHASES and new.phase == JobPhase.PENDING:   # requeued: wait for the old run
+                if old.start_time:   # its usage: the job forgets the run's times, the next charge needs them
+                    self._requeued_runs.append(self.accounting.ended_run(old, now))
                 mono = self.mono()
                 self.fence_wait[new.job_id] = {
                     n: self.heard.get(n, mono) + cc.fenced_by_s
@@ -853,6 +865,11 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._send_signal(job, 0)
 
     def _forget_old(self, now: float) -> None:
+        """Drop from memory the jobs that ended before the visibility window (they stay in the store).
+        A look over every ended job: once a second at most, not on every wake-up."""
+        if 0 <= now - self._forgot_at < FORGET_EVERY_S:
+            return
+        self._forgot_at = now
         horizon = now - self.config.controller.min_job_age_s
         with self._lock:
             for job in self.jobs.in_phase(JobPhase.DONE):
@@ -864,6 +881,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
                     self.latest_report.pop(job.job_id, None)
 
 
+FORGET_EVERY_S = 1.0   # how often ended jobs past the visibility window are dropped from memory
 RPC_WORKERS = 16   # the threads that serve RPCs (airctld's gRPC server)
 SATURATION_CREDIT = 5   # inactive limits of busy RPC workers that airrun's renewals are excused for
 

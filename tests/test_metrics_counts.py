@@ -1,5 +1,7 @@
 """The controller's counters, in-process on a clock the test moves: each job change counts once, also
 when one request changes many jobs (the counts are added once for each set of labels)."""
+import pytest
+
 from air.airctld import events
 from air.airctld.model import NodeAlloc
 from air.protos import air_pb2 as pb
@@ -29,3 +31,38 @@ def test_one_cancel_of_many_jobs_counts_each_end_once(controller):
     assert _count(c, "air_job_ends_total", partition="p", result="CANCELLED") == 6
     assert c.cancel(pb.JobFilter(uids=[0]), 0, ROOT) == []   # nothing left to cancel: nothing counted again
     assert _count(c, "air_job_ends_total", partition="p", result="CANCELLED") == 6
+
+
+def _beat(c, node, runs=()):
+    c.heartbeat(pb.HeartbeatRequest(name=node, running=sorted({j for j, _ in runs}),
+                                    runs=[pb.RunRef(job_id=j, run=r) for j, r in runs]))
+
+
+def test_usage_is_charged_for_running_ended_and_requeued_runs_and_never_for_pending_jobs(controller):
+    # GPU-seconds against a hand count (billing: 1 a GPU-second; a week's half-life decays < 0.01% here)
+    c, clock = controller
+    c.tick()   # charged up to now: what follows is all the usage there is
+    ids = {}
+    for account, gpus in (("ended", 4), ("running", 2), ("requeued", 1), ("pending", 4)):
+        ids[account], _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=gpus,
+                                                 account=account, hold=account == "pending"), ROOT)
+    for account, node, gpus in (("ended", "n1", (0, 1, 2, 3)), ("running", "n2", (0, 1)), ("requeued", "n2", (2,))):
+        job = c.jobs.get(ids[account])
+        c._commit([(job, events.start(job, clock.now, (NodeAlloc(node, gpus, 1),)))], clock.now, 0)
+    clock.now += 10
+    _beat(c, "n1")
+    _beat(c, "n2", [(ids["running"], 0), (ids["requeued"], 0)])
+    job = c.jobs.get(ids["ended"])
+    c._commit([(job, events.exited(job, clock.now, 0, 0))], clock.now, 0)
+    clock.now += 2
+    job = c.jobs.get(ids["requeued"])   # its run ends in a requeue 12 s after its start, before any charge
+    c._commit([(job, events.node_lost(job, clock.now, Reason.NODE_FAIL, "test"))], clock.now, 0)
+    clock.now += 8
+    _beat(c, "n1")
+    _beat(c, "n2", [(ids["running"], 0)])
+    c.tick()
+    usage = {account: v for (account, _), v in c.accounting.usage.items()}
+    assert usage.get("ended") == pytest.approx(4 * 10, rel=1e-3)    # 4 GPUs for the 10 s it ran
+    assert usage.get("running") == pytest.approx(2 * 20, rel=1e-3)  # 2 GPUs, still running after 20 s
+    assert usage.get("requeued") == pytest.approx(1 * 12, rel=1e-3)  # 1 GPU for the 12 s of its run
+    assert usage.get("pending", 0) == 0                            # pending: nothing used
