@@ -45,7 +45,13 @@ class Accounting:
         usage, charged = store.load_usage()
         self.usage = usage
         self.charged_until = charged or now
-        self.charge(jobs, now, force=True)
+        # runs that ended in a requeue after the last charge: the controller that saw them end is gone
+        jobs = list(jobs)
+        by_id = {j.job_id: j for j in jobs}
+        requeued = [(association(by_id[job_id]), start, end, gpus, cpus)
+                    for job_id, start, end, gpus, cpus in store.runs_ended_after(self.charged_until)
+                    if job_id in by_id]
+        self.charge(jobs, now, force=True, requeued=requeued)
 
     # ------------------------------------------------------------ usage
 

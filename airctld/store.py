@@ -479,6 +479,15 @@ class Store:
         rows = self._rows("SELECT value FROM meta WHERE key = 'usage_time'")
         return usage, (rows[0][0] if rows else 0.0)
 
+    def runs_ended_after(self, when: float) -> list[tuple[int, float, float, int, int]]:
+        """Runs that ended in a requeue after `when`: (job id, start, end, GPUs, CPUs of its allocation)."""
+        out = []
+        for job_id, start, end, allocation in self._rows(
+                "SELECT job_id, start_time, end_time, allocation FROM runs WHERE end_time > ?", [when]):
+            held = json.loads(allocation)
+            out.append((job_id, start, end, sum(len(g) for _, g, _ in held), sum(c for _, _, c in held)))
+        return out
+
     def save_usage(self, usage: dict[tuple[str, str], float], when: float) -> None:
         self.db.conn.executemany("INSERT INTO usage (account, user, raw) VALUES (?, ?, ?) "
                                  "ON CONFLICT(account, user) DO UPDATE SET raw=excluded.raw",

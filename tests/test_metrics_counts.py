@@ -7,6 +7,7 @@ from air.airctld.model import NodeAlloc
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
 from air.protos.states import Reason
+from fakeclock import Clock, build
 
 ROOT = Identity(0, 0)
 
@@ -66,3 +67,24 @@ def test_usage_is_charged_for_running_ended_and_requeued_runs_and_never_for_pend
     assert usage.get("running") == pytest.approx(2 * 20, rel=1e-3)  # 2 GPUs, still running after 20 s
     assert usage.get("requeued") == pytest.approx(1 * 12, rel=1e-3)  # 1 GPU for the 12 s of its run
     assert usage.get("pending", 0) == 0                            # pending: nothing used
+
+
+def test_a_run_requeued_just_before_a_controller_restart_is_charged_by_the_next_controller(tmp_path):
+    clock = Clock()
+    c = build(tmp_path, clock, clock)
+    c.tick()   # charged up to now
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=2, account="a"), ROOT)
+    job = c.jobs.get(job_id)
+    c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0, 1), 1),)))], clock.now, 0)
+    clock.now += 3   # (less than the 5 s between charges: nothing charged when it is requeued)
+    job = c.jobs.get(job_id)
+    c._commit([(job, events.node_lost(job, clock.now, Reason.NODE_FAIL, "test"))], clock.now, 0)
+    c.stop()   # gone before its next charge
+    again = build(tmp_path, clock, clock)
+    usage = {account: v for (account, _), v in again.accounting.usage.items()}
+    assert usage.get("a") == pytest.approx(2 * 3, rel=1e-3)
+    again.tick()   # and only once
+    clock.now += 10
+    again.tick()
+    assert {account: v for (account, _), v in again.accounting.usage.items()}.get("a") == pytest.approx(6, rel=1e-3)
+    again.stop()
