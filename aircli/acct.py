@@ -88,7 +88,7 @@ def command(jobs, users, allusers, accounts, partitions, qos, names, states, sin
     client = Client(config)
     found: list = []
     while True:   # one page at a time: the controller bounds each reply
-        reply = client.call("History", req, timeout=60.0)
+        reply = client.history(req, timeout=60.0)
         found.extend(reply.jobs)
         if not reply.truncated or not reply.jobs:
             break

@@ -129,7 +129,7 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         # a signal it does not expect); airbatch's own: the whole job
         req.warn_steps_only = not req.warn_batch_only and click.get_current_context().info_name == "sbatch"
     client = Client(config)
-    reply = client.call("Submit", pb.SubmitRequest(job=req, test_only=test_only))
+    reply = client.submit(pb.SubmitRequest(job=req, test_only=test_only))
     if test_only:
         click.echo(f"airbatch: job {reply.message}")
     elif parsable:
@@ -149,7 +149,7 @@ def _wait(client, job_id: int) -> int:
     delay, away_since = 0.2, None
     while True:
         try:
-            reply = client.call("ListJobs", pb.JobFilter(job_ids=[job_id], include_old=True))
+            reply = client.list_jobs(pb.JobFilter(job_ids=[job_id], include_old=True))
             away_since = None
         except CliError as e:   # only a controller away (restarting) is waited out
             away_since = away_since or time.monotonic()

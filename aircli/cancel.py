@@ -57,7 +57,7 @@ def command(ctx, ids, user, states, name, sig, batch, full, verbose, config):
         raise CliError("-b/--batch signals the batch shell: give the signal with -s (scancel -b -s USR1 ID)")
     # scancel, as Slurm's: a signal without -b or -f goes to the job's steps, not to the batch shell
     steps_only = ctx.info_name == "scancel" and not full and not batch and number != signals.SIGKILL
-    reply = Client(config).call("Cancel", pb.CancelRequest(filter=filt, signal=number, batch_only=batch,
+    reply = Client(config).cancel(pb.CancelRequest(filter=filt, signal=number, batch_only=batch,
                                                            steps_only=steps_only), timeout=120)
     if verbose:
         for job_id in reply.job_ids:

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import click
+
+if TYPE_CHECKING:   # (the generated code is imported when a Client is made, not by every command's start)
+    from air.protos import air_pb2 as pb
 
 
 class CliError(click.ClickException):
@@ -45,7 +48,8 @@ def entry(command: click.Command, prog: str) -> Callable[[], None]:
 
 
 class Client:
-    """A Controller stub bound to the configured address, with errors mapped to CliError."""
+    """The Controller service at the configured address: one typed method per RPC (the generated stub's,
+    with the credential attached), every failure a CliError."""
 
     def __init__(self, config_path: str | None = None):
         from air.protos import config as configuration
@@ -64,11 +68,68 @@ class Client:
         self._stub = rpc.ControllerStub(signed(channel, self._auth, self.address))
         self._grpc = grpc
 
-    def call(self, method: str, request, timeout: float = 30.0):
+    def submit(self, request: pb.SubmitRequest, timeout: float = 30.0) -> pb.SubmitReply:
+        return self._call(self._stub.Submit, request, timeout)
+
+    def cancel(self, request: pb.CancelRequest, timeout: float = 30.0) -> pb.CancelReply:
+        return self._call(self._stub.Cancel, request, timeout)
+
+    def hold(self, request: pb.HoldRequest, timeout: float = 30.0) -> pb.CancelReply:
+        return self._call(self._stub.Hold, request, timeout)
+
+    def requeue(self, request: pb.JobFilter, timeout: float = 30.0) -> pb.CancelReply:
+        return self._call(self._stub.Requeue, request, timeout)
+
+    def update_job(self, request: pb.UpdateJobRequest, timeout: float = 30.0) -> pb.CancelReply:
+        return self._call(self._stub.UpdateJob, request, timeout)
+
+    def list_jobs(self, request: pb.JobFilter, timeout: float = 30.0) -> pb.ListJobsReply:
+        return self._call(self._stub.ListJobs, request, timeout)
+
+    def get_job(self, request: pb.GetJobRequest, timeout: float = 30.0) -> pb.Job:
+        return self._call(self._stub.GetJob, request, timeout)
+
+    def list_nodes(self, request: pb.ListNodesRequest, timeout: float = 30.0) -> pb.ListNodesReply:
+        return self._call(self._stub.ListNodes, request, timeout)
+
+    def get_node(self, request: pb.GetNodeRequest, timeout: float = 30.0) -> pb.Node:
+        return self._call(self._stub.GetNode, request, timeout)
+
+    def create_step(self, request: pb.StepSpec, timeout: float = 30.0) -> pb.Step:
+        return self._call(self._stub.CreateStep, request, timeout)
+
+    def end_step(self, request: pb.StepEnd, timeout: float = 30.0) -> pb.CancelReply:
+        return self._call(self._stub.EndStep, request, timeout)
+
+    def keep_alive(self, request: pb.JobFilter, timeout: float = 30.0) -> pb.KeepAliveReply:
+        return self._call(self._stub.KeepAlive, request, timeout)
+
+    def update_node(self, request: pb.UpdateNodeRequest, timeout: float = 30.0) -> pb.Node:
+        return self._call(self._stub.UpdateNode, request, timeout)
+
+    def inject_fault(self, request: pb.FaultRequest, timeout: float = 30.0) -> pb.FaultReply:
+        return self._call(self._stub.InjectFault, request, timeout)
+
+    def pending(self, request: pb.JobFilter, timeout: float = 30.0) -> pb.PendingReply:
+        return self._call(self._stub.Pending, request, timeout)
+
+    def shares(self, request: pb.SharesRequest, timeout: float = 30.0) -> pb.SharesReply:
+        return self._call(self._stub.Shares, request, timeout)
+
+    def update_account(self, request: pb.AccountRequest, timeout: float = 30.0) -> pb.SharesReply:
+        return self._call(self._stub.UpdateAccount, request, timeout)
+
+    def reports(self, request: pb.ReportsRequest, timeout: float = 30.0) -> pb.ReportsReply:
+        return self._call(self._stub.Reports, request, timeout)
+
+    def history(self, request: pb.HistoryRequest, timeout: float = 30.0) -> pb.HistoryReply:
+        return self._call(self._stub.History, request, timeout)
+
+    def _call(self, method, request, timeout: float):
         from air.protos.credential import CredentialError
         grpc = self._grpc
         try:
-            return getattr(self._stub, method)(request, timeout=timeout)
+            return method(request, timeout=timeout)
         except CredentialError as e:
             raise CliError(str(e)) from None
         except grpc.RpcError as e:

@@ -32,7 +32,7 @@ def show_job(job_id, as_json, config):
     from air.protos import air_pb2 as pb
     if not job_id.isdigit():
         raise click.BadParameter(f"{job_id!r} is not a job id", param_hint="'JOB_ID'")
-    job = Client(config).call("GetJob", pb.GetJobRequest(job_id=int(job_id)))
+    job = Client(config).get_job(pb.GetJobRequest(job_id=int(job_id)))
     if as_json:
         json.dump(formats.job_json(job, time.time()), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -47,7 +47,7 @@ def show_node(name, config):
     from air.aircli import formats
     from air.aircli.client import Client
     from air.protos import air_pb2 as pb
-    node = Client(config).call("GetNode", pb.GetNodeRequest(name=name))
+    node = Client(config).get_node(pb.GetNodeRequest(name=name))
     click.echo("\n".join(formats.node_keyvalues(node)))
 
 
@@ -59,7 +59,7 @@ def show_partition(name, config):
     from air.aircli import formats
     from air.aircli.client import Client
     from air.protos import air_pb2 as pb
-    reply = Client(config).call("ListNodes", pb.ListNodesRequest())
+    reply = Client(config).list_nodes(pb.ListNodesRequest())
     parts = [p for p in reply.partitions if name is None or p.name == name]
     if not parts:
         raise CliError(f"partition {name!r} does not exist; partitions: "
@@ -90,7 +90,7 @@ def _hold(ids, hold, config):
     filt = pb.JobFilter()
     for text in ids:
         filt.job_ids.extend(job_ids(text, "'JOB_ID'"))
-    Client(config).call("Hold", pb.HoldRequest(filter=filt, hold=hold))
+    Client(config).hold(pb.HoldRequest(filter=filt, hold=hold))
 
 
 @command.command("requeue")
@@ -115,7 +115,7 @@ def requeue(ids, config):
     if any(int(i) in filt.job_ids for i in mine) or \
             (len(mine) == 2 and task.isdigit() and (int(mine[1]), int(task)) in tasks):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    client.call("Requeue", filt)
+    client.requeue(filt)
 
 
 @command.command("update", context_settings={"ignore_unknown_options": True})
@@ -133,7 +133,7 @@ def update(settings, config):
     req = pb.UpdateJobRequest(filter=pb.JobFilter(job_ids=ids, array_tasks=[
         pb.ArrayTask(array_job_id=a, task_id=t) for a, t in tasks]))
     req.time_limit_s, req.time_limit_change = limit
-    Client(config).call("UpdateJob", req)
+    Client(config).update_job(req)
 
 
 def parse_update(settings) -> tuple[str, tuple[int, int]]:
@@ -187,7 +187,7 @@ def _update_node(name, state, reason, config):
     from air.aircli import formats
     from air.aircli.client import Client
     from air.protos import air_pb2 as pb
-    node = Client(config).call("UpdateNode", pb.UpdateNodeRequest(name=name, state=state, reason=reason))
+    node = Client(config).update_node(pb.UpdateNodeRequest(name=name, state=state, reason=reason))
     click.echo(f"{node.name}: {formats.node_state(node)}" + (f" ({node.reason})" if node.reason else ""))
 
 
@@ -232,7 +232,7 @@ def node_fault(name, gpu, xid, ecc_dbe, nvlink_down, ib_down, temp, config):
         fault.nvlink_down = nvlink_down
     if temp is not None:
         fault.temperature_c = temp
-    Client(config).call("InjectFault", fault)
+    Client(config).inject_fault(fault)
 
 
 @command.group()
@@ -251,7 +251,7 @@ def _account_call(op, name, user, parent, shares, max_gpus, config):
         assoc.shares = 1
     if op == pb.ACCOUNT_OP_MODIFY and not fields:
         raise CliError("nothing to modify: give --shares, --parent or --max-gpus")
-    reply = Client(config).call("UpdateAccount", pb.AccountRequest(op=op, assoc=assoc, set_fields=fields))
+    reply = Client(config).update_account(pb.AccountRequest(op=op, assoc=assoc, set_fields=fields))
     click.echo("\n".join(formats.table(formats.share_rows(reply.rows), left=(0, 1))))
 
 

@@ -26,7 +26,7 @@ def command(per_node, noheader, fmt, as_json, partitions, config):
         items = squeue.compile_format(fmt or default, formats.node_fields())
     except squeue.FormatError as e:
         raise click.BadParameter(str(e), param_hint="'-o'") from None
-    reply = Client(config).call("ListNodes", pb.ListNodesRequest())
+    reply = Client(config).list_nodes(pb.ListNodesRequest())
     if partitions:
         wanted = {p for p in partitions.split(",") if p}
         unknown = wanted - {p.name for p in reply.partitions}

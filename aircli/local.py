@@ -126,7 +126,7 @@ def _wait_idle(config: Path, count: int, pids: list[int], directory: Path, wait_
             down(directory)
             raise CliError(f"a daemon of the local cluster exited at start; see {directory / 'log'}")
         try:
-            reply = client.call("ListNodes", pb.ListNodesRequest(), timeout=2)
+            reply = client.list_nodes(pb.ListNodesRequest(), timeout=2)
             if sum(n.state == pb.NODE_STATE_UP for n in reply.nodes) == count:
                 return
         except CliError:

@@ -110,7 +110,7 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
     if show_priority or show_start:
         filt.ClearField("phases")
         filt.phases.append(pb.JOB_PHASE_PENDING)
-        pending = Client(config).call("Pending", filt).jobs
+        pending = Client(config).pending(filt).jobs
         if as_json:
             keys = ("job_id", "user", "account", "partition", "qos", "priority", "age", "fairshare", "jobsize",
                     "partition_factor", "qos_factor", "nice", "est_start")
@@ -125,13 +125,13 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
     reply = None
     if not (fmt or long_ or as_json):   # squeue's default rows, kept rendered by the controller
         filt.rendered, filt.expand_arrays = True, expand_arrays
-        reply = Client(config).call("ListJobs", filt)
+        reply = Client(config).list_jobs(filt)
         if reply.rendered or not reply.jobs:   # (a controller from before rendered rows sends jobs)
             head = squeue.render(items, [], header=True)[0] + "\n" if not noheader else ""
             sys.stdout.write(head + reply.rendered)
             return
     filt.with_progress = bool(long_ or as_json or (fmt and any(f in fmt for f in ("%s", "%L", "%k", "%f", "%c"))))
-    reply = reply or Client(config).call("ListJobs", filt)
+    reply = reply or Client(config).list_jobs(filt)
     now = time.time()
     listed = reply.jobs
     if filt.partitions:   # (a controller from before JobFilter.partitions sends every partition's)

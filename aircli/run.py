@@ -131,13 +131,13 @@ def _on_signals(handler) -> None:
             signal.signal(signum, handler)
 
 
-def _patiently(client, method: str, request):
-    """A call that waits out a controller restart (up to PATIENCE_S), as the allocation must be
-    followed and given back whatever happens meanwhile."""
+def _patiently(call, request):
+    """A call (a Client's method) that waits out a controller restart (up to PATIENCE_S), as the
+    allocation must be followed and given back whatever happens meanwhile."""
     deadline = time.monotonic() + PATIENCE_S
     while True:
         try:
-            return client.call(method, request)
+            return call(request)
         except CliError as e:
             if e.status != "UNAVAILABLE" or time.monotonic() > deadline:
                 raise
@@ -156,13 +156,13 @@ def _allocate(client, request, prog: str) -> int:
     _on_signals(remember)
     job_id, said = 0, False
     try:
-        job_id = client.call("Submit", pb.SubmitRequest(job=request)).job_id
+        job_id = client.submit(pb.SubmitRequest(job=request)).job_id
         _on_signals(_ending)
         if pending:
             _hold_signals()
             raise KeyboardInterrupt
         while True:
-            job = _patiently(client, "GetJob", pb.GetJobRequest(job_id=job_id))
+            job = _patiently(client.get_job, pb.GetJobRequest(job_id=job_id))
             if job.phase == JobPhase.RUNNING:
                 if said:
                     print(f"{prog}: job {job_id} has been allocated resources", file=sys.stderr, flush=True)
@@ -202,7 +202,7 @@ class _Renewing:
         every = self.FIRST_S
         while not self._done.wait(every):
             try:
-                limit = client.call("KeepAlive", filt, timeout=max(every, self.FIRST_S)).inactive_limit_s
+                limit = client.keep_alive(filt, timeout=max(every, self.FIRST_S)).inactive_limit_s
             except Exception as e:   # (whatever it is, the next turn tries again: the step goes on)
                 if not isinstance(e, CliError):
                     try:
@@ -227,14 +227,14 @@ def _release(client, job_id: int, code: int, interrupted: bool, prog: str) -> No
     filt = pb.JobFilter(job_ids=[job_id])
     try:
         for _ in range(0 if interrupted else 10):
-            job = _patiently(client, "GetJob", pb.GetJobRequest(job_id=job_id))
+            job = _patiently(client.get_job, pb.GetJobRequest(job_id=job_id))
             if job.phase != JobPhase.RUNNING:
                 break
-            _patiently(client, "Cancel", pb.CancelRequest(filter=filt, release=2 if code else 1))
+            _patiently(client.cancel, pb.CancelRequest(filter=filt, release=2 if code else 1))
             time.sleep(0.5)
-        job = _patiently(client, "GetJob", pb.GetJobRequest(job_id=job_id))
+        job = _patiently(client.get_job, pb.GetJobRequest(job_id=job_id))
         if job.phase not in (JobPhase.DONE, JobPhase.COMPLETING):
-            _patiently(client, "Cancel", pb.CancelRequest(filter=filt))
+            _patiently(client.cancel, pb.CancelRequest(filter=filt))
     except CliError as e:
         if e.status == "FAILED_PRECONDITION":   # it ended meanwhile
             return
@@ -253,7 +253,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
     spec = pb.StepSpec(job_id=job_id, nodes=nodes or 0, nodelist=names, ntasks_per_node=ntasks_per_node or 0,
                        gpus_per_task=gpus_per_task or 0, argv=list(command), environment=dict(os.environ),
                        workdir=os.getcwd())
-    step = client.call("CreateStep", spec)
+    step = client.create_step(spec)
     if open_mode is None:
         open_mode = "truncate" if os.environ.get("SLURM_OPEN_MODE") == "t" else "append" \
             if os.environ.get("SLURM_OPEN_MODE") == "a" else "truncate"   # srun's default
@@ -334,7 +334,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
             if known:
                 if first_bad and outcome == (0, 0) and not cancelled:   # (a node lost: airrun's own code)
                     outcome = (min(255, first_bad), 0)
-                client.call("EndStep", pb.StepEnd(job_id=step.job_id, step_id=step.step_id, run=step.run,
+                client.end_step(pb.StepEnd(job_id=step.job_id, step_id=step.step_id, run=step.run,
                                                   exit_code=outcome[0], exit_signal=min(127, outcome[1]),
                                                   cancelled=cancelled), timeout=5.0)
         except CliError:

@@ -22,7 +22,7 @@ def command(accounts, users, long_, noheader, as_json, config):
     from air.protos import air_pb2 as pb
     req = pb.SharesRequest(accounts=[a for a in (accounts or "").split(",") if a],
                            users=[u for u in (users or "").split(",") if u])
-    rows = Client(config).call("Shares", req).rows
+    rows = Client(config).shares(req).rows
     if as_json:
         json.dump({"shares": [formats.share_json(r) for r in rows]}, sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -39,7 +39,7 @@ def command(job_id, as_json, width, config):
     from air.protos import air_pb2 as pb
     if not job_id.isdigit():
         raise click.BadParameter(f"{job_id!r} is not a job id", param_hint="'JOB_ID'")
-    reports = Client(config).call("Reports", pb.ReportsRequest(job_id=int(job_id))).reports
+    reports = Client(config).reports(pb.ReportsRequest(job_id=int(job_id))).reports
     data = series(list(reports))
     if as_json:
         json.dump(data, sys.stdout)

@@ -44,7 +44,7 @@ def _api_submit(args) -> int:
                                              output="/dev/null", hold=hold, nodes=1, ntasks_per_node=1,
                                              cpus_per_task=1))
     for _ in range(count):
-        client.call("Submit", req)
+        client.submit(req)
     return count
 
 
@@ -86,7 +86,7 @@ class Air:
         if not hasattr(self, "_client"):
             self._client = Client(self.config)
         phases = [pb.JOB_PHASE_PENDING, pb.JOB_PHASE_RUNNING, pb.JOB_PHASE_COMPLETING]
-        return not self._client.call("ListJobs", pb.JobFilter(phases=phases, rendered=True)).rendered
+        return not self._client.list_jobs(pb.JobFilter(phases=phases, rendered=True)).rendered
 
     def start_latency(self, runs: int = 5) -> float:
         marks = []
@@ -112,7 +112,7 @@ class Air:
                 name="latency", script=f"#!/bin/sh\ndate +%s.%N > {mark}\n", workdir=str(self.root),
                 output="/dev/null", nodes=1, ntasks_per_node=1, cpus_per_task=1))
             t = time.time()
-            client.call("Submit", req)
+            client.submit(req)
             while not (mark.exists() and mark.read_text().strip()):
                 time.sleep(0.001)
             marks.append(float(mark.read_text()) - t)

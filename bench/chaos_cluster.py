@@ -236,7 +236,7 @@ class Cluster:
         from air.aircli.client import CliError
         from air.protos import air_pb2 as pb
         try:
-            self.client.call("ListNodes", pb.ListNodesRequest(), timeout=2)
+            self.client.list_nodes(pb.ListNodesRequest(), timeout=2)
             return True
         except CliError:
             return False
@@ -244,12 +244,12 @@ class Cluster:
     def job(self, job_id: int) -> dict:
         from air.aircli import formats
         from air.protos import air_pb2 as pb
-        return formats.job_json(self.client.call("GetJob", pb.GetJobRequest(job_id=job_id), timeout=5), time.time())
+        return formats.job_json(self.client.get_job(pb.GetJobRequest(job_id=job_id), timeout=5), time.time())
 
     def node_states(self) -> dict[str, str]:
         from air.aircli import formats
         from air.protos import air_pb2 as pb
-        reply = self.client.call("ListNodes", pb.ListNodesRequest(), timeout=5)
+        reply = self.client.list_nodes(pb.ListNodesRequest(), timeout=5)
         return {n.name: formats.node_state(n) for n in reply.nodes}
 
     def cli(self, tool: str, *args: str, check: bool = True) -> str:

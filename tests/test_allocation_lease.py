@@ -243,6 +243,9 @@ def test_airrun_renews_at_the_controllers_pace_and_survives_a_failed_renewal(mon
     calls, lock = [], threading.Lock()
 
     class Client:
+        def keep_alive(self, request, timeout):
+            return self.call("KeepAlive", request, timeout)
+
         def call(self, method, request, timeout):
             with lock:
                 calls.append((method, list(request.job_ids), time.monotonic()))

@@ -84,3 +84,22 @@ def test_the_runtime_and_the_controller_agree_on_the_requeue_exit_code():
     from air import runtime
     from air.protos.states import ExitCode
     assert runtime.REQUEUE_EXIT == ExitCode.REQUEUE == 75
+
+
+def test_the_tools_call_each_controller_rpc_through_a_typed_method_of_their_client():
+    # one method per RPC of the Controller service, named for it, whose annotations are the RPC's own
+    # request and reply types; and no tool names an RPC by a string
+    import inspect
+    import re
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
+    for rpc in pb.DESCRIPTOR.services_by_name["Controller"].methods:
+        name = re.sub(r"(?<!^)(?=[A-Z])", "_", rpc.name).lower()
+        method = getattr(Client, name, None)
+        assert method is not None, f"Client has no method for {rpc.name}"
+        hints = inspect.signature(method)
+        assert hints.parameters["request"].annotation == f"pb.{rpc.input_type.name}", rpc.name
+        assert hints.return_annotation == f"pb.{rpc.output_type.name}", rpc.name
+        assert f"self._stub.{rpc.name}," in inspect.getsource(method), rpc.name
+    for path in (ROOT / "aircli").glob("*.py"):
+        assert not re.search(r"\.call\(\s*[\"']", path.read_text()), f"{path.name} names an RPC by a string"
