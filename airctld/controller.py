@@ -29,7 +29,7 @@ from air.airctld.jobtable import JobTable
 from air.airctld.launching import Launching
 from air.airctld.metrics import ControllerMetrics
 from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound, StoreFailed
-from air.airctld.model import Job, Node, evolve
+from air.airctld.model import DEFAULT_ACCOUNT, Job, Node, evolve
 from air.airctld.node_reports import CONTROLLER_UID, NodeReports
 from air.airctld.passes import SchedulingPass
 from air.airctld.nodes import NodeClients
@@ -266,7 +266,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         qos = self.config.qos_named(qos_name)
         if qos is None:
             raise InvalidRequest(f"QOS {qos_name!r} does not exist; QOS: {', '.join(q.name for q in self.config.qos)}")
-        self.policy.check_qos(who, qos, account or "default")
+        self.policy.check_qos(who, qos, account or DEFAULT_ACCOUNT)
         if req.nice < 0 and not self.policy.is_operator(who):
             raise Denied(f"--nice={req.nice}: only root and operators may raise a job's priority (a negative nice)")
         if qos.max_time_s and limit > qos.max_time_s:
@@ -275,10 +275,10 @@ class Controller(NodeReports, SchedulingPass, Launching):
             if cap and gpus > cap:
                 raise InvalidRequest(f"{gpus} GPUs requested, but QOS {qos_name} allows {cap} {what}")
         chains, quotas = self.accounting.account_chains()
-        for a in chains.get(account or "default", ()):
+        for a in chains.get(account or DEFAULT_ACCOUNT, ()):
             if quotas.get(a) and gpus > quotas[a]:
                 raise InvalidRequest(f"{gpus} GPUs requested, but account {a} has a quota of {quotas[a]} GPUs")
-        if part.accounts and (account or "default") not in part.accounts:
+        if part.accounts and (account or DEFAULT_ACCOUNT) not in part.accounts:
             raise Denied(f"partition {part.name} is open to accounts {', '.join(part.accounts)} only; "
                          f"this job is charged to {account or 'no account'}")
         try:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from air.airctld.model import DEFAULT_ACCOUNT
+
 ROOT = "root"
 
 
@@ -65,7 +67,7 @@ def complete_tree(assocs: Iterable[Assoc], leaves: Iterable[tuple[str, str]]) ->
     for a in assocs:
         tree[a.key] = a
     for account, user in leaves:
-        account = account or "default"
+        account = account or DEFAULT_ACCOUNT
         if (account, "") not in tree:
             tree[(account, "")] = Assoc(account)
         if user and (account, user) not in tree:

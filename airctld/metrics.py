@@ -73,7 +73,7 @@ class ControllerMetrics:
 
     def submitted(self, jobs: list[Job]) -> None:
         for job in jobs:
-            self.submissions.labels(job.partition, job.request.account or "default").inc()
+            self.submissions.labels(job.partition, job.account).inc()
 
     def changed(self, changes: list[tuple[Job, Job]], now: float) -> None:
         """Job changes the store has committed, (old, new) pairs. Counts are added once for each set of
@@ -82,7 +82,7 @@ class ControllerMetrics:
         for old, new in changes:
             if new.phase == old.phase and new.restart_count == old.restart_count:
                 continue   # (no start, requeue or end: nothing counted)
-            account = new.request.account or "default"
+            account = new.account
             if new.phase == JobPhase.RUNNING and old.phase == JobPhase.PENDING:
                 key = (self.starts, new.partition)
                 counts[key] = counts.get(key, 0) + 1
@@ -175,7 +175,7 @@ class StateCollector:
                                      labels=["state", "partition", "account"])
         counts: dict[tuple, int] = {}
         for j in pending + active:
-            key = (long_state(j.phase, j.result), j.partition, j.request.account or "default")
+            key = (long_state(j.phase, j.result), j.partition, j.account)
             counts[key] = counts.get(key, 0) + 1
         totals = {"PENDING": 0, "RUNNING": 0, "COMPLETING": 0}   # zeros too: a panel shows 0, not "no data"
         for key, n in sorted(counts.items()):
@@ -232,7 +232,7 @@ class StateCollector:
         for job in active:
             if job.phase != JobPhase.RUNNING:
                 continue
-            values = [str(job.job_id), job.partition, job.request.account or "default"] + \
+            values = [str(job.job_id), job.partition, job.account] + \
                 ([job.user] if self.user_labels else [])
             gpus.add_metric(values, sum(len(a.gpus) for a in job.allocation))
             text, heard = reports.get(job.job_id, (None, None))

@@ -7,6 +7,9 @@ from air.protos import air_pb2 as pb
 from air.protos.states import JobPhase, JobResult, NodeState, Reason
 
 
+DEFAULT_ACCOUNT = "default"   # the account of jobs that have none (a cluster without accounts)
+
+
 def evolve(record, **changes):
     """A copy of a frozen record with some fields changed; dataclasses.replace without its
     per-call field introspection, which dominated bulk changes (100,000 cancels)."""
@@ -60,6 +63,12 @@ class Job:
     @property
     def requeue_allowed(self) -> bool:
         return not self.request.no_requeue
+
+    @property
+    def account(self) -> str:
+        """The account it is charged to (fairshare, limits, metrics): the one it asked for or was given,
+        DEFAULT_ACCOUNT on a cluster without accounts (where it is shown as Slurm shows none)."""
+        return self.request.account or DEFAULT_ACCOUNT
 
     @property
     def node_names(self) -> tuple[str, ...]:

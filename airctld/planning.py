@@ -78,7 +78,7 @@ class Planner:
         out = []
         for job in sorted(jobs, key=lambda j: j.job_id):
             view = pb.PendingJob(job_id=job.job_id, user=job.user, name=job.name,
-                                 account=job.request.account or "default", partition=job.partition,
+                                 account=job.account, partition=job.partition,
                                  qos=job.request.qos or s.default_qos, reason=job.reason, weights=weights)
             if self.model is not None:
                 f = self.model.factors(job, now)

@@ -31,7 +31,7 @@ class Factors:
 
 def association(job: Job) -> tuple[str, str]:
     """The (account, user) leaf a job is charged to."""
-    return (job.request.account or "default", job.user)
+    return (job.account, job.user)
 
 
 def job_qos(job: Job, default: str) -> str:
@@ -86,7 +86,7 @@ class PriorityModel:
                 size = job.num_nodes * job.gpus_per_node / gpus
             else:
                 size = job.num_nodes * job.cpus_per_node / cpus
-            value = (w_age * waited + w_fs * fs_of((req.account or "default", job.user), 1.0)
+            value = (w_age * waited + w_fs * fs_of((job.account, job.user), 1.0)
                      + w_size * (size if size < 1.0 else 1.0) + w_part * part_of(job.partition, 0.0)
                      + w_qos * qos_of(req.qos or default_qos, 0.0) - req.nice)
             out[job.job_id] = int(round(value))

@@ -81,7 +81,7 @@ class PriorityCache:
             req = job.request
             size = job.num_nodes * job.gpus_per_node / gpus if job.gpus_per_node else \
                 job.num_nodes * job.cpus_per_node / cpus
-            leaf = (req.account or "default", job.user)
+            leaf = (job.account, job.user)
             row = rows[job.job_id] = [
                 req, leaves.setdefault(leaf, leaf), job.submit_time,   # one tuple a leaf: less for gc
                 w_size * (size if size < 1.0 else 1.0), w_part * part_of(job.partition, 0.0),

@@ -181,7 +181,7 @@ class _Pass:
     def charge(self, job: Job, gpus: int | None = None) -> None:
         gpus = job.gpus_held if gpus is None else gpus
         qos = job.request.qos or self.limits.default_qos
-        account = job.request.account or "default"
+        account = job.account
         key_u, key_a = (qos, job.user), (qos, account)
         self.used_qos_user[key_u] = self.used_qos_user.get(key_u, 0) + gpus
         self.used_qos_account[key_a] = self.used_qos_account.get(key_a, 0) + gpus
@@ -203,7 +203,7 @@ class _Pass:
             return None
         qos_name = job.request.qos or limits.default_qos
         qos = limits.qos.get(qos_name)
-        account = job.request.account or "default"
+        account = job.account
         if qos is not None:
             if qos.max_gpus_per_user and self.used_qos_user.get((qos_name, job.user), 0) + gpus > qos.max_gpus_per_user:
                 return Reason.QOS_MAX_GPU_PER_USER
@@ -568,7 +568,7 @@ def _held_back(job: Job, blocked: Mapping[int, Reason], partitions: Mapping[str,
     part = partitions.get(job.partition)
     if part is None or not part.up:
         return Reason.PARTITION_DOWN
-    if part.accounts and (job.request.account or "default") not in part.accounts:
+    if part.accounts and (job.account) not in part.accounts:
         return Reason.ACCOUNT_NOT_ALLOWED
     return state.over_limit(job)
 

@@ -200,6 +200,6 @@ def _top_delay(plan, pending, active, nodes, partitions, priority, limits, now, 
 
 def _account(result: Result, job: Job, start: float, end: float) -> None:
     gpu_s = (end - start) * job.num_nodes * job.gpus_per_node
-    account = job.request.account or "default"
+    account = job.account
     result.gpu_seconds[account] = result.gpu_seconds.get(account, 0.0) + gpu_s
     result.busy_gpu_seconds += gpu_s
