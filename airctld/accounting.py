@@ -45,12 +45,16 @@ class Accounting:
         usage, charged = store.load_usage()
         self.usage = usage
         self.charged_until = charged or now
-        # runs that ended in a requeue after the last charge: the controller that saw them end is gone
+        # what ended after the last charge, which the controller that saw it end did not charge: jobs
+        # (not all in memory, after a stop longer than the visibility window), and runs that ended in a
+        # requeue (their job forgot their times)
         jobs = list(jobs)
         by_id = {j.job_id: j for j in jobs}
+        jobs += [j for j in store.jobs_ended_after(self.charged_until) if j.job_id not in by_id]
+        runs = store.runs_ended_after(self.charged_until)
+        by_id.update(store.get_jobs([job_id for job_id, *_ in runs if job_id not in by_id]))
         requeued = [(association(by_id[job_id]), start, end, gpus, cpus)
-                    for job_id, start, end, gpus, cpus in store.runs_ended_after(self.charged_until)
-                    if job_id in by_id]
+                    for job_id, start, end, gpus, cpus in runs if job_id in by_id]
         self.charge(jobs, now, force=True, requeued=requeued)
 
     # ------------------------------------------------------------ usage

@@ -374,6 +374,11 @@ class Store:
             "ORDER BY id", [done_since])
         return [_job_from_row(r) for r in cur]
 
+    def jobs_ended_after(self, when: float) -> list[Job]:
+        """Jobs that ended after `when` (jobs_end)."""
+        return [_job_from_row(r) for r in self._rows(
+            f"SELECT id, {', '.join(_JOB_COLUMNS)} FROM jobs WHERE end_time > ? AND phase = 4", [when])]
+
     def max_job_id(self) -> int:
         rows = self._rows("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'")
         return rows[0][0] if rows else 0

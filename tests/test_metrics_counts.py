@@ -88,3 +88,23 @@ def test_a_run_requeued_just_before_a_controller_restart_is_charged_by_the_next_
     again.tick()
     assert {account: v for (account, _), v in again.accounting.usage.items()}.get("a") == pytest.approx(6, rel=1e-3)
     again.stop()
+
+
+def test_a_job_that_ended_just_before_a_long_controller_stop_is_charged_by_the_next_controller(tmp_path):
+    # stopped longer than the visibility window: the job is not in the next controller's memory
+    clock = Clock()
+    c = build(tmp_path, clock, clock)
+    c.tick()   # charged up to now
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=4, account="a"), ROOT)
+    job = c.jobs.get(job_id)
+    c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0, 1, 2, 3), 1),)))], clock.now, 0)
+    clock.now += 3
+    job = c.jobs.get(job_id)
+    c._commit([(job, events.exited(job, clock.now, 0, 0))], clock.now, 0)
+    c.stop()
+    clock.now += 3600
+    again = build(tmp_path, clock, clock)
+    assert again.jobs.get(job_id) is None
+    usage = {account: v for (account, _), v in again.accounting.usage.items()}
+    assert usage.get("a") == pytest.approx(4 * 3, rel=1e-3)
+    again.stop()
