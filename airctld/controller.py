@@ -63,7 +63,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._stopping = threading.Event()
         self._actions = ThreadPoolExecutor(max_workers=16, thread_name_prefix="act")
         self._misses: dict[int, int] = {}
-        self._launching: set[int] = set()
+        self._launching: set[tuple[int, int]] = set()   # (job, run) whose launch has not returned yet
         now, mono = clock(), monotonic()
         self.jobs = JobTable([self._settled(j) for j in store.load_jobs(now - config.controller.min_job_age_s)])
         # job -> its last step's number (steps are numbered on, across runs and restarts; from the store
@@ -431,11 +431,11 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._wake.set()
         return [j.job_id for j in changed]
 
-    def _terminate(self, changed: list[Job], launching: set[int]) -> None:
+    def _terminate(self, changed: list[Job], launching: set[tuple[int, int]]) -> None:
         """Terminate the jobs just set COMPLETING; one still being launched is signalled once its
         launch returns (see _launch)."""
         for job in changed:
-            if job.phase == JobPhase.COMPLETING and job.job_id not in launching:
+            if job.phase == JobPhase.COMPLETING and (job.job_id, job.restart_count) not in launching:
                 self._send_signal(job, 0)
 
     def hold(self, filt: pb.JobFilter, hold: bool, who: Identity) -> list[int]:

@@ -76,9 +76,18 @@ def launch_unanswered(job: Job, now: float, detail: str) -> Job:
     """The batch node never answered the launch of this run (it may have started it anyway: the
     heartbeat then reports that run as stale, and the node kills it). Back to the queue as a new run
     when the job allows requeue; LaunchFailed otherwise."""
-    if job.phase == JobPhase.RUNNING and job.requeue_allowed:
+    if job.phase == JobPhase.COMPLETING:
+        return launch_refused(job, now, detail)
+    if job.requeue_allowed:
         return requeued(job, now, Reason.LAUNCH_FAILED, detail)
     return exited(job, now, 1, 0, detail, launch_failed=True)
+
+
+def launch_refused(job: Job, now: float, detail: str) -> Job:
+    """The batch node refused the launch of this run: LaunchFailed; but a job asked to stop meanwhile
+    ends as that stop said (a requeue asked, or a preemption, sends it back to the queue: it never
+    ends without a result)."""
+    return finished(job, now, 1, 0, detail, launch_failed=True)
 
 
 def lost(job: Job, now: float, reason: Reason, detail: str) -> Job:

@@ -31,6 +31,8 @@ class Launching:
     def _launch(self, job: Job) -> None:
         node, run = job.batch_node, job.restart_count
         try:
+            if not self._still_launching(job):
+                return   # cancelled, requeued or its node lost while the launch waited for a thread
             for attempt in range(1, self.launch_tries + 1):
                 try:
                     self.clients.launch(self.nodes[node].address, job.to_proto())
@@ -50,7 +52,7 @@ class Launching:
             self._launch_ended(job, f"launch of run {run} on {node} failed: {_describe(e)}", unanswered=False)
         finally:
             with self._lock:
-                self._launching.discard(job.job_id)
+                self._launching.discard((job.job_id, run))
                 current = self.jobs.get(job.job_id)
             if current is not None and current.phase == JobPhase.COMPLETING:
                 self._send_signal(current, 0)  # cancelled or timed out while launching
@@ -71,7 +73,7 @@ class Launching:
             if current is None or current.phase not in ACTIVE_PHASES or current.restart_count != job.restart_count:
                 return   # ended or requeued meanwhile: this run's launch says nothing of the job now
             new = events.launch_unanswered(current, now, detail) if unanswered else \
-                events.exited(current, now, 1, 0, detail, launch_failed=True)
+                events.launch_refused(current, now, detail)
             try:
                 self._commit([(current, new)], now, CONTROLLER_UID)
             except Exception as e:   # the job stays running; the node's heartbeats settle it

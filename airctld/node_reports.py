@@ -106,8 +106,16 @@ class NodeReports:
                     self.suspect.update({n: now for n in lost})
             running = set(req.running)
             runs = {(r.job_id, r.run) for r in req.runs}
+            launching = {j for j, _ in self._launching}
             for job_id, waits in list(self.fence_wait.items()):   # this node answers: without that job's runs?
-                if req.name in waits and not any(j == job_id for j, _ in runs):
+                job = self.jobs.get(job_id)
+                if req.name not in waits or job is None:
+                    pass
+                elif any(j == job_id and r < job.restart_count for j, r in runs):   # an earlier run still here
+                    # (killed below as stale): its node renews its lease by answering, so the fence's
+                    # deadline says nothing while it does; the job waits until the node reports it gone
+                    waits[req.name] = max(waits[req.name], self.heard[req.name] + self.config.controller.fenced_by_s)
+                elif job_id not in launching:   # (a launch of an earlier run may still reach the node)
                     del waits[req.name]
                 if not waits:   # the job may start again now, not at the fence's deadline
                     del self.fence_wait[job_id]
@@ -122,7 +130,7 @@ class NodeReports:
                 if job.batch_node != req.name:
                     continue   # another node's heartbeat says nothing about this job's batch script
                 here = job.job_id in running and (job.job_id, job.restart_count) in runs
-                if here or job.job_id in current_exits or job.job_id in self._launching:
+                if here or job.job_id in current_exits or (job.job_id, job.restart_count) in self._launching:
                     self._misses.pop(job.job_id, None)
                     continue
                 misses = self._misses[job.job_id] = self._misses.get(job.job_id, 0) + 1

@@ -163,7 +163,7 @@ class SchedulingPass:
                 if job is not None and job.phase in (JobPhase.PENDING, JobPhase.RUNNING) and job.priority != value:
                     self.jobs.put(evolve(job, priority=value))
             self.planner.plan = plan
-            self._launching.update(j.job_id for j in started)
+            self._launching.update((j.job_id, j.restart_count) for j in started)
             self._warned.difference_update(j.job_id for j in started)   # a new run gets its own warning
             launching = set(self._launching)
         for job in started:

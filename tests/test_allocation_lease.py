@@ -222,7 +222,7 @@ def test_the_server_has_as_many_workers_as_the_controller_counts():
 def test_sigkill_of_a_job_being_launched_kills_it_at_once_when_its_launch_returns(controller):
     c, clock = controller
     job_id = _running(c, clock, allocation=False)
-    c._launching.add(job_id)
+    c._launching.add((job_id, 0))
     delivered = []
     c._actions.submit = lambda fn, *args: fn(*args)
     c.clients.signal = lambda address, job, run, sig, grace, *rest: delivered.append((job, sig, grace))

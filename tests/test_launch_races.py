@@ -1,0 +1,137 @@
+"""A run's launch against stops, requeues and fence waits, in-process on a clock the test moves (no node
+daemons): a launch that fails for a job asked to stop meanwhile ends as the stop said, a launch that
+waited for a thread while the job was cancelled or requeued is never sent, and a requeued job's next run
+never starts while a node still reports, or may still be handed, an earlier one."""
+import grpc
+import pytest
+
+from air.airctld import events
+from air.airctld.model import NodeAlloc
+from air.protos import air_pb2 as pb
+from air.protos.credential import Identity
+from air.protos.states import JobPhase, JobResult, NodeState
+
+ROOT = Identity(0, 0)
+
+
+class Refused(grpc.RpcError):
+    def __init__(self, code=grpc.StatusCode.FAILED_PRECONDITION):
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return "refused"
+
+
+def _beat(c, node, runs=(), exits=(), health=()):
+    return c.heartbeat(pb.HeartbeatRequest(name=node, running=sorted({j for j, _ in runs}),
+                                           runs=[pb.RunRef(job_id=j, run=r) for j, r in runs],
+                                           exits=list(exits), health=list(health)))
+
+
+def _start(c, clock, node="n1", **req):
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=4, **req), ROOT)
+    job = c.jobs.get(job_id)
+    return c._commit([(job, events.start(job, clock.now, (NodeAlloc(node, (0, 1, 2, 3), 1),)))], clock.now, 0)[0]
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE])
+def test_requeue_asked_while_launch_fails_is_not_lost(controller, code):
+    """aircontrol requeue (or a preemption) lands while the launch RPC is in flight; the launch then
+    fails (refused, or its last try times out). The job must go back to the queue, not end DONE with
+    no result."""
+    c, clock = controller
+    c.launch_backoff_s = (0.0, 0.0)
+    job = _start(c, clock)
+    c._launching.add((job.job_id, job.restart_count))
+
+    class Clients:
+        calls = 0
+
+        def launch(self, address, proto):
+            Clients.calls += 1
+            if Clients.calls == c.launch_tries or code != grpc.StatusCode.UNAVAILABLE:
+                c.requeue(pb.JobFilter(job_ids=[job.job_id]), ROOT)   # another RPC thread, meanwhile
+            raise Refused(code)
+
+        def signal(self, *a, **k):
+            return True
+
+    c.clients = Clients()
+    c._launch(job)
+    now = c.jobs.get(job.job_id)
+    assert not (now.phase == JobPhase.DONE and now.result == JobResult.NONE), "job ended DONE with no result"
+    assert now.phase == JobPhase.PENDING and now.restart_count == 1
+    assert c.store.get_job(job.job_id) == now   # (as the store has it)
+
+
+def test_no_second_run_while_a_live_node_still_reports_the_first(controller):
+    """A GPU fault drains n1 and requeues the job; n1 goes on answering heartbeats and goes on
+    reporting run 0 (its ranks do not die: a process stuck in the driver, or still checkpointing).
+    n1 never fences (its lease is renewed by every answer), so its fence deadline says nothing: the job
+    must not start run 1 on n2 while n1 still reports run 0."""
+    c, clock = controller
+    job = _start(c, clock, "n1")
+    _beat(c, "n1", runs=[(job.job_id, 0)])
+    _beat(c, "n1", runs=[(job.job_id, 0)],
+          health=[pb.HealthEvent(gpu=0, signal="xid", message="XID 79", critical=True, time=clock.now)])
+    assert c.nodes["n1"].state == NodeState.DRAIN
+    assert c.jobs.get(job.job_id).phase == JobPhase.PENDING
+    for _ in range(30):   # 15 s: n1 answers every 0.5 s, still with run 0
+        clock.now += 0.5
+        _beat(c, "n1", runs=[(job.job_id, 0)])
+        _beat(c, "n2")
+        c._dirty = True
+        c.tick()
+        now = c.jobs.get(job.job_id)
+        assert now.phase == JobPhase.PENDING, \
+            f"run {now.restart_count} started on {now.node_names} at +{clock.now - 1000:.1f} s " \
+            "while n1 still reports run 0 alive"
+
+
+class Recorder:
+    def __init__(self):
+        self.launched = []
+
+    def launch(self, address, job):
+        self.launched.append((address, job.job_id, job.restart_count))
+
+    def signal(self, *a, **k):
+        return True
+
+
+def test_a_launch_still_queued_when_the_job_is_cancelled_is_never_sent(controller):
+    """_schedule commits the start and queues _launch on the 16-thread pool; a cancel lands before the
+    pool runs it (the pool busy with launches to a dead node). The script must not be started."""
+    c, clock = controller
+    c.clients = rec = Recorder()
+    job = _start(c, clock, "n1")
+    c._launching.add((job.job_id, job.restart_count))            # as _schedule does, before it queues _launch
+    c.cancel(pb.JobFilter(job_ids=[job.job_id]), 0, ROOT)
+    assert c.jobs.get(job.job_id).phase == JobPhase.COMPLETING
+    c._launch(job)                          # the pool gets to it now
+    assert rec.launched == [], f"a cancelled job's script was launched: {rec.launched}"
+
+
+def test_a_queued_launch_of_run_0_never_lands_after_run_1_started_elsewhere(controller):
+    """Run 0's launch to n1 is queued (or in flight); a GPU fault on n1 requeues the job; n1's next
+    heartbeat (composed before the launch reaches it) has no run of the job, which clears the job's
+    fence wait; the pass starts run 1 on n2. Then run 0's launch reaches n1: two runs at once."""
+    c, clock = controller
+    c.clients = rec = Recorder()
+    job0 = _start(c, clock, "n1")
+    c._launching.add((job0.job_id, job0.restart_count))
+    _beat(c, "n1", health=[pb.HealthEvent(gpu=0, signal="xid", message="XID 79", critical=True, time=clock.now)])
+    assert c.jobs.get(job0.job_id).phase == JobPhase.PENDING
+    _beat(c, "n1")                           # no run of the job there (yet)
+    clock.now += 1
+    c._dirty = True
+    c.tick()
+    run1 = c.jobs.get(job0.job_id)
+    started_elsewhere = run1.phase == JobPhase.RUNNING and run1.restart_count == 1
+    c._launch(job0)                          # run 0's launch, queued behind others, goes now
+    sent0 = [x for x in rec.launched if x[2] == 0]
+    assert not (started_elsewhere and sent0), \
+        f"run 1 started on {run1.node_names} and run 0 was then launched on n1: {rec.launched}"
