@@ -223,6 +223,7 @@ class Agent:
         except Exception:
             log.exception("adopting batch scripts failed")
         self.launcher.kill_leftover_cgroups(keep=stepped | set(batch))
+        jobfiles.clean_trash_soon(self.node.spool)   # what an earlier daemon left in the trash
 
     def start_spawner(self) -> None:
         """Shepherds forked by a spawner, not each started as a Python of its own (tens of ms a run)."""
@@ -261,6 +262,10 @@ class AgentService:
 
     def Launch(self, request: pb.LaunchRequest, context):
         self._controller_only(context, "Launch", request)
+        left = context.time_remaining()
+        if left is not None and left <= 0:   # the controller has given up on it (and may have requeued the
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,   # job): a launch that waited here never starts
+                          f"the launch of job {request.job.job_id} came too late")
         try:
             self.agent.launcher.launch(request.job)
         except StaleRun as e:

@@ -15,9 +15,9 @@ descriptor opened without following links, on the spool's own filesystem (not a 
 put there), and every file there is looked at with lstat, opened with O_NOFOLLOW | O_NONBLOCK |
 O_NOCTTY, then checked with fstat (the same inode, a regular file, owned by the job's owner,
 within a size limit) before a byte is read. Root never writes, chmods or chowns anything in a
-folder a user can write. A folder is removed by first renaming it into `.trash/`, then emptying
-it without recursion and within a budget: a tree a job made as deep or as wide as it likes
-costs the daemon a bounded amount of work at a time, never a crash.
+folder a user can write. A folder is removed by first renaming it into `.trash/` (at once), then
+emptied by a janitor thread, without recursion and a bounded amount at a time: a tree a job made
+as deep or as wide as it likes never holds up another thread of the daemon, nor crashes it.
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ import itertools
 import logging
 import os
 import stat
+import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger("airnoded")
@@ -33,10 +35,14 @@ log = logging.getLogger("airnoded")
 JOB_DIR_MODE = 0o711
 OWNER_DIR_MODE = 0o700
 TRASH = ".trash"
-REMOVE_BUDGET = 100_000   # entries removed per call; what is left waits in the trash for the next one
+REMOVE_BUDGET = 100_000   # entries the janitor removes in one slice
+JANITOR_SLICES = 1000     # slices at most for each wake-up
+JANITOR_RETRY_S = 60.0    # how often what could not be removed is tried again
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _names = itertools.count()
+_janitors: dict[Path, "_Janitor"] = {}
+_janitors_lock = threading.Lock()
 
 
 class UnsafeFile(Exception):
@@ -108,17 +114,52 @@ def ensure_job_dir(spool: Path, job_id: int, run: int) -> Path:
 
 
 def remove_job_dir(spool: Path, job_id: int, run: int) -> None:
-    """Move the run's folder into the trash at once, then empty the trash as far as the budget goes.
-    Never raises: a folder that cannot be removed now is logged and tried again later."""
+    """Move the run's folder into the trash (a rename: at once, whatever the job put in it) for the
+    spool's janitor to empty. Never raises: a folder that cannot be moved now is logged."""
     try:
         trash = _trash(spool)
         try:
             os.rename(job_dir(spool, job_id, run), trash / f"job{job_id}.{run}.{os.getpid()}.{next(_names)}")
         except FileNotFoundError:
-            pass
-        empty_trash(spool)
+            return
+        clean_trash_soon(spool)
     except Exception as e:   # a job's tree must never cost the daemon a thread or a start
         log.warning("job %d: run %d's folder not removed yet: %s", job_id, run, e)
+
+
+def clean_trash_soon(spool: Path) -> None:
+    """Have the spool's janitor empty its trash (started on first use; one thread per spool)."""
+    with _janitors_lock:
+        janitor = _janitors.get(spool)
+        if janitor is None:
+            janitor = _janitors[spool] = _Janitor(spool)
+    janitor.wake()
+
+
+class _Janitor:
+    """Empties a spool's trash on a thread of its own, REMOVE_BUDGET entries at a time: a tree a job made,
+    however deep or wide, never holds up a heartbeat (whose lateness would fence the node and stop every
+    job on it), a launch or a step. What cannot be removed now is tried again every JANITOR_RETRY_S."""
+
+    def __init__(self, spool: Path):
+        self.spool = spool
+        self._wake = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name="trash-janitor").start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(JANITOR_RETRY_S)
+            self._wake.clear()
+            try:
+                for _ in range(JANITOR_SLICES):   # (then it waits: a trash that never empties costs no spin)
+                    if empty_trash(self.spool):
+                        break
+                    time.sleep(0.001)
+            except Exception as e:
+                log.warning("the trash of %s not emptied: %s", self.spool, e)
 
 
 def empty_trash(spool: Path, budget: int | None = None) -> bool:
