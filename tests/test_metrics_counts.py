@@ -69,13 +69,19 @@ def test_usage_is_charged_for_running_ended_and_requeued_runs_and_never_for_pend
     assert usage.get("pending", 0) == 0                            # pending: nothing used
 
 
-def test_a_run_requeued_just_before_a_controller_restart_is_charged_by_the_next_controller(tmp_path):
+def _charged_then_started(tmp_path, gpus):
+    """A controller that has just charged usage, and a job of account `a` it started then on n1."""
     clock = Clock()
     c = build(tmp_path, clock, clock)
-    c.tick()   # charged up to now
-    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=2, account="a"), ROOT)
+    c.tick()
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=gpus, account="a"), ROOT)
     job = c.jobs.get(job_id)
-    c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0, 1), 1),)))], clock.now, 0)
+    c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", tuple(range(gpus)), 1),)))], clock.now, 0)
+    return c, clock, job_id
+
+
+def test_a_run_requeued_just_before_a_controller_restart_is_charged_by_the_next_controller(tmp_path):
+    c, clock, job_id = _charged_then_started(tmp_path, gpus=2)
     clock.now += 3   # (less than the 5 s between charges: nothing charged when it is requeued)
     job = c.jobs.get(job_id)
     c._commit([(job, events.node_lost(job, clock.now, Reason.NODE_FAIL, "test"))], clock.now, 0)
@@ -92,12 +98,7 @@ def test_a_run_requeued_just_before_a_controller_restart_is_charged_by_the_next_
 
 def test_a_job_that_ended_just_before_a_long_controller_stop_is_charged_by_the_next_controller(tmp_path):
     # stopped longer than the visibility window: the job is not in the next controller's memory
-    clock = Clock()
-    c = build(tmp_path, clock, clock)
-    c.tick()   # charged up to now
-    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=4, account="a"), ROOT)
-    job = c.jobs.get(job_id)
-    c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (0, 1, 2, 3), 1),)))], clock.now, 0)
+    c, clock, job_id = _charged_then_started(tmp_path, gpus=4)
     clock.now += 3
     job = c.jobs.get(job_id)
     c._commit([(job, events.exited(job, clock.now, 0, 0))], clock.now, 0)
