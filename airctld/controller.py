@@ -113,6 +113,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._epoch = 0            # bumped by every change to what priorities are made of (accounts)
         self._released: list[int] = []   # the last priorities of jobs released since the pass's snapshot
         self._forgot_at = float("-inf")   # when _forget_old last looked
+        self._beats: dict[str, tuple[str, tuple[int, int]]] = {}   # node -> its newest heartbeat taken (see heartbeat)
         self._requeued_runs: list[tuple] = []   # runs that ended in a requeue, not yet charged (accounting)
         # stopping job -> when it was asked to stop; pending preemptor -> the nodes held for it. Both are
         # written with the decisions that make them, so that a restarted controller counts the same

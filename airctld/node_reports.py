@@ -76,6 +76,17 @@ class NodeReports:
             node = self.nodes.get(req.name)
             if node is None or node.state not in (NodeState.UP, NodeState.DRAIN):
                 return pb.HeartbeatReply(reregister=True)
+            # a heartbeat sent before the newest one taken (its daemon gave up waiting for it, or a later daemon
+            # started) is an older view of the node: it could clear a requeued job's fence wait, or count a
+            # run as missing, that the newer one has seen alive. It is ignored.
+            if req.boot_id:
+                last = self._beats.get(req.name)
+                mark = (req.started_ns, req.seq)
+                if last is not None and last[0] == req.boot_id and mark <= last[1]:
+                    log.warning("node %s: heartbeat %d of its daemon came after a newer one; ignored", req.name,
+                                req.seq)
+                    return pb.HeartbeatReply()
+                self._beats[req.name] = (req.boot_id, mark)
             self.nodes[req.name] = node = evolve(node, last_heartbeat=now)
             self.heard[req.name] = self.mono()
             self.suspect.pop(req.name, None)

@@ -17,6 +17,7 @@ from air.airnoded.gpus import GpuBackend, GpuError
 from air.airnoded.health import HealthMonitor
 from air.airnoded.launcher import Launcher, StaleRun
 from air.airnoded.metrics import NodeMetrics
+from air.airnoded.shepherd import boot_id
 from air.airnoded.steps import StepError, StepLimit, StepRunner, Stopping
 from air.protos import air_pb2 as pb
 from air.protos import signals
@@ -65,6 +66,8 @@ class Agent:
         self._registry = rpc.NodeRegistryStub(channel)
         self._registered = False
         self.metrics = NodeMetrics(node.name)
+        # which heartbeat is which (HeartbeatRequest.boot_id, started_ns, seq)
+        self._boot_id, self._started_ns, self._seq = boot_id(), time.clock_gettime_ns(time.CLOCK_BOOTTIME), 0
 
     def seconds_since_controller(self) -> float:
         """Since the start of the last call to airctld that got an answer (the lease)."""
@@ -152,11 +155,13 @@ class Agent:
             health = list(self._health)
         runs = sorted(set(self.launcher.runs()) | set(self.steps.runs()))
         began = lease_clock()
+        self._seq += 1
         reply = self._registry.Heartbeat(
             pb.HeartbeatRequest(name=self.node.name, running=self.launcher.running(), exits=exits, health=health,
                                 gpus=self.monitor.latest, ongoing=self.monitor.ongoing(),
                                 progress=self._progress(runs),
-                                runs=[pb.RunRef(job_id=j, run=r) for j, r in runs]),
+                                runs=[pb.RunRef(job_id=j, run=r) for j, r in runs],
+                                boot_id=self._boot_id, started_ns=self._started_ns, seq=self._seq),
             timeout=min(CALL_TIMEOUT_S, self.interval))
         self.metrics.heartbeat_rtt.observe(lease_clock() - began)
         if not reply.reregister:

@@ -135,3 +135,34 @@ def test_a_queued_launch_of_run_0_never_lands_after_run_1_started_elsewhere(cont
     sent0 = [x for x in rec.launched if x[2] == 0]
     assert not (started_elsewhere and sent0), \
         f"run 1 started on {run1.node_names} and run 0 was then launched on n1: {rec.launched}"
+
+
+def test_a_heartbeat_taken_after_a_newer_one_of_the_same_node_is_ignored(controller):
+    # n1's heartbeat 1, sent before run 0 was there, waits for the controller's lock (held long by a big
+    # request) while its daemon gives up on it and sends heartbeat 2: run 0 alive, a critical GPU fault
+    # that requeues the job. Heartbeat 1, taken last, must not clear the job's fence wait on n1.
+    c, clock = controller
+    c.clients = Recorder()
+    job = _start(c, clock, "n1")
+
+    def beat(seq, started_ns=5, boot="b1", **kw):
+        runs = kw.pop("runs", ())
+        return c.heartbeat(pb.HeartbeatRequest(name="n1", running=sorted({j for j, _ in runs}),
+                                               runs=[pb.RunRef(job_id=j, run=r) for j, r in runs],
+                                               boot_id=boot, started_ns=started_ns, seq=seq, **kw))
+    beat(2, runs=[(job.job_id, 0)],
+         health=[pb.HealthEvent(gpu=0, signal="xid", message="XID 79", critical=True, time=clock.now)])
+    assert c.jobs.get(job.job_id).phase == JobPhase.PENDING
+    beat(1)                      # the older one, taken late
+    beat(1, started_ns=4)        # and one of a daemon that started before this one on the same boot
+    clock.now += 1
+    c._dirty = True
+    c.tick()
+    assert c.jobs.get(job.job_id).phase == JobPhase.PENDING   # still waits for n1's word on run 0
+    beat(3)                      # the newest: run 0 gone from n1
+    c._dirty = True
+    c.tick()
+    now = c.jobs.get(job.job_id)
+    assert now.phase == JobPhase.RUNNING and now.restart_count == 1
+    beat(1, boot="b2")           # a daemon after a reboot: taken (another boot's clock says nothing)
+    assert c._beats["n1"][0] == "b2"
