@@ -275,7 +275,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
         threading.Thread(target=follower.run, daemon=True).start()
 
     out, err = sys.stdout.buffer, sys.stderr.buffer
-    remaining, first_bad, streams_left = step.world_size, 0, len(followers)
+    remaining, streams_left = step.world_size, len(followers)
 
     def stopping(signum, frame):
         # The ranks get the same signal from their node daemons: let them checkpoint and end on their
@@ -288,15 +288,22 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
     else:
         signal.signal(signal.SIGTERM, stopping)
     known = False   # the step's outcome is known (the loop ended, or was interrupted)
-    outcome, cancelled = (0, 0), False   # its first failed task's (exit code, signal)
+    verdict, cancelled = _Verdict(patience), False
     try:
         while remaining and streams_left:
-            kind, value = events.get()
+            held = verdict.held   # (a rank's failure waiting for the word on a node whose stream broke)
+            if verdict.settle(any(f.lost for f in followers), time.monotonic()) and kill_on_bad_exit and remaining:
+                err.write(f"airrun: rank {held[0]} exited with {verdict.first_bad}; ending the step\n".encode())
+                break
+            try:
+                kind, value = events.get(timeout=0.25 if verdict.held else None)
+            except queue.Empty:
+                continue
             if kind == "end":
                 streams_left -= 1
                 if value:  # a node's stream broke: its ranks are gone, most likely with the node
                     err.write(f"airrun: error: {value}; ending the step\n".encode())
-                    first_bad = first_bad or ExitCode.NODE_LOST
+                    verdict.node_lost()
                     if kill_on_bad_exit:
                         break
                 continue
@@ -304,25 +311,21 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
             if event.exited:
                 remaining -= 1
                 code = event.exit_code or (128 + event.exit_signal if event.exit_signal else 0)
-                if event.fenced and code not in (0, ExitCode.REQUEUE):
-                    # its node lost the controller and stopped it: the run is lost there, not failed; the
-                    # other ranks are left their grace to checkpoint and stop
-                    first_bad = first_bad or ExitCode.NODE_LOST
-                    continue
-                if code and not first_bad:
-                    first_bad = code
-                    outcome = (event.exit_code, 0 if event.exit_code else event.exit_signal)
-                    # a rank that stopped cleanly for requeue is not a failure: the others follow
-                    if kill_on_bad_exit and remaining and code != ExitCode.REQUEUE:
-                        err.write(f"airrun: rank {event.rank} exited with {code}; ending the step\n".encode())
-                        break
+                failed = verdict.rank_exited(event.rank, code, event.exit_code, event.exit_signal, event.fenced,
+                                             any(f.lost for f in followers), time.monotonic())
+                # (a rank that stopped cleanly for requeue is not a failure: the others follow)
+                if failed and kill_on_bad_exit and remaining:
+                    err.write(f"airrun: rank {event.rank} exited with {code}; ending the step\n".encode())
+                    break
                 continue
             stream = (files.stream(event.rank, event.stderr) if files else None) or (err if event.stderr else out)
             stream.write((f"{event.rank}: ".encode() if label else b"") + event.data)
             stream.flush()
+        verdict.settle(False, float("inf"))   # a failure still waiting for a node's word: it stands
         known = True
     except KeyboardInterrupt:
-        first_bad, known, cancelled = INTERRUPTED, True, True
+        known, cancelled = True, True
+        verdict.first_bad = INTERRUPTED
     finally:
         if own_allocation:   # its outcome and the release are not interrupted
             _hold_signals()
@@ -332,14 +335,68 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
             files.close()
         try:   # the step's outcome, for its record (airacct); the step has ended whatever the answer
             if known:
-                if first_bad and outcome == (0, 0) and not cancelled:   # (a node lost: airrun's own code)
-                    outcome = (min(255, first_bad), 0)
+                outcome = verdict.outcome
+                if verdict.first_bad and outcome == (0, 0) and not cancelled:   # (a node lost: airrun's own code)
+                    outcome = (min(255, verdict.first_bad), 0)
                 client.end_step(pb.StepEnd(job_id=step.job_id, step_id=step.step_id, run=step.run,
                                                   exit_code=outcome[0], exit_signal=min(127, outcome[1]),
                                                   cancelled=cancelled), timeout=5.0)
         except CliError:
             pass
-    return first_bad, cancelled
+    return verdict.first_bad, cancelled
+
+
+class _Verdict:
+    """What a step's end says: its first failed rank's code (or ExitCode.NODE_LOST when a node was lost),
+    and that rank's (exit code, signal).
+
+    A rank that fails while the stream of another node of the step is broken most likely failed because
+    of it (its collective's peer died with that node): its failure is held until that node's daemon is
+    back (the failure stands) or the node is given up (the step lost a node: the job goes back to the
+    queue instead of failing), for the patience a broken stream gets and a second more at most."""
+
+    def __init__(self, patience: float):
+        self.patience = patience
+        self.first_bad = 0
+        self.outcome = (0, 0)
+        self.held: tuple[int, int, tuple[int, int], float] | None = None   # (rank, code, outcome, until)
+
+    def rank_exited(self, rank: int, code: int, exit_code: int, exit_signal: int, fenced: bool,
+                    any_lost: bool, now: float) -> bool:
+        """A rank's exit; whether it is the step's first failure (known now, not held)."""
+        if fenced and code not in (0, ExitCode.REQUEUE):
+            # its node lost the controller and stopped it: the run is lost there, not failed; the other
+            # ranks are left their grace to checkpoint and stop
+            self.first_bad = self.first_bad or ExitCode.NODE_LOST
+            return False
+        if not code or self.first_bad or self.held:
+            return False
+        outcome = (exit_code, 0 if exit_code else exit_signal)
+        if code == ExitCode.REQUEUE:   # stopped cleanly for requeue: the others follow
+            self.first_bad, self.outcome = code, outcome
+            return False
+        if any_lost:
+            self.held = (rank, code, outcome, now + self.patience + 1.0)
+            return False
+        self.first_bad, self.outcome = code, outcome
+        return True
+
+    def node_lost(self) -> None:
+        """A node's stream ended for good: its ranks are gone with it (a failure held meanwhile was its
+        consequence)."""
+        self.held = None
+        self.first_bad = self.first_bad or ExitCode.NODE_LOST
+
+    def settle(self, any_lost: bool, now: float) -> bool:
+        """A held failure stands once no node's stream is broken, or its time is up; whether it did now."""
+        if self.held is None or (any_lost and now < self.held[3]):
+            return False
+        _, code, outcome, _ = self.held
+        self.held = None
+        if self.first_bad:
+            return False
+        self.first_bad, self.outcome = code, outcome
+        return True
 
 
 def expand(pattern: str, step, rank: int, env: dict[str, str]) -> str:
@@ -393,6 +450,7 @@ class _Follower:
         self.exited: set[int] = set()
         self.call = None
         self.cancelled = False
+        self.lost = False   # its stream broke and it is following again: no event since
         self.lock = threading.Lock()
 
     def cancel(self) -> None:
@@ -414,7 +472,7 @@ class _Follower:
                                                                 attach=attach))
             try:
                 for event in self.call:
-                    lost_since = None
+                    lost_since, self.lost = None, False
                     if event.exited:
                         if event.rank in self.exited:
                             continue   # seen before the daemon restarted
@@ -430,6 +488,7 @@ class _Follower:
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                     return self.events.put(("end", f"{self.node}: {e.details() or e.code().name}"))
                 problem = e.details() or e.code().name
+            self.lost = True
             now = time.monotonic()
             if now - began > 1.0:   # the call was up a while (a quiet step): this is a new loss
                 lost_since = None

@@ -125,6 +125,35 @@ def test_a_host_crash_during_a_step_requeues_the_job(cluster):
     assert "run 1" in (cluster.work / f"air-{job_id}.out").read_text()
 
 
+def test_a_rank_that_fails_because_another_hosts_crash_took_its_peer_sends_the_job_back_to_the_queue(cluster):
+    """node02 dies with its rank; rank 0 on node01 then fails as a collective does when its peer is gone
+    (gloo: "Connection closed by peer"). airrun, on node01, holds that failure until node02 is given up:
+    the step lost a node, so the job is requeued (and its next run completes), not FAILED."""
+    mark, ready = cluster.work / "peer-gone", cluster.work / "peer-ready"
+    ready.mkdir()
+    script = cluster.write_script("peer.sh", "#!/bin/sh\necho \"run $AIR_RESTART_COUNT\"\n"
+                                  "[ \"$AIR_RESTART_COUNT\" = 0 ] || exit 0\n"
+                                  f"exec airrun sh -c 'touch {ready}/$SLURM_PROCID; if [ \"$SLURM_PROCID\" = 0 ]; then "
+                                  f"while [ ! -e {mark} ]; do sleep 0.1; done; exit 1; fi; sleep 60; true'\n")
+    job_id = cluster.submit(script, "-N", "2", "--gpus-per-node=1", "--ntasks-per-node=1")
+    try:
+        wait_for(lambda: len(list(ready.iterdir())) == 2, what="both ranks to run")
+    except AssertionError:
+        raise AssertionError((cluster.work / f"air-{job_id}.out").read_text()) from None
+    cluster.crash_host(1, [job_id])
+    mark.touch()   # rank 0's peer is gone: it fails
+    def requeued_or_failed():
+        job = cluster.job(job_id)
+        return job if job["restart_count"] >= 1 or job["state"] == "FAILED" else None
+    try:
+        job = wait_for(requeued_or_failed, timeout=40, what="the job to be requeued (or to fail)")
+    finally:
+        cluster.start_node(1)
+    assert job["state"] != "FAILED", f"the job failed: {job['reason']}"
+    job = cluster.wait_state(job_id, "COMPLETED", timeout=60)
+    assert job["restart_count"] == 1 and "run 1" in (cluster.work / f"air-{job_id}.out").read_text()
+
+
 def test_an_exit_the_controller_has_not_heard_of_survives_a_daemon_restart(cluster):
     """An upgrade: the controller is down when the script ends, then the node daemon restarts; the exit
     it had not delivered is delivered by the next daemon, and the job is not run again."""
