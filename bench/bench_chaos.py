@@ -53,6 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chaos_cluster import BIN, INSIDE, ROOT, Cluster, enter_private_namespace  # noqa: E402
+from harness import report as write_report, table as table_of  # noqa: E402
 from chaos_report import KINDS, Fault, analyse, batch_mismatches, late_steps, per_kind_table, timeline_table  # noqa: E402
 
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
@@ -532,7 +533,7 @@ def report(work: Path, ref: Path, steps: int, got: dict, args) -> int:
         ("the benchmark's own CPU", f"{got.get('own_cpu', 0):.1%} of a core",
          "its process sampler and log readers, on the cores the cluster uses"),
     ]
-    table = "| figure | value | note |\n|---|---|---|\n" + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows)
+    table = table_of(["figure", "value", "note"], rows)
     misses = []
     if analysis.ettr < 0.9:
         misses.append(f"ETTR {analysis.ettr:.1%} < 90%")
@@ -555,19 +556,15 @@ def report(work: Path, ref: Path, steps: int, got: dict, args) -> int:
             f"- {e['start'] - analysis.start:.1f} s to {e['end'] - analysis.start:.1f} s ({e['samples']} samples), "
             f"runs {e['runs']}: " + "; ".join(f"{p['pid']} run {p['run']} {p['node']} {p['cmd'][:60]}"
                                                for p in e["processes"]) for e in episodes)
-    print(text, flush=True)
     (work / "report.md").write_text(text + "\n")
     raw = {"steps": got["steps"], "restored": got["restored"], "events": got["events"], "ranks": got["ranks"],
            "faults": [vars(f) for f in got["faults"]], "overlaps": episodes, "final": got["final"],
            "others": got["others"], "total_steps": steps}
     (work / "raw.json").write_text(json.dumps(raw, indent=1))   # to work the figures out again
-    if args.write:
-        with open(args.write, "a") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: chaos\n\n"
-                    f"`python bench/bench_chaos.py {os.environ.get('AIR_CHAOS_COMMAND', '')}`: tinygpt ({steps} steps) on 2 of 3 "
-                    f"local nodes (2 ranks each), a checkpoint every {args.checkpoint_seconds:g} s, node timeout "
-                    f"{args.node_timeout:g} s, faults every {args.every:g} s on average, seed {args.seed}.\n\n"
-                    + text + "\n")
+    write_report("chaos", text, args.write,
+           f"tinygpt ({steps} steps) on 2 of 3 local nodes (2 ranks each), a checkpoint every "
+           f"{args.checkpoint_seconds:g} s, node timeout {args.node_timeout:g} s, faults every {args.every:g} s on "
+           f"average, seed {args.seed}", command=f"python bench/bench_chaos.py {os.environ.get('AIR_CHAOS_COMMAND', '')}")
     return 0
 
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 warnings.filterwarnings("ignore")
 
 from air import runtime  # noqa: E402
+from harness import report, table  # noqa: E402
 
 
 def _state(layers: int = 6, width: int = 4096):
@@ -118,14 +119,9 @@ def main() -> int:
          + (f", {gb / (warm_total - warm) / dd_gbs * 100:.0f}% of dd (target: 80%)" if dd_gbs else "")),
         ("runtime Checkpointer.restore (s)", f"{restore:.2f}", "bit-identical" if same else "DIFFERENT"),
     ]
-    table = ("| figure | value | note |\n|---|---|---|\n" + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows))
-    print(table)
-    if args.write:
-        with open(args.write, "a") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: checkpoints\n\n"
-                    f"`python bench/bench_checkpoint.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} cores, one "
-                    "process, CPU tensors, files in /tmp. Async: the loop blocks for the staging copy into reused "
-                    "buffers; a background thread writes with 4 writer threads.\n\n" + table + "\n")
+    report("checkpoints", table(["figure", "value", "note"], rows), args.write,
+           "one process, CPU tensors, files in /tmp. Async: the loop blocks for the staging copy into reused "
+           "buffers; a background thread writes with 4 writer threads")
     return 0
 
 

@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from multiprocessing import get_context
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-SLURM = ROOT.parent / "shared" / "peers" / "slurm"
+from harness import SLURM, LocalAir, api_submit, median_ms, ratio, report, table, timed
+
 BASE = "127.0.9.1"
 
 
@@ -27,55 +22,11 @@ def _sh(*args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), check=True, capture_output=True, text=True, **kw)
 
 
-def _timed(args: list[str], env: dict) -> float:
-    t = time.perf_counter()
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, env=env)
-    return time.perf_counter() - t
-
-
-# ---------------------------------------------------------------- API clients (one process each)
-
-def _api_submit(args) -> int:
-    config, count, hold, workdir = args
-    from air.aircli.client import Client
-    from air.protos import air_pb2 as pb
-    client = Client(config)
-    req = pb.SubmitRequest(job=pb.JobRequest(name="bench", script="#!/bin/sh\ntrue\n", workdir=workdir,
-                                             output="/dev/null", hold=hold, nodes=1, ntasks_per_node=1,
-                                             cpus_per_task=1))
-    for _ in range(count):
-        client.submit(req)
-    return count
-
-
-def api_submit(config: str, total: int, clients: int, hold: bool, workdir: str) -> tuple[float, float]:
-    """Jobs acknowledged per second, `clients` processes in parallel (each reply comes after the commit),
-    and when the first of them was sent (time.perf_counter(): the clients' own start is not timed)."""
-    per = total // clients
-    # spawn, not fork: a forked child of this threaded process can inherit a held lock and hang
-    with get_context("spawn").Pool(clients) as pool:
-        pool.map(_api_submit, [(config, 1, hold, workdir)] * clients)  # connect and warm up
-        t = time.perf_counter()
-        done = sum(pool.map(_api_submit, [(config, per, hold, workdir)] * clients))
-        return done / (time.perf_counter() - t), t
-
-
 # ---------------------------------------------------------------- AIR
 
-class Air:
+class Air(LocalAir):
     def __init__(self):
-        self.root = Path(tempfile.mkdtemp(prefix="air-bench-"))
-        self.dir = self.root / "cluster"
-        self.config = str(self.dir / "air.toml")
-        self.env = dict(os.environ, AIR_CONF=self.config)
-
-    def up(self):
-        _sh(str(BIN / "aircontrol"), "local", "up", "--dir", str(self.dir), "--nodes", "2",
-            "--gpus-per-node", "4", "--cpus-per-node", "64", "--base-address", BASE)
-
-    def down(self):
-        subprocess.run([str(BIN / "aircontrol"), "local", "down", "--dir", str(self.dir)], capture_output=True)
-        shutil.rmtree(self.root, ignore_errors=True)
+        super().__init__(BASE, nodes=2, gpus_per_node=4, cpus_per_node=64)
 
     def queue_empty(self) -> bool:
         """Whether no job is pending, running or completing: asked through the API from this process, so
@@ -93,8 +44,7 @@ class Air:
         for i in range(runs):
             mark = self.root / f"start-{i}"
             t = time.time()
-            _sh(str(BIN / "airbatch"), "-o", "/dev/null", "--wrap", f"date +%s.%N > {mark}", env=self.env,
-                cwd=self.root)
+            self.cli("airbatch", "-o", "/dev/null", "--wrap", f"date +%s.%N > {mark}")
             while not (mark.exists() and mark.read_text().strip()):
                 time.sleep(0.002)
             marks.append(float(mark.read_text()) - t)
@@ -127,24 +77,21 @@ class Air:
         return jobs / (time.perf_counter() - t)
 
     def cli_submit_ms(self, runs: int = 30) -> float:
-        times = [_timed([str(BIN / "airbatch"), "-H", "-o", "/dev/null", "--wrap", "true"], self.env)
-                 for _ in range(runs)]
-        return statistics.median(times) * 1000
+        return median_ms([self.tool("airbatch"), "-H", "-o", "/dev/null", "--wrap", "true"], self.env, runs)
 
     def airq_ms(self, runs: int = 7, *args: str) -> float:
-        return statistics.median(_timed([str(BIN / "airq"), *args], self.env) for _ in range(runs)) * 1000
+        return median_ms([self.tool("airq"), *args], self.env, runs)
 
     def cancel_user_s(self) -> float:
-        return _timed([str(BIN / "aircancel"), "-u", os.environ.get("USER", "root") if os.getuid() else "root"],
-                      self.env)
+        return timed([self.tool("aircancel"), "-u", os.environ.get("USER", "root") if os.getuid() else "root"],
+                     self.env)
 
 
 def python_floor_ms(runs: int = 20) -> tuple[float, float]:
     """Interpreter start alone, and start plus importing what airbatch imports before its RPC."""
-    bare = statistics.median(_timed([sys.executable, "-c", "pass"], os.environ) for _ in range(runs))
-    imports = statistics.median(_timed([sys.executable, "-c", "import air.aircli.batch, grpc, air.protos.air_pb2_grpc"],
-                                       os.environ) for _ in range(runs))
-    return bare * 1000, imports * 1000
+    bare = median_ms([sys.executable, "-c", "pass"], runs=runs)
+    imports = median_ms([sys.executable, "-c", "import air.aircli.batch, grpc, air.protos.air_pb2_grpc"], runs=runs)
+    return bare, imports
 
 
 # ---------------------------------------------------------------- Slurm
@@ -162,8 +109,8 @@ def slurm_large(n: int, parallel: int = 8) -> dict[str, float]:
     procs = [subprocess.Popen(["bash", "-c", loop]) for _ in range(parallel)]
     for p in procs:
         p.wait()
-    squeue = statistics.median(_timed(["squeue"], os.environ) for _ in range(5)) * 1000
-    scancel = _timed(["scancel", "-u", "root"], os.environ)
+    squeue = median_ms(["squeue"], runs=5)
+    scancel = timed(["scancel", "-u", "root"])
     while _sh("squeue", "-h").stdout.strip():
         time.sleep(1)
     return {"squeue_large_ms": squeue, "scancel_large_s": scancel, "large_jobs": per * parallel}
@@ -194,31 +141,21 @@ def main() -> int:
         slurm_down()
         print(f"slurm: {slurm}", flush=True)
 
-    air = Air()
-    try:
-        air.up()
+    with Air() as air:
         api, _ = api_submit(air.config, 4000, 4, hold=True, workdir=str(air.root))
-        subprocess.run([str(BIN / "aircancel"), "-u", "root"], env=air.env, check=True)
+        air.cli("aircancel", "-u", "root")
         latency = air.start_latency()
         latency_api = air.start_latency_api()
         drain = air.drain(args.drain)
         cli_ms = air.cli_submit_ms()
         bare_ms, import_ms = python_floor_ms()
-        subprocess.run([str(BIN / "aircancel"), "-u", "root"], env=air.env, check=True)
+        air.cli("aircancel", "-u", "root")
         fill, _ = api_submit(air.config, args.jobs, 4, hold=True, workdir=str(air.root))
         airq = air.airq_ms()
         # the same rows through -o, which airq renders itself from the jobs (as every airq did before
         # the controller kept the default rows rendered)
         airq_client = air.airq_ms(7, "-o", "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R")
         cancel = air.cancel_user_s()
-    finally:
-        air.down()
-
-    def ratio(ours: float, theirs: float | None, higher_is_better: bool) -> str:
-        if not theirs:
-            return "-"
-        value = ours / theirs if higher_is_better else theirs / ours
-        return f"{value:.1f}x" if value >= 1 else f"{value:.2f}x"
 
     s = slurm.get
     rows.append(("submissions/s, API, 4 clients, held, durable", f"{api:.0f}", "-", "-", "1,000/s"))
@@ -242,15 +179,9 @@ def main() -> int:
                  f"{s('submit_ms'):.2f}" if s("submit_ms") else "-", ratio(cli_ms, s("submit_ms"), False),
                  f"floor: python start {bare_ms:.0f} ms, imports {import_ms:.0f} ms"))
 
-    header = "| figure | AIR | Slurm | AIR vs Slurm | target / note |\n|---|---|---|---|---|"
-    table = header + "\n" + "\n".join(f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows)
-    print(table)
-    if args.write:
-        command = "python bench/bench_core.py " + " ".join(sys.argv[1:])
-        with open(args.write, "a") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n`{command}` on "
-                    f"{os.cpu_count()} cores; Slurm 22.05 from ../shared/peers/slurm on the same machine, "
-                    f"same run{'' if args.slurm_large else ' (Slurm large-queue figures not run)'}.\n\n{table}\n")
+    note = ("AIR only (--no-slurm)" if args.no_slurm else "Slurm 22.05 from ../shared/peers/slurm on the same "
+            f"machine, same run{'' if args.slurm_large else ' (Slurm large-queue figures not run)'}")
+    report("core", table(["figure", "AIR", "Slurm", "AIR vs Slurm", "target / note"], rows), args.write, note)
     return 0
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import time
-from datetime import datetime, timezone
 
 from air.airctld import nodefilter, scheduler
+from harness import report, table
 from air.airctld.model import Job, Node, NodeAlloc
 from air.protos import air_pb2 as pb
 from air.protos.config import PartitionConfig
@@ -75,14 +75,9 @@ def main() -> None:
     began = time.perf_counter()
     nodefilter.settle(pb.JobRequest(nodelist=names), "gpu", names, features, names)
     rows.append((f"submit check of -w naming all {args.nodes} nodes (s)", f"{time.perf_counter() - began:.3f}", ""))
-    table = ["| figure | AIR | note |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
-    print("\n".join(table))
-    if args.write:
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        with open(args.write, "a") as f:
-            f.write(f"\n## {stamp}: node filters\n\n`python bench/bench_filters.py --write bench/RESULTS.md` on "
-                    f"2 cores: {args.nodes} nodes of 8 GPUs, all busy (every pending job is reserved a node). "
-                    "No Slurm figure (the peer Slurm has one node).\n\n" + "\n".join(table) + "\n")
+    report("node filters", table(["figure", "AIR", "note"], rows), args.write,
+           f"{args.nodes} nodes of 8 GPUs, all busy (every pending job is reserved a node). No Slurm figure (the "
+           "peer Slurm has one node)")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
 
 from air.airctld.store import Store, _JOB_COLUMNS  # noqa: E402
+from harness import LocalAir, report, table  # noqa: E402
 from air.protos import air_pb2 as pb  # noqa: E402
 
 USERS = 50
@@ -91,7 +91,7 @@ def fill(path: str, total: int, now: float) -> None:
                "reason": 0, "reason_detail": "", "hold": 0, "allocation": alloc, "start_time": start,
                "end_time": end, "exit_code": 0, "exit_signal": 0, "restart_count": int(requeued),
                "last_stop_reason": 15 if requeued else 0, "array_job_id": 0, "array_task_id": 0,
-               "request": requests[u], "account": f"acct{u % ACCOUNTS}", "qos": "normal"}
+               "figures": "", "request": requests[u], "account": f"acct{u % ACCOUNTS}", "qos": "normal"}
         batch.append([row[c] for c in cols])
         if requeued:
             runs.append((job_id, 0, start - 300, start - 10, alloc, 15, "preempted", 0, 15))
@@ -116,10 +116,8 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1_000_000)
     ap.add_argument("--write", help="append the figures to this markdown file")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="air-bench-history-"))
-    d = work / "cluster"
-    cfg = d / "air.toml"
-    _cli(cfg, "aircontrol", "local", "up", "--dir", str(d), "--nodes", "1", "--base-address", "127.0.41.1")
+    air = LocalAir("127.0.41.1", nodes=1, prefix="air-bench-history-").up()
+    d, cfg = air.dir, Path(air.config)
     try:
         pids = [int(p) for p in (d / "pids").read_text().split()]
         os.kill(pids[0], signal.SIGTERM)
@@ -164,16 +162,10 @@ def main() -> int:
             ("filling the store (s)", f"{fill_s:.1f}", f"{args.jobs:,} jobs"),
         ]
     finally:
-        _cli(cfg, "aircontrol", "local", "down", "--dir", str(d))
-    head = (f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: job history\n\n"
-            f"`python bench/bench_history.py --jobs {args.jobs}` on {os.cpu_count()} cores: {args.jobs:,} "
-            f"finished jobs of {USERS} users over {DAYS} days. No Slurm figure (the peer Slurm has no slurmdbd).\n\n"
-            "| figure | AIR | note |\n|---|---|---|\n")
-    table = head + "".join(f"| {a} | {b} | {c} |\n" for a, b, c in rows)
-    print(table)
-    if args.write:
-        with open(args.write, "a") as f:
-            f.write("\n" + table)
+        air.down()
+    report("job history", table(["figure", "AIR", "note"], rows), args.write,
+           f"{args.jobs:,} finished jobs of {USERS} users over {DAYS} days. No Slurm figure (the peer Slurm has no "
+           "slurmdbd)")
     return 0
 
 

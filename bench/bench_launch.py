@@ -18,9 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-SLURM = ROOT.parent / "shared" / "peers" / "slurm"
+from harness import ROOT, SLURM, LocalAir, report, table
+
 RANK_MARK = 'date +%s.%N > "$MARKS/r.$RANK$SLURM_PROCID"'
 
 
@@ -52,19 +51,10 @@ def _median_launch(work: Path, runs: int, ranks: int, directive: str, launcher: 
 
 
 def air_launch(nodes: int, per_node: int, runs: int, base: str) -> float:
-    work = Path(tempfile.mkdtemp(prefix="air-bench-launch-"))
-    os.chmod(work, 0o755)
-    conf = work / "cluster" / "air.toml"
-    subprocess.run([str(BIN / "aircontrol"), "local", "up", "--dir", str(work / "cluster"), "--nodes", str(nodes),
-                    "--gpus-per-node", str(per_node), "--cpus-per-node", "64", "--base-address", base,
-                    "--node-timeout", "30"], check=True, capture_output=True)
-    env = dict(os.environ, AIR_CONF=str(conf))
-    try:
-        return _median_launch(work, runs, nodes * per_node, f"#AIR -N {nodes} --gpus-per-node={per_node}", "airrun",
-                              [str(BIN / "airbatch")], env)
-    finally:
-        subprocess.run([str(BIN / "aircontrol"), "local", "down", "--dir", str(work / "cluster")], capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
+    with LocalAir(base, nodes=nodes, gpus_per_node=per_node, cpus_per_node=64, options=("--node-timeout", "30"),
+                  prefix="air-bench-launch-") as air:
+        return _median_launch(air.root, runs, nodes * per_node, f"#AIR -N {nodes} --gpus-per-node={per_node}",
+                              "airrun", [air.tool("airbatch")], air.env)
 
 
 def slurm_launch(tasks: int, runs: int) -> float:
@@ -124,16 +114,9 @@ def main() -> int:
         ("the same with a health program (/bin/true) each interval (% of a core)",
          f"{program / 5000 * 100:.3f}%", "-", "-"),
     ]
-    table = ("| figure | AIR | Slurm | AIR vs Slurm |\n|---|---|---|---|\n"
-             + "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows))
-    print(table)
-    if args.write:
-        with open(args.write, "a") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: rank launch and health checks\n\n"
-                    f"`python bench/bench_launch.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} cores, median of "
-                    f"{args.runs} runs; launch latency is from the batch script calling airrun (srun) to the last "
-                    "rank's first line. The Slurm peer has one node, so only 1 x 8 has a Slurm figure.\n\n"
-                    + table + "\n")
+    report("rank launch and health checks", table(["figure", "AIR", "Slurm", "AIR vs Slurm"], rows), args.write,
+           f"median of {args.runs} runs; launch latency is from the batch script calling airrun (srun) to the last "
+           "rank's first line. The Slurm peer has one node, so only 1 x 8 has a Slurm figure")
     return 0
 
 

@@ -20,12 +20,10 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+from harness import BIN, ROOT, LocalAir, report, table
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 
 
@@ -38,13 +36,12 @@ def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def one_run(work: Path, base: str) -> tuple[float, float]:
+def one_run(base: str) -> tuple[float, float]:
     import psutil
-    cluster = work / "cluster"
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", AIR_CONF=str(cluster / "air.toml"))
-    _cli("aircontrol", "local", "up", "--nodes", "3", "--gpus-per-node", "2", "--dir", str(cluster),
-         "--base-address", base, "--node-timeout", "15", "--heartbeat", "2", env=env)
-    try:
+    with LocalAir(base, nodes=3, gpus_per_node=2, options=("--node-timeout", "15", "--heartbeat", "2"),
+                  prefix="air-bench-resume-") as air:
+        work, cluster = air.root, air.dir
+        env = air.env
         log = work / "t.log"
         script = work / "t.sh"
         script.write_text(f"#!/bin/bash\nexec airrun python {TRAIN} --steps 400 --every 5 --sleep 0.05 --layers 2 "
@@ -79,9 +76,6 @@ def one_run(work: Path, base: str) -> tuple[float, float]:
         resumed = time.monotonic()
         _cli("aircancel", job, env=env)
         return requeued - died, resumed - requeued
-    finally:
-        subprocess.run([str(BIN / "aircontrol"), "local", "down", "--dir", str(cluster)], env=env,
-                       capture_output=True)
 
 
 def _env(p) -> dict:
@@ -98,9 +92,7 @@ def main() -> int:
     args = parser.parse_args()
     results = []
     for i in range(args.runs):
-        work = Path(tempfile.mkdtemp(prefix="air-bench-resume-"))
-        os.chmod(work, 0o755)
-        detect, restart = one_run(work, f"127.0.{21 + i}.1")
+        detect, restart = one_run(f"127.0.{21 + i}.1")
         results.append((detect, restart))
         print(f"run {i + 1}: job requeued after {detect:.1f} s; first resumed step "
               f"{restart:.1f} s later; {detect + restart:.1f} s in all", flush=True)
@@ -114,14 +106,9 @@ def main() -> int:
             ("host death -> first resumed step (s)", f"{sum(best):.1f} - {sum(worst):.1f}", "target: under 15 s"),
             ("Slurm default, node marked DOWN (s)", "300", f"SlurmdTimeout; {300 / sum(worst):.0f}x longer "
              "before Slurm even starts to requeue")]
-    table = "| figure | value | note |\n|---|---|---|\n" + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows)
-    print(table)
-    if args.write:
-        with open(args.write, "a") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: resume after a host's death\n\n"
-                    f"`python bench/bench_resume.py {' '.join(sys.argv[1:])}`: tinygpt on 2 of 3 local nodes "
-                    f"(2 ranks each), kill -9 of one node's daemon and job processes past step 20; {args.runs} runs, "
-                    "best - worst.\n\n" + table + "\n")
+    report("resume after a host's death", table(["figure", "value", "note"], rows), args.write,
+           "tinygpt on 2 of 3 local nodes (2 ranks each), kill -9 of one node's daemon and job processes past step "
+           f"20; {args.runs} runs, best - worst")
     return 0
 
 

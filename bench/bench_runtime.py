@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples" / "tinygpt"))
 
 from air import runtime  # noqa: E402
+from harness import report, table  # noqa: E402
 import torch  # noqa: E402
 from data import CharDataset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -67,15 +68,11 @@ def main() -> int:
         plain.append(loop(args.steps, False, work))
         ours.append(loop(args.steps, True, work))
     p, o = min(plain), min(ours)
-    line = (f"| tinygpt step, 2 layers x 128, batch 8 x 64, 1 thread | {p * 1000:.2f} ms | {o * 1000:.2f} ms | "
-            f"{(o - p) / p * 100:+.2f}% |")
-    table = "| loop | plain | with the runtime | overhead (target < 1%) |\n|---|---|---|---|\n" + line
-    print(table)
-    if args.write:
-        with open(args.write, "a") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: runtime overhead per step\n\n"
-                    f"`python bench/bench_runtime.py {' '.join(sys.argv[1:])}`: best of {args.rounds} rounds of "
-                    f"{args.steps} steps each, alternating.\n\n" + table + "\n")
+    row = ("tinygpt step, 2 layers x 128, batch 8 x 64, 1 thread", f"{p * 1000:.2f} ms", f"{o * 1000:.2f} ms",
+           f"{(o - p) / p * 100:+.2f}%")
+    report("runtime overhead per step",
+           table(["loop", "plain", "with the runtime", "overhead (target < 1%)"], [row]), args.write,
+           f"best of {args.rounds} rounds of {args.steps} steps each, alternating")
     return 0
 
 

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, os.environ.get("AIR_BENCH_TREE", str(ROOT)))   # another commit's airctld: see --before
 
 from air.airctld import fairshare, scheduler  # noqa: E402
+from harness import report  # noqa: E402
 from air.protos.config import PartitionConfig, QosConfig, SchedulerConfig  # noqa: E402
 from air.airctld.fairshare import Assoc  # noqa: E402
 from air.airctld.model import Job, NodeAlloc  # noqa: E402
@@ -319,16 +320,12 @@ def main() -> None:
     limit = SchedulerConfig().max_pass_s if MAX_PASS_S is None else MAX_PASS_S
     stop = (f"the placement stopping after `max_pass_s` = {limit:g} s (as Slurm's bf_max_time)" if limit else
             "the placement going through the whole queue (`max_pass_s` = 0)")
-    if args.write:
-        with open(args.write, "a") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: scheduler\n\n"
-                    f"`python bench/bench_scheduler.py {' '.join(sys.argv[1:])}` (2 cores). One full pass: "
-                    "fairshare, priority of every pending job, limits, placement, reservations (1,000, then nothing "
-                    f"passes an unreserved job) and backfill, {stop}; best of three. The code of {args.before} (from scratch every pass), "
-                    "then this tree's first pass (its priority cache empty, as after a start) and its pass 10 s "
-                    "later (the cache warm, as in a running controller), one size after the other. Slurm's default "
-                    "backfill examines 500 jobs per 30 s cycle.\n\n"
-                    + "\n".join(lines) + "\n")
+    report("scheduler", "\n".join(lines), args.write,
+           "one full pass: fairshare, priority of every pending job, limits, placement, reservations (1,000, then "
+           f"nothing passes an unreserved job) and backfill, {stop}; best of three. The code of {args.before} (from "
+           "scratch every pass), then this tree's first pass (its priority cache empty, as after a start) and its "
+           "pass 10 s later (the cache warm, as in a running controller), one size after the other. Slurm's default "
+           "backfill examines 500 jobs per 30 s cycle")
 
 
 if __name__ == "__main__":

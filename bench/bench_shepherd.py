@@ -14,13 +14,13 @@ import os
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from air.airnoded import shepherding  # noqa: E402
+from harness import report, table  # noqa: E402
 
 
 def one_run(folder: Path, spawner) -> None:
@@ -61,16 +61,8 @@ def main() -> int:
         spawner.close()
     rows = [("trivial run with its shepherd, forked by the spawner (ms)", f"{with_spawner:.1f}"),
             ("trivial run with a shepherd that starts its own Python (ms)", f"{without:.1f}")]
-    for name, value in rows:
-        print(f"{name}: {value}")
-    if args.write:
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        with open(args.write, "a") as f:
-            f.write(f"\n## {stamp}: what a run's shepherd costs\n\n`python bench/bench_shepherd.py "
-                    f"--runs {args.runs} --write {args.write}` on {os.cpu_count()} cores; mean of {args.runs} runs, "
-                    "each from the request to the child's recorded exit.\n\n| figure | value |\n|---|---|\n")
-            for name, value in rows:
-                f.write(f"| {name} | {value} |\n")
+    report("what a run's shepherd costs", table(["figure", "value"], rows), args.write,
+           f"mean of {args.runs} runs, each from the request to the child's recorded exit")
     return 0
 
 

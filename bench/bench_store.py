@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from air.airctld import retention  # noqa: E402
+from harness import report, table  # noqa: E402
 from air.airctld.model import Job, NodeAlloc, evolve  # noqa: E402
 from air.airctld.store import Store  # noqa: E402
 from air.protos import air_pb2 as pb  # noqa: E402
@@ -180,18 +181,12 @@ def main() -> int:
          f"{len(sim.retention_s):,} transactions; the longest a submission waits behind retention"),
         ("simulated month (s)", f"{took:.0f}", f"{len(sim.submit_s):,} jobs"),
     ]
-    head = (f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: store retention\n\n"
-            f"`python bench/bench_store.py --days {args.days}` on {os.cpu_count()} cores: {NODES} nodes x {GPUS} "
-            f"GPUs, {args.jobs_per_day:g} jobs a day (1 to 16 nodes, mean {args.mean_hours:g} h), a report per "
+    note = (f"{NODES} nodes x {GPUS} GPUs, {args.jobs_per_day:g} jobs a day (1 to 16 nodes, mean {args.mean_hours:g} h), a report per "
             f"running job every {args.report_every:g} s, retention every {args.tick:g} s, {args.flapping_nodes} nodes with an erroring IB port "
             f"(an event every 5 s); jobs kept {args.jobs_keep_days:g} days, events {args.events_keep_days:g} days, "
             "reports of ended jobs thinned to one a minute. No Slurm figure (slurmdbd's purge is not run by the "
-            "peer).\n\n| figure | AIR | note |\n|---|---|---|\n")
-    table = head + "".join(f"| {a} | {b} | {c} |\n" for a, b, c in rows)
-    print(table)
-    if args.write:
-        with open(args.write, "a") as f:
-            f.write("\n" + table)
+            "peer)")
+    report("store retention", table(["figure", "AIR", "note"], rows), args.write, note)
     for p in work.iterdir():
         p.unlink()
     work.rmdir()
