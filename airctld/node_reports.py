@@ -183,9 +183,10 @@ class NodeReports:
             moved[p.job_id] = max(moved.get(p.job_id, self.last_progress.get(p.job_id, 0.0)), now - age)
             if job.phase == JobPhase.RUNNING:
                 moved_mono[p.job_id] = max(moved_mono.get(p.job_id, self.moved.get(p.job_id, 0.0)), mono - age)
-            if len(p.report) > limit:
-                log.warning("job %d: a progress report of %d characters from %s ignored (max_report_bytes %d)",
-                            p.job_id, len(p.report), node, limit)
+            size = len(p.report.encode())
+            if size > limit:
+                log.warning("job %d: a progress report of %d bytes from %s ignored (max_report_bytes %d)",
+                            p.job_id, size, node, limit)
             elif p.report:
                 latest[p.job_id] = p.report
                 rows.append((p.job_id, now, p.report))

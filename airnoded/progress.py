@@ -79,7 +79,7 @@ class ProgressReader:
                 self._refuse(key, f"progress folder unreadable: {e}")
                 continue
             if got is not None:
-                room -= len(got.report)
+                room -= len(got.report.encode())   # (bytes: what the heartbeat's size limit counts)
                 out.append(got)
         for gone in set(self._sent) - set(runs):
             del self._sent[gone]
@@ -107,7 +107,7 @@ class ProgressReader:
                 newest = max(newest, mtime)
                 if name == "rank0.json" and mtime != self._sent.get(key):
                     report = self._read_report(key, folder, name)
-                    if len(report) > room:
+                    if len(report.encode()) > room:
                         report = ""   # sent at a later beat, when there is room
                     else:
                         self._sent[key] = mtime

@@ -247,9 +247,11 @@ class StepRunner:
             raise
         return stream.events(), stream.stop
 
-    def _started(self, key: RunKey, pgid: int) -> None:
+    def _started(self, key: RunKey, pgid: int, began: int | None = None) -> None:
+        """A rank's process group, with its leader's start time (`began`: as its shepherd recorded it;
+        else read now, just after the start)."""
         with self._lock:
-            self._groups.setdefault(key, {})[pgid] = start_time(pgid)
+            self._groups.setdefault(key, {})[pgid] = start_time(pgid) if began is None else began
 
     def _reaped(self, key: RunKey, pgid: int) -> None:
         """A rank's leader is about to be reaped: its group's number may be anyone's afterwards."""
@@ -436,8 +438,8 @@ class _Stream:
                     except (OSError, jobfiles.UnsafeFile) as e:
                         log.warning("step %d.%d: %s.rest cannot be read: %s", self.key[0], self.step.step_id,
                                     name, e)
-        for child, pgid in self.herd.running().items():
-            self.runner._started(self.key, pgid)
+        for child, pgid in self.herd.running().items():   # (the start times recorded, not whoever has the
+            self.runner._started(self.key, pgid, self.herd.starts.get(child))   # number now: pid reuse)
         self._start_pump()
 
     def _start_pump(self) -> None:

@@ -217,3 +217,17 @@ def test_reports_in_one_heartbeat_are_bounded_in_all(spool, user, monkeypatch):
     first = sum(len(p.report) for p in reader.collect(1e10, keys))
     second = sum(len(p.report) for p in reader.collect(1e10, keys))
     assert 0 < first <= 1000 and 0 < second <= 1000   # the rest went out at the next beat
+
+
+def test_the_bound_of_a_heartbeats_reports_counts_bytes_not_characters(spool, user, monkeypatch):
+    uid, gid = user
+    monkeypatch.setattr(progress, "MAX_BEAT_BYTES", 1000)
+    keys = []
+    for job in range(1, 4):   # 300 characters of 4 bytes each: 1,200 bytes a report
+        folder = progress.prepare(spool, job, 0, uid, gid)
+        _as_user(uid, gid, lambda f=folder: (f / "rank0.json").write_text('{"pad": "' + "\U0001F600" * 300 + '"}',
+                                                                          encoding="utf-8"))
+        keys.append((job, 0))
+    reader = progress.ProgressReader(spool)
+    sent = [p.report for p in reader.collect(1e10, keys)]
+    assert sum(len(r.encode()) for r in sent) <= 1000   # none fits: each waits (and is never cut)
