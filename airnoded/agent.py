@@ -43,7 +43,7 @@ class Agent:
         self.node = node
         self.gpus = gpus
         self.interval = config.controller.heartbeat_interval_s
-        self.cgroups = JobCgroups(node.name, spool=node.spool)
+        self.cgroups = JobCgroups(node.name, spool=node.spool, pids_max=config.controller.max_pids_per_job)
         self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups, config.controller.cluster_name)
         cc = config.controller
         self.steps = StepRunner(node.name, node.address, self.cgroups, node.spool, cc.max_tasks_per_node,

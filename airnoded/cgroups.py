@@ -1,5 +1,8 @@
 """Per-job control groups: every process of a job, however it forked or detached, in one group
-that a kill reaches, with a memory limit (--mem) and an out-of-memory count read back at the end.
+that a kill reaches, with a memory limit (--mem) and an out-of-memory count read back at the end,
+and a bound on its tasks (`max_pids_per_job`: a fork bomb in one job never takes the node's pids,
+the daemon's own threads and shepherds among them). On v1 the bound is a group of the same name in
+the pids hierarchy, which the job's processes join beside the memory one (see `joined`).
 
 cgroup v2 (the unified hierarchy) where the host has it; the v1 memory controller on hosts that
 mount v1 (as this project's CI machine does); neither when the daemon is not root or the
@@ -27,8 +30,10 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 class JobCgroups:
     """One node daemon's job groups. `mode` is "v2", "v1" or "none"."""
 
-    def __init__(self, node: str, root: Path = CGROUP_ROOT, mode: str | None = None, spool: Path | None = None):
+    def __init__(self, node: str, root: Path = CGROUP_ROOT, mode: str | None = None, spool: Path | None = None,
+                 pids_max: int = 0):
         self.node = node
+        self.pids_max = pids_max
         plain = node   # where groups lived before they were named by spool too (an upgrade finds them there)
         if spool is not None:
             node = f"{node}.{hashlib.sha256(str(Path(spool).resolve()).encode()).hexdigest()[:8]}"
@@ -45,7 +50,11 @@ class JobCgroups:
             try:
                 self.base.mkdir(parents=True, exist_ok=True)
                 if self.mode == "v2":
-                    _enable_memory(root, self.base)
+                    _enable(root, self.base, "memory")
+                    if pids_max and "pids" in (root / "cgroup.controllers").read_text().split():
+                        _enable(root, self.base, "pids")
+                elif pids_max and (root / "pids" / "cgroup.procs").exists():
+                    _sibling(self.base, "pids", below=2).mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 log.warning("cannot create job cgroups under %s (%s); tracking jobs by process group only",
                             self.base, e.strerror)
@@ -67,6 +76,13 @@ class JobCgroups:
             return None
         path = self.run_path(job_id, run)
         path.mkdir(parents=True, exist_ok=True)
+        if self.pids_max:
+            if self.mode == "v2" and (path / "pids.max").exists():
+                (path / "pids.max").write_text(str(self.pids_max))
+            elif self.mode == "v1" and _sibling(self.base, "pids", below=2).is_dir():
+                tasks = _sibling(path, "pids")
+                tasks.mkdir(exist_ok=True)
+                (tasks / "pids.max").write_text(str(self.pids_max))
         if memory_bytes:
             if self.mode == "v2":
                 (path / "memory.max").write_text(str(memory_bytes))
@@ -145,11 +161,12 @@ class JobCgroups:
             for job_id, current in list(self._current.items()):
                 if current == path:
                     del self._current[job_id]
-        try:
-            path.rmdir()
-        except OSError as e:   # processes still in it: they die with the next kill
-            if e.errno != errno.ENOENT:
-                log.warning("cannot remove cgroup %s: %s", path, e.strerror)
+        for group in reversed(joined(path)):   # (the pids one first: it is emptied with the memory one)
+            try:
+                group.rmdir()
+            except OSError as e:   # processes still in it: they die with the next kill
+                if e.errno != errno.ENOENT:
+                    log.warning("cannot remove cgroup %s: %s", group, e.strerror)
 
     def leftovers(self) -> list[Path]:
         """Groups an earlier daemon left behind (also one of a version that named them by node only)."""
@@ -162,11 +179,13 @@ class JobCgroups:
         """On the daemon's way out: remove the node's folder (and air/ above it) if no job is left in it."""
         if self.base is None:
             return
-        for folder in (self.base, self.base.parent):
-            try:
-                folder.rmdir()
-            except OSError:
-                return
+        bases = [self.base] + ([_sibling(self.base, "pids", below=2)] if self.mode == "v1" else [])
+        for base in bases:
+            for folder in (base, base.parent):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
 
 
 def detect(root: Path = CGROUP_ROOT) -> str:
@@ -179,12 +198,28 @@ def detect(root: Path = CGROUP_ROOT) -> str:
     return "none"
 
 
-def _enable_memory(root: Path, base: Path) -> None:
-    """v2: the memory controller enabled down to the node's folder."""
+def _enable(root: Path, base: Path, controller: str) -> None:
+    """v2: a controller (memory, pids) enabled down to the node's folder."""
     here = root
     for part in base.relative_to(root).parts:
         control = here / "cgroup.subtree_control"
-        if control.exists() and "memory" not in control.read_text().split():
-            control.write_text("+memory")
+        if control.exists() and controller not in control.read_text().split():
+            control.write_text(f"+{controller}")
         here = here / part
+
+
+def _sibling(path: Path, hierarchy: str, below: int = 3) -> Path:
+    """v1: the group of the same name as `path` in another hierarchy; `path` is in the memory one,
+    `below` folders under it (<root>/memory/air/<node>/job<ID>.<RUN>: 3, the node's folder: 2)."""
+    parts = path.parts
+    return Path(*parts[:-below - 1], hierarchy, *parts[-below:])
+
+
+def joined(path: Path) -> list[Path]:
+    """The groups a process of the run whose group is `path` joins: that one, and on v1 (a group of the
+    memory hierarchy) the run's group in the pids hierarchy when there is one."""
+    if len(path.parts) < 5 or path.parts[-4] != "memory" or path.parts[-3] != "air":
+        return [path]
+    tasks = _sibling(path, "pids")
+    return [path, tasks] if tasks.is_dir() else [path]
 

@@ -81,9 +81,9 @@ def child(spec, one, null):
     """In the forked child: never returns."""
     try:
         os.setsid()
-        if spec.get("cgroup"):
-            try:
-                with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as f:
+        for group in spec.get("cgroups") or ([spec["cgroup"]] if spec.get("cgroup") else []):
+            try:   # (the run's memory group, and on cgroup v1 its pids group beside it)
+                with open(os.path.join(group, "cgroup.procs"), "w") as f:
                     f.write(str(os.getpid()))
             except OSError as e:
                 os.write(one["stderr"], ("cannot enter the job's cgroup: %s\n" % e.strerror).encode())

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from air.airnoded import jobfiles
+from air.airnoded import cgroups, jobfiles
 from air.airnoded.shepherd import boot_id, start_time
 
 log = logging.getLogger("airnoded")
@@ -242,6 +242,7 @@ def spawn(folder: Path, tag: str, children: list[Child], uid: int | None, gid: i
             passed = [write_end] + sorted({c.stdout for c in children} | {c.stderr for c in children})
             spec = {"folder": str(folder), "tag": tag, "events": write_end, "holds": [str(h) for h in holds],
                     "cgroup": str(cgroup) if cgroup else "", "uid": uid, "gid": gid, "groups": groups,
+                    "cgroups": [str(g) for g in cgroups.joined(cgroup)] if cgroup else [],
                     "children": [{"argv": c.argv, "env": c.env, "stdout": c.stdout, "stderr": c.stderr}
                                  for c in children]}
             try:

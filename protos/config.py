@@ -55,6 +55,7 @@ class ControllerConfig:
     max_name_chars: int = 256            # job, account, QOS, partition names
     max_report_bytes: int = 64 * 1024    # one progress report of a rank
     max_steps_per_user: int = 16         # airrun streams one user may hold open on one node
+    max_pids_per_job: int = 32_768       # tasks (processes and threads) of one run on one node (pids cgroup); 0: none
     max_steps_per_job: int = 40_000      # steps one job may start, all its runs together (Slurm's MaxStepCount)
     history_page_jobs: int = 2_000       # jobs in one reply of job history (airacct asks for the next page)
     cluster_name: str = "air"            # jobs see it as SLURM_CLUSTER_NAME

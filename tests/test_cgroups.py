@@ -134,3 +134,61 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def _pids_writable() -> bool:
+    root = Path("/sys/fs/cgroup")
+    if os.geteuid() != 0 or MODE == "none":
+        return False
+    if MODE == "v2":
+        return "pids" in (root / "cgroup.controllers").read_text().split()
+    return (root / "pids" / "cgroup.procs").exists()
+
+
+@pytest.mark.skipif(not _pids_writable(), reason="no writable pids cgroup controller on this host")
+def test_a_fork_bomb_stays_within_its_runs_task_bound(tmp_path):
+    # a job (as nobody) forks 60 sleeps under a bound of 20 tasks: its forks fail beyond the bound, and
+    # the node's other processes (the daemon's threads and shepherds) never feel it
+    import pwd
+    import tempfile
+    from air.airnoded import cgroups
+    from air.airnoded.launcher import Launcher
+    from air.protos import air_pb2 as pb
+    top = Path(tempfile.mkdtemp(prefix="air-test-pids-", dir="/tmp"))   # (nobody must reach its workdir)
+    os.chmod(top, 0o755)
+    work, spool = top / "work", top / "spool"
+    work.mkdir()
+    spool.mkdir(mode=0o755)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(work, nobody.pw_uid, nobody.pw_gid)
+    groups = JobCgroups("n1", spool=spool, pids_max=20)
+    exits = []
+    launcher = Launcher("n1", spool, exits.append, groups)
+    script = (f"#!/bin/sh\nexec {sys.executable} -c '\nimport os, time\nmade = failed = 0\n"
+              "for _ in range(60):\n    try:\n        pid = os.fork()\n    except OSError:\n        failed += 1\n"
+              "        continue\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    made += 1\n"
+              "print(\"forked\", made, \"failed\", failed, flush=True)\ntime.sleep(30)\n'\n")
+    try:
+        launcher.launch(pb.Job(job_id=9, uid=nobody.pw_uid, gid=nobody.pw_gid, restart_count=0,
+                               request=pb.JobRequest(script=script, workdir=str(work), output="out"),
+                               allocation=[pb.NodeAlloc(node="n1")]))
+        out = work / "out"
+        wait_for(lambda: out.exists() and "forked" in out.read_text(), timeout=30, what="the job's forks")
+        memory = groups.run_path(9, 0)
+        where = cgroups.joined(memory)[-1]   # the group that holds the bound (v1: the pids hierarchy's)
+        assert (where / "pids.max").read_text().strip() == "20"
+        assert 0 < int((where / "pids.current").read_text()) <= 20
+        assert len(groups.pids(memory)) <= 20
+        made, failed = (int(w) for w in out.read_text().split()[1::2][:2])
+        assert made + failed == 60 and made <= 19 and failed >= 41   # (itself and at most 19 children)
+        launcher.signal(9, 0, 0, 1.0)
+        wait_for(lambda: exits, timeout=30, what="the job's end")
+        wait_for(lambda: not any(g.exists() for g in cgroups.joined(memory)), timeout=10,
+                 what="the run's groups to be removed")
+    finally:
+        for g in cgroups.joined(groups.run_path(9, 0)):
+            groups.empty(g) if g.exists() else None
+        groups.remove(groups.run_path(9, 0))
+        groups.close()
+        import shutil
+        shutil.rmtree(top, ignore_errors=True)

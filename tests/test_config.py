@@ -39,6 +39,7 @@ def _with(section, change, index=None):
     ({**GOOD, "extra": {}}, "unknown key 'extra' in the top level"),
     (_with("controller", {"jobs_keep_days": 0.001}), "jobs_keep_days = 0.001: at least min_job_age_s"),
     (_with("controller", {"events_keep_days": 0}), "events_keep_days = 0: must be above 0"),
+    (_with("controller", {"max_pids_per_job": -1}), "max_pids_per_job = -1: must not be negative"),
     (_with("controller", {"kill_wait_s": float("nan")}), "kill_wait_s = nan: must be a finite number"),
     (_with("controller", {"node_timeout_s": float("inf")}), "node_timeout_s = inf: must be a finite number"),
     (_with("controller", {"kill_wait_s": 1e10}), "kill_wait_s = 10000000000.0: at most 1e+09"),
