@@ -23,6 +23,11 @@ class Conflict(RequestError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class Overtaken(RequestError):
+    """A message that a newer one of the same sender has overtaken: it says nothing now."""
+    code = grpc.StatusCode.ABORTED
+
+
 class StoreFailed(RequestError):
     """The store could not write (disk full, I/O error): the change was rolled back whole."""
     code = grpc.StatusCode.INTERNAL

@@ -10,6 +10,7 @@ user labels can be turned off (metrics_user_labels = false), since users are unb
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,8 @@ from air.protos import air_pb2 as pb
 from air.protos.reports import report_numbers
 from air.protos.signals import kind_of
 from air.protos.states import REASON_NAMES, JobPhase, Reason, long_state, node_state_name
+
+log = logging.getLogger("airctld")
 
 if TYPE_CHECKING:
     from air.airctld.controller import Controller
@@ -82,31 +85,38 @@ class ControllerMetrics:
         for old, new in changes:
             if new.phase == old.phase and new.restart_count == old.restart_count:
                 continue   # (no start, requeue or end: nothing counted)
-            account = new.account
-            if new.phase == JobPhase.RUNNING and old.phase == JobPhase.PENDING:
-                key = (self.starts, new.partition)
-                counts[key] = counts.get(key, 0) + 1
-                self._started(new, account)
-            if goodput.run_ended(old, new):
-                end = new.end_time or now
-                g = goodput.breakdown(old.start_time, [goodput.Run(old.start_time, end, new.figures)], end)
-                for category in ("starting", "restoring", "training", "checkpoint", "lost", "other"):
-                    self.goodput.labels(account, category).inc(getattr(g, f"{category}_s"))
-            requeued = new.phase == JobPhase.PENDING and old.phase in (JobPhase.RUNNING, JobPhase.COMPLETING)
-            if requeued:
-                key = (self.requeues, Reason(new.last_stop_reason).name)
-                counts[key] = counts.get(key, 0) + 1
-                self._requeued_at[new.job_id] = now
-            stopped = requeued or (new.phase == JobPhase.DONE and old.phase != JobPhase.DONE)
-            if stopped and Reason.PREEMPTED in (new.last_stop_reason, new.reason):
-                key = (self.preemptions, new.partition, new.request.qos or "default")
-                counts[key] = counts.get(key, 0) + 1
-            if new.phase == JobPhase.DONE and old.phase != JobPhase.DONE:
-                key = (self.ends, new.partition, long_state(new.phase, new.result))
-                counts[key] = counts.get(key, 0) + 1
-                self._requeued_at.pop(new.job_id, None)
+            try:
+                self._count(old, new, now, counts)
+            except Exception:   # one change that cannot be counted costs only its own counts
+                log.exception("job %d: metrics not updated", new.job_id)
         for (metric, *labels), n in counts.items():
             metric.labels(*labels).inc(n)
+
+    def _count(self, old: Job, new: Job, now: float, counts: dict[tuple, int]) -> None:
+        """One change's counts (added to `counts`), observations and goodput."""
+        account = new.account
+        if new.phase == JobPhase.RUNNING and old.phase == JobPhase.PENDING:
+            key = (self.starts, new.partition)
+            counts[key] = counts.get(key, 0) + 1
+            self._started(new, account)
+        if goodput.run_ended(old, new):
+            end = new.end_time or now
+            g = goodput.breakdown(old.start_time, [goodput.Run(old.start_time, end, new.figures)], end)
+            for category in ("starting", "restoring", "training", "checkpoint", "lost", "other"):
+                self.goodput.labels(account, category).inc(getattr(g, f"{category}_s"))
+        requeued = new.phase == JobPhase.PENDING and old.phase in (JobPhase.RUNNING, JobPhase.COMPLETING)
+        if requeued:
+            key = (self.requeues, Reason(new.last_stop_reason).name)
+            counts[key] = counts.get(key, 0) + 1
+            self._requeued_at[new.job_id] = now
+        stopped = requeued or (new.phase == JobPhase.DONE and old.phase != JobPhase.DONE)
+        if stopped and Reason.PREEMPTED in (new.last_stop_reason, new.reason):
+            key = (self.preemptions, new.partition, new.request.qos or "default")
+            counts[key] = counts.get(key, 0) + 1
+        if new.phase == JobPhase.DONE and old.phase != JobPhase.DONE:
+            key = (self.ends, new.partition, long_state(new.phase, new.result))
+            counts[key] = counts.get(key, 0) + 1
+            self._requeued_at.pop(new.job_id, None)
 
     def _started(self, new: Job, account: str) -> None:
         requeued_at = self._requeued_at.pop(new.job_id, None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from air.airctld import events, scheduler
-from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound
+from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound, Overtaken
 from air.airctld.model import Job, Node, evolve
 from air.protos import air_pb2 as pb
 from air.protos import signals
@@ -84,8 +84,8 @@ class NodeReports:
                 mark = (req.started_ns, req.seq)
                 if last is not None and last[0] == req.boot_id and mark <= last[1]:
                     log.warning("node %s: heartbeat %d of its daemon came after a newer one; ignored", req.name,
-                                req.seq)
-                    return pb.HeartbeatReply()
+                                req.seq)   # (refused, not answered: no daemon renews its lease on it)
+                    raise Overtaken(f"heartbeat {req.seq} of {req.name} came after a newer one")
                 self._beats[req.name] = (req.boot_id, mark)
             self.nodes[req.name] = node = evolve(node, last_heartbeat=now)
             self.heard[req.name] = self.mono()

@@ -228,7 +228,10 @@ class Agent:
         except Exception:
             log.exception("adopting batch scripts failed")
         self.launcher.kill_leftover_cgroups(keep=stepped | set(batch))
-        jobfiles.clean_trash_soon(self.node.spool)   # what an earlier daemon left in the trash
+        try:
+            jobfiles.clean_trash_soon(self.node.spool)   # what an earlier daemon left in the trash
+        except Exception:
+            log.exception("the trash's janitor did not start")
 
     def start_spawner(self) -> None:
         """Shepherds forked by a spawner, not each started as a Python of its own (tens of ms a run)."""

@@ -150,30 +150,38 @@ class _Janitor:
         self._wake.set()
 
     def _run(self) -> None:
+        stuck: set[str] = set()   # what could not be removed: skipped until the next retry
+        retry_at = time.monotonic() + JANITOR_RETRY_S
         while True:
             self._wake.wait(JANITOR_RETRY_S)
             self._wake.clear()
+            if time.monotonic() >= retry_at:   # (tried, and said, again once a while: not at every job's end)
+                stuck.clear()
+                retry_at = time.monotonic() + JANITOR_RETRY_S
             try:
-                for _ in range(JANITOR_SLICES):   # (then it waits: a trash that never empties costs no spin)
-                    if empty_trash(self.spool):
+                for _ in range(JANITOR_SLICES):   # until nothing is left but what is stuck
+                    if empty_trash(self.spool, stuck=stuck):
                         break
                     time.sleep(0.001)
-            except Exception as e:
+            except Exception as e:   # (the thread goes on: the next wake-up tries again)
                 log.warning("the trash of %s not emptied: %s", self.spool, e)
 
 
-def empty_trash(spool: Path, budget: int | None = None) -> bool:
+def empty_trash(spool: Path, budget: int | None = None, stuck: set[str] | None = None) -> bool:
     """Remove what is in the trash, without recursion: a subfolder is moved up into the trash and
-    emptied in its turn, so at most two descriptors are open whatever the depth. True when empty."""
+    emptied in its turn, so at most two descriptors are open whatever the depth. `stuck`: names that
+    cannot go now (a mount a user made, an immutable file), skipped, and added to (with a warning)
+    as others turn out so; a caller that keeps it skips them in its later calls too. True when
+    nothing is left but those."""
     budget = budget or REMOVE_BUDGET
+    stuck = set() if stuck is None else stuck
     trash_fd = os.open(_trash(spool), _DIR_FLAGS)
-    stuck: set[str] = set()   # what cannot go now (a mount a user made, an immutable file): left for later
     try:
         while budget > 0:
             with os.scandir(trash_fd) as it:
                 pending = [e.name for e in itertools.islice(it, 64 + len(stuck)) if e.name not in stuck]
             if not pending:
-                return not stuck
+                return True
             for name in pending:
                 try:
                     budget -= _empty_one(trash_fd, name, budget)

@@ -178,8 +178,10 @@ class Launcher:
             return sorted({job_id for job_id, _ in self.jobs})
 
     def runs(self) -> list[tuple[int, int]]:
+        """Runs whose batch script runs here, or is being started (a heartbeat must never say a run is
+        not here while its launch may still start it)."""
         with self._lock:
-            return list(self.jobs)
+            return list(self.jobs) + [key for key in self._starting if key not in self.jobs]
 
     def launch(self, job: pb.Job) -> None:
         """Start the batch script of this run of the job; a failure to start is reported as the run's

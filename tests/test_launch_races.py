@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from air.airctld import events
+from air.airctld.errors import Overtaken
 from air.airctld.model import NodeAlloc
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
@@ -153,8 +154,9 @@ def test_a_heartbeat_taken_after_a_newer_one_of_the_same_node_is_ignored(control
     beat(2, runs=[(job.job_id, 0)],
          health=[pb.HealthEvent(gpu=0, signal="xid", message="XID 79", critical=True, time=clock.now)])
     assert c.jobs.get(job.job_id).phase == JobPhase.PENDING
-    beat(1)                      # the older one, taken late
-    beat(1, started_ns=4)        # and one of a daemon that started before this one on the same boot
+    for late in (dict(seq=1), dict(seq=1, started_ns=4)):   # the older one, taken late; one of a daemon
+        with pytest.raises(Overtaken):                       # that started before this one (same boot):
+            beat(**late)                                     # refused, so that no lease is renewed on it
     clock.now += 1
     c._dirty = True
     c.tick()
@@ -164,5 +166,39 @@ def test_a_heartbeat_taken_after_a_newer_one_of_the_same_node_is_ignored(control
     c.tick()
     now = c.jobs.get(job.job_id)
     assert now.phase == JobPhase.RUNNING and now.restart_count == 1
-    beat(1, boot="b2")           # a daemon after a reboot: taken (another boot's clock says nothing)
-    assert c._beats["n1"][0] == "b2"
+    assert beat(1, started_ns=6).reregister is False   # a daemon started since: its count starts again
+    beat(1, started_ns=1, boot="b2")   # a daemon after a reboot: taken (another boot's clock says nothing)
+    with pytest.raises(Overtaken):
+        beat(1, started_ns=1, boot="b2")
+
+
+def test_a_requeued_job_waits_for_the_launch_of_its_earlier_run_to_return(controller):
+    # the launch of run 0 to n1 is in flight (n1 slow to answer); meanwhile the job is requeued and n1's
+    # heartbeat, sent before the launch reached it, has no run of the job. Run 1 must not start (on n2)
+    # until that launch has returned: it may still start run 0 on n1.
+    c, clock = controller
+    job = _start(c, clock, "n1")
+    c._launching.add((job.job_id, job.restart_count))
+    seen = []
+
+    class Slow(Recorder):
+        def launch(self, address, proto):
+            c.requeue(pb.JobFilter(job_ids=[job.job_id]), ROOT)
+            now = c.jobs.get(job.job_id)
+            c._commit([(now, events.finished(now, clock.now, 0, 0))], clock.now, 0)   # its stop is done
+            _beat(c, "n1")
+            _beat(c, "n2")
+            clock.now += 1
+            c._dirty = True
+            c.tick()
+            seen.append(c.jobs.get(job.job_id))
+            super().launch(address, proto)
+
+    c.clients = Slow()
+    c._launch(job)
+    assert seen[0].phase == JobPhase.PENDING, f"run {seen[0].restart_count} started while run 0's launch was out"
+    _beat(c, "n1")   # now n1 answers without the job, and no launch of it is out: run 1 may start
+    clock.now += 1
+    c._dirty = True
+    c.tick()
+    assert c.jobs.get(job.job_id).phase == JobPhase.RUNNING and c.jobs.get(job.job_id).restart_count == 1
