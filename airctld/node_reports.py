@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 
-from air.airctld import events, scheduler
+from air.airctld import events, node_events, scheduler
 from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound, Overtaken
+from air.airctld.events import TransitionError
 from air.airctld.model import Job, Node, evolve
 from air.protos import air_pb2 as pb
 from air.protos import signals
@@ -52,11 +53,7 @@ class NodeReports:
             raise NotFound(f"node {info.name} is not in the configuration {self.config.path}")
         now = self.clock()
         with self._lock:
-            old = self.nodes[info.name]
-            node = Node(name=info.name, address=info.address, cpus=info.cpus, memory_mb=info.memory_mb,
-                        gpus=tuple(info.gpus), state=NodeState.DRAIN if old.state == NodeState.DRAIN else NodeState.UP,
-                        reason=old.reason if old.state == NodeState.DRAIN else "", last_heartbeat=now,
-                        drain_signal=old.drain_signal if old.state == NodeState.DRAIN else "")
+            node = node_events.registered(self.nodes[info.name], info, now)
             with self.store.transaction():
                 self.store.save_node(node)
             self.nodes[info.name] = node
@@ -204,7 +201,7 @@ class NodeReports:
         nc = self.config.node(node.name)
         if nc is None or not nc.health_auto_resume or not signals.kind_of(node.drain_signal).clears_by_itself:
             return
-        back = evolve(node, state=NodeState.UP, reason="", drain_signal="")
+        back = node_events.returned(node)
         with self.store.transaction():
             self.store.save_node(back)
             self.store.add_node_events(node.name, [pb.HealthEvent(
@@ -221,11 +218,9 @@ class NodeReports:
         node = self.nodes[node.name]
         with self.store.transaction():
             self.store.add_node_events(node.name, health, now)
-            if critical and node.state == NodeState.UP:
-                first = critical[0]
-                where = f"GPU {first.gpu}" if first.gpu >= 0 else "node"
-                node = evolve(node, state=NodeState.DRAIN, reason=f"{where}: {first.signal} ({first.message})",
-                              drain_signal=first.signal)
+            drained = node_events.health_drained(node, critical[0]) if critical else None
+            if drained is not None:
+                node = drained
                 self.store.save_node(node)
                 self.store.after_commit(lambda n=node: self._drained(n))
         changes = []
@@ -253,12 +248,12 @@ class NodeReports:
             if node is None:
                 raise NotFound(f"node {name} does not exist")
             if state == NodeState.DRAIN:
-                new = evolve(node, state=NodeState.DRAIN, reason=reason or f"drained by uid {who.uid}",
-                             drain_signal="")
+                new = node_events.drained(node, reason or f"drained by uid {who.uid}")
             elif state == NodeState.UP:
-                if node.state != NodeState.DRAIN:
-                    raise Conflict(f"node {name} is {node.state.name.lower()}; only a drained node can be resumed")
-                new = evolve(node, state=NodeState.UP, reason="", drain_signal="")
+                try:
+                    new = node_events.resumed(node)
+                except TransitionError as e:
+                    raise Conflict(str(e)) from None
             else:
                 raise InvalidRequest("a node can be set to DRAIN or UP")
             with self.store.transaction():
@@ -293,7 +288,7 @@ class NodeReports:
                 if down:
                     changes.append((job, events.node_lost(job, now, Reason.NODE_FAIL,
                                                           f"node {sorted(down)[0]} stopped responding")))
-            down = [evolve(n, state=NodeState.DOWN, reason=f"not responding for over {timeout:g} s") for n in silent]
+            down = [node_events.silent(n, timeout) for n in silent]
             with self.store.transaction():
                 for node in down:
                     self.store.save_node(node)
