@@ -85,10 +85,14 @@ class ControllerMetrics:
         for old, new in changes:
             if new.phase == old.phase and new.restart_count == old.restart_count:
                 continue   # (no start, requeue or end: nothing counted)
+            mine: dict[tuple, int] = {}
             try:
-                self._count(old, new, now, counts)
+                self._count(old, new, now, mine)
             except Exception:   # one change that cannot be counted costs only its own counts
                 log.exception("job %d: metrics not updated", new.job_id)
+                continue
+            for key, n in mine.items():
+                counts[key] = counts.get(key, 0) + n
         for (metric, *labels), n in counts.items():
             metric.labels(*labels).inc(n)
 

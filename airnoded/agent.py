@@ -139,6 +139,9 @@ class Agent:
             except grpc.RpcError as e:
                 if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
                     log.error("the controller refused this node: %s", e.details())
+                elif e.code() == grpc.StatusCode.ABORTED:   # a newer heartbeat of this node was taken first
+                    log.error("the controller took a newer heartbeat of %s than this one (%s): is another "
+                              "airnoded running as this node on this host?", self.node.name, e.details())
                 else:
                     self.metrics.heartbeat_failures.inc()
                     log.warning("controller %s unreachable: %s", self.config.controller.address,
@@ -153,7 +156,7 @@ class Agent:
         with self._lock:
             exits = list(self._exits.values())
             health = list(self._health)
-        runs = sorted(set(self.launcher.runs()) | set(self.steps.runs()))
+        runs = sorted(set(self.launcher.runs_here()) | set(self.steps.runs()))
         began = lease_clock()
         self._seq += 1
         reply = self._registry.Heartbeat(
@@ -211,7 +214,7 @@ class Agent:
     def remove_job_dir(self, job_id: int, run: int) -> None:
         """A run's folder on a node where only its ranks ran, once none run here (the batch node's goes
         with the script)."""
-        if (job_id, run) not in self.launcher.runs() and not self.steps.has_ranks(job_id, run):
+        if (job_id, run) not in self.launcher.runs_here() and not self.steps.has_ranks(job_id, run):
             jobfiles.remove_job_dir(self.node.spool, job_id, run)
 
     def adopt(self) -> None:

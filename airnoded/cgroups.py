@@ -33,7 +33,7 @@ class JobCgroups:
     def __init__(self, node: str, root: Path = CGROUP_ROOT, mode: str | None = None, spool: Path | None = None,
                  pids_max: int = 0):
         self.node = node
-        self.pids_max = pids_max
+        self.pids_max = 0   # the bound in force: set once the pids controller is ready (_bound_tasks)
         plain = node   # where groups lived before they were named by spool too (an upgrade finds them there)
         if spool is not None:
             node = f"{node}.{hashlib.sha256(str(Path(spool).resolve()).encode()).hexdigest()[:8]}"
@@ -51,10 +51,6 @@ class JobCgroups:
                 self.base.mkdir(parents=True, exist_ok=True)
                 if self.mode == "v2":
                     _enable(root, self.base, "memory")
-                    if pids_max and "pids" in (root / "cgroup.controllers").read_text().split():
-                        _enable(root, self.base, "pids")
-                elif pids_max and (root / "pids" / "cgroup.procs").exists():
-                    _sibling(self.base, "pids", below=2).mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 log.warning("cannot create job cgroups under %s (%s); tracking jobs by process group only",
                             self.base, e.strerror)
@@ -64,6 +60,33 @@ class JobCgroups:
                      "process group only and --mem is not enforced")
         else:
             log.info("jobs run in cgroup %s groups under %s", self.mode, self.base)
+            self.pids_max = self._bound_tasks(root, pids_max)
+
+    def _bound_tasks(self, root: Path, wanted: int) -> int:
+        """The pids controller made ready for the runs' bound on their tasks; the bound in force (0: none,
+        said in the log). Never more than half the host's pid_max: one job must not take them all."""
+        if not wanted:
+            return 0
+        try:
+            pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+        except (OSError, ValueError):
+            pid_max = 0
+        bound = min(wanted, pid_max // 2) if pid_max else wanted
+        try:
+            if self.mode == "v2":
+                if "pids" not in (root / "cgroup.controllers").read_text().split():
+                    raise OSError("the pids controller is not available")
+                _enable(root, self.base, "pids")
+            elif (root / "pids" / "cgroup.procs").exists():
+                _sibling(self.base, "pids", below=2).mkdir(parents=True, exist_ok=True)
+            else:
+                raise OSError("no pids hierarchy is mounted")
+        except OSError as e:
+            log.warning("max_pids_per_job is not enforced: %s", e.strerror or e)
+            return 0
+        log.info("each run's tasks on this node are bounded at %d (max_pids_per_job %d, pid_max %d)", bound,
+                 wanted, pid_max)
+        return bound
 
     @property
     def enabled(self) -> bool:
@@ -199,13 +222,15 @@ def detect(root: Path = CGROUP_ROOT) -> str:
 
 
 def _enable(root: Path, base: Path, controller: str) -> None:
-    """v2: a controller (memory, pids) enabled down to the node's folder."""
+    """v2: a controller (memory, pids) enabled down to the node's folder and in it, for the runs' groups
+    under it (a group has a controller's files only when its parent's subtree_control enables it)."""
     here = root
-    for part in base.relative_to(root).parts:
+    for part in [*base.relative_to(root).parts, None]:
         control = here / "cgroup.subtree_control"
         if control.exists() and controller not in control.read_text().split():
             control.write_text(f"+{controller}")
-        here = here / part
+        if part is not None:
+            here = here / part
 
 
 def _sibling(path: Path, hierarchy: str, below: int = 3) -> Path:

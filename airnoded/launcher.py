@@ -178,8 +178,13 @@ class Launcher:
             return sorted({job_id for job_id, _ in self.jobs})
 
     def runs(self) -> list[tuple[int, int]]:
-        """Runs whose batch script runs here, or is being started (a heartbeat must never say a run is
-        not here while its launch may still start it)."""
+        """Runs whose batch script runs here (started: what a fence can stop)."""
+        with self._lock:
+            return list(self.jobs)
+
+    def runs_here(self) -> list[tuple[int, int]]:
+        """runs(), and those being started: what a heartbeat reports (it must never say a run is not
+        here while its launch may still start it) and whose folder stays."""
         with self._lock:
             return list(self.jobs) + [key for key in self._starting if key not in self.jobs]
 

@@ -21,6 +21,7 @@ from air.protos.timefmt import parse_duration
 DEFAULT_PATH = "/etc/air/air.toml"
 AUTH_MODES = ("none", "munge")
 FEATURE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+NODE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class ConfigError(Exception):
@@ -472,6 +473,8 @@ def _nodes(where: str, raw: dict) -> list[NodeConfig]:
         raise ConfigError(f"{where} gpus = {gpus!r}: valid values are \"nvml\", \"none\" or \"sim:N\"")
     out = []
     for name, address in zip(names, addresses):
+        if not NODE_NAME.fullmatch(name) or name in (".", ".."):   # (a folder's name in the spool and cgroups)
+            raise ConfigError(f"{where} name {name!r} is not a node name (letters, digits, _ . -; at most 64)")
         try:
             ipaddress.ip_address(address)
         except ValueError:

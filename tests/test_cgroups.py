@@ -32,6 +32,35 @@ def test_limits_and_layout_on_a_cgroup_tree(tmp_path):
     assert memory_limit_bytes(0, 0, 8) == 0
 
 
+def test_the_task_bound_on_a_cgroup_tree(tmp_path):
+    # v2: the memory and pids controllers enabled in every folder above the runs' groups, the node's own
+    # included (a group gets a controller's files only when its parent's subtree_control enables it)
+    root = tmp_path / "v2"
+    node = root / "air" / "n1"
+    node.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    for folder in (root, root / "air", node):
+        (folder / "cgroup.subtree_control").write_text("")
+    groups = JobCgroups("n1", root=root, mode="v2", pids_max=100)
+    for folder in (root, root / "air", node):
+        assert (folder / "cgroup.subtree_control").read_text() == "+pids"   # (the fake keeps the last write)
+    assert groups.pids_max == 100
+    # v1: a group of the same name in the pids hierarchy, with the bound
+    root = tmp_path / "v1"
+    (root / "pids").mkdir(parents=True)
+    (root / "pids" / "cgroup.procs").write_text("")
+    groups = JobCgroups("n1", root=root, mode="v1", pids_max=100)
+    path = groups.create(7, 0, 0)
+    from air.airnoded.cgroups import joined
+    assert joined(path) == [path, root / "pids" / "air" / "n1" / "job7.0"]
+    assert (root / "pids" / "air" / "n1" / "job7.0" / "pids.max").read_text() == "100"
+    # no pids hierarchy: no bound, and the memory groups work as before
+    root = tmp_path / "v1-no-pids"
+    root.mkdir()
+    groups = JobCgroups("n1", root=root, mode="v1", pids_max=100)
+    assert groups.pids_max == 0 and groups.create(7, 0, 0) == root / "memory" / "air" / "n1" / "job7.0"
+
+
 @pytest.mark.skipif(MODE != "none", reason="this host has a writable cgroup hierarchy; see the tests below")
 def test_without_cgroups_the_daemon_says_so(cluster):
     logs = [p for p in (cluster.dir / "log").glob("*.log") if p.name != "airctld.log"]

@@ -40,6 +40,8 @@ def _with(section, change, index=None):
     (_with("controller", {"jobs_keep_days": 0.001}), "jobs_keep_days = 0.001: at least min_job_age_s"),
     (_with("controller", {"events_keep_days": 0}), "events_keep_days = 0: must be above 0"),
     (_with("controller", {"max_pids_per_job": -1}), "max_pids_per_job = -1: must not be negative"),
+    (_with("nodes", {"name": "a/b", "address": "127.0.0.2"}, 0), "name 'a/b' is not a node name"),
+    (_with("nodes", {"name": "..", "address": "127.0.0.2"}, 0), "name '..' is not a node name"),
     (_with("controller", {"kill_wait_s": float("nan")}), "kill_wait_s = nan: must be a finite number"),
     (_with("controller", {"node_timeout_s": float("inf")}), "node_timeout_s = inf: must be a finite number"),
     (_with("controller", {"kill_wait_s": 1e10}), "kill_wait_s = 10000000000.0: at most 1e+09"),
