@@ -10,7 +10,7 @@ from air.airctld.errors import Overtaken
 from air.airctld.model import NodeAlloc
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
-from air.protos.states import JobPhase, JobResult, NodeState
+from air.protos.states import JobPhase, JobResult, NodeState, Reason
 
 ROOT = Identity(0, 0)
 
@@ -90,6 +90,8 @@ def test_no_second_run_while_a_live_node_still_reports_the_first(controller):
         assert now.phase == JobPhase.PENDING, \
             f"run {now.restart_count} started on {now.node_names} at +{clock.now - 1000:.1f} s " \
             "while n1 still reports run 0 alive"
+    # what it waits for is shown (scontrol show job's ReasonDetail), beside the reason it was requeued with
+    assert "its last run may still be on n1" in now.reason_detail and now.last_stop_reason == Reason.NODE_FAIL
 
 
 class Recorder:
