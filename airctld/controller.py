@@ -19,24 +19,25 @@ from typing import Callable, Iterable
 
 import hostlist
 
-from air.airctld import deps, events, goodput, history, nodefilter, scheduler, steps
-from air.protos import arrays, squeue
+from air.airctld import events, goodput, history, scheduler, steps
+from air.protos import squeue
 from air.protos.arrays import compact as arrays_text
 from air.airctld.accounting import Accounting
+from air.airctld.admission import Admission
 from air.protos.config import Config
 from air.airctld.fairshare import Assoc
 from air.airctld.jobtable import JobTable
 from air.airctld.launching import Launching
 from air.airctld.metrics import ControllerMetrics
 from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound, StoreFailed
-from air.airctld.model import DEFAULT_ACCOUNT, Job, Node, evolve
+from air.airctld.model import Job, Node, evolve
 from air.airctld.node_reports import CONTROLLER_UID, NodeReports
 from air.airctld.passes import SchedulingPass
 from air.airctld.nodes import NodeClients
 from air.airctld.planning import Planner
-from air.airctld.policy import Policy, user_name
+from air.airctld.policy import Policy
 from air.airctld.store import Store
-from air.airctld.validate import MAX_TIME_LIMIT_S, check_request, check_step, filtered_environment
+from air.airctld.validate import MAX_TIME_LIMIT_S, check_step
 from air.protos.limits import MAX_FILTER_ITEMS, MAX_NAMED_JOBS
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
@@ -80,6 +81,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self.switches = {n.name: n.switch for n in config.nodes if n.switch}
         self.features = {n.name: frozenset(n.features) for n in config.nodes if n.features}
         self.accounting = Accounting(config, store, now, self.jobs)
+        self.admission = Admission(config, self.policy, self.accounting, self.features, lambda: self.nodes.keys(),
+                                   self._node_sizes, self._job_exists, self.clock)
         self.planner = Planner(config)
         self._arrays: dict[int, list[int]] = {}
         for array_id in {job.array_job_id for job in self.jobs if job.array_job_id}:
@@ -178,7 +181,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
     # ------------------------------------------------------------ submit
 
     def submit(self, req: pb.JobRequest, who: Identity, test_only: bool = False) -> tuple[int, str]:
-        job, tasks = self._new_job(req, who)
+        job, tasks = self.admission.admit(req, who)
         if test_only:
             return 0, self._estimate(job)
         with self._lock:
@@ -199,100 +202,13 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._wake.set()
         return job_id, ""
 
-    def _new_job(self, req: pb.JobRequest, who: Identity) -> tuple[Job, list[int] | None]:
-        """The job a request makes, and its array task indices (None when it is not an array)."""
-        if req.allocation:   # airrun's own: the shell that holds the nodes is airctld's, not the caller's
-            if req.script or req.argv or req.array:
-                raise InvalidRequest("an allocation (airrun outside a job) has no script, arguments or array")
-            own = pb.JobRequest()
-            own.CopyFrom(req)
-            own.script, own.no_requeue, own.retries, req = ALLOCATION_SCRIPT, True, 0, own
-            for signals_its_shell in ("warn_signal", "warn_time_s", "warn_batch_only", "warn_steps_only",
-                                      "hang_timeout_s"):   # (only airctld's release signals that shell)
-                own.ClearField(signals_its_shell)
-        check_request(req, self.config.controller)
-        part = self.config.partition(req.partition)
-        if part is None:
-            if req.partition:
-                known = ", ".join(p.name for p in self.config.partitions)
-                raise InvalidRequest(f"partition {req.partition!r} does not exist; partitions: {known}")
-            raise InvalidRequest("no partition given and the cluster has no default partition")
-        try:   # -w, -x, -C: what can never be met is refused now; -w alone sets the node count
-            nodes, eligible = nodefilter.settle(req, part.name, part.nodes, self.features, self.nodes.keys())
-        except nodefilter.ConstraintError as e:
-            raise InvalidRequest(str(e)) from None
-        tasks = req.ntasks_per_node or 1
-        cpus = tasks * (req.cpus_per_task or 1)
-        limit = req.time_limit_s or part.default_time_s
+    def _node_sizes(self) -> dict[str, tuple[int, int]]:
+        """Each node's (GPUs, CPUs), of the nodes whose daemons have said what they have."""
         with self._lock:
-            capacity = {n.name: (len(n.gpus), n.cpus) for n in self.nodes.values() if n.cpus}
-        within = evolve(part, nodes=tuple(n for n in part.nodes if n in eligible)) if len(eligible) < len(part.nodes) \
-            else part
-        why = scheduler.infeasible(nodes, req.gpus_per_node, cpus, limit, within, capacity)
-        if why:
-            raise InvalidRequest(why)
-        account = self.policy.account_for(who, req.account, self.accounting)
-        gpus = nodes * req.gpus_per_node
-        if req.exclusive:   # it holds every GPU of its nodes: at least the fewest any of them has
-            sizes = [capacity[n][0] for n in eligible if n in capacity and capacity[n][0] >= req.gpus_per_node]
-            gpus = max(gpus, nodes * min(sizes, default=0))
-        self._check_policy(req, who, account, part, gpus, limit)
-        env = filtered_environment(req.environment, self.config.controller.drop_env)
-        tasks, throttle = None, 0
-        if req.array:
-            try:
-                tasks, throttle = arrays.parse(req.array)
-            except ValueError as e:
-                raise InvalidRequest(str(e)) from None
-            if len(tasks) > self.config.controller.max_array_tasks:
-                raise InvalidRequest(f"--array={req.array} makes {len(tasks)} tasks; the limit is "
-                                     f"{self.config.controller.max_array_tasks} (max_array_tasks)")
-        qos = req.qos or self.config.scheduler.default_qos   # recorded: history shows the QOS it ran under
-        if account != req.account or len(env) != len(req.environment) or throttle != req.array_max_running \
-                or qos != req.qos or (req.nodelist and nodes != req.nodes):
-            req = _amended(req, account, qos, env, throttle)
-            if req.nodelist:
-                req.nodes = nodes
-        job = Job(job_id=0, uid=who.uid, gid=who.gid, user=user_name(who.uid),
-                  name=req.name or "batch", partition=part.name, num_nodes=nodes,
-                  gpus_per_node=req.gpus_per_node, cpus_per_node=cpus, time_limit_s=limit,
-                  submit_time=self.clock(), request=req, hold=req.hold,
-                  reason=Reason.JOB_HELD_USER if req.hold else Reason.NONE)
-        return job, tasks
+            return {n.name: (len(n.gpus), n.cpus) for n in self.nodes.values() if n.cpus}
 
-    def _check_policy(self, req: pb.JobRequest, who: Identity, account: str, part, gpus: int, limit: int) -> None:
-        """The limits a job could never pass, refused at submit: QOS, quotas, partition accounts,
-        nice, and a dependency that names no job."""
-        qos_name = req.qos or self.config.scheduler.default_qos
-        qos = self.config.qos_named(qos_name)
-        if qos is None:
-            raise InvalidRequest(f"QOS {qos_name!r} does not exist; QOS: {', '.join(q.name for q in self.config.qos)}")
-        self.policy.check_qos(who, qos, account or DEFAULT_ACCOUNT)
-        if req.nice < 0 and not self.policy.is_operator(who):
-            raise Denied(f"--nice={req.nice}: only root and operators may raise a job's priority (a negative nice)")
-        if qos.max_time_s and limit > qos.max_time_s:
-            raise InvalidRequest(f"time limit {limit} s is over QOS {qos_name}'s maximum of {qos.max_time_s} s")
-        for cap, what in ((qos.max_gpus_per_user, "per user"), (qos.max_gpus_per_account, "per account")):
-            if cap and gpus > cap:
-                raise InvalidRequest(f"{gpus} GPUs requested, but QOS {qos_name} allows {cap} {what}")
-        chains, quotas = self.accounting.account_chains()
-        for a in chains.get(account or DEFAULT_ACCOUNT, ()):
-            if quotas.get(a) and gpus > quotas[a]:
-                raise InvalidRequest(f"{gpus} GPUs requested, but account {a} has a quota of {quotas[a]} GPUs")
-        if part.accounts and (account or DEFAULT_ACCOUNT) not in part.accounts:
-            raise Denied(f"partition {part.name} is open to accounts {', '.join(part.accounts)} only; "
-                         f"this job is charged to {account or 'no account'}")
-        try:
-            dep = deps.parse(req.dependency)
-        except ValueError as e:
-            raise InvalidRequest(str(e)) from None
-        count = sum(len(t.job_ids) for t in dep.terms) if dep else 0
-        limit = self.config.controller.max_dependencies
-        if count > limit:
-            raise InvalidRequest(f"--dependency names {count} jobs; the limit is {limit} (max_dependencies)")
-        for job_id in sorted(dep.job_ids if dep else ()):
-            if job_id not in self.jobs and job_id not in self._arrays and self.store.get_job(job_id) is None:
-                raise InvalidRequest(f"dependency on job {job_id}, which does not exist")
+    def _job_exists(self, job_id: int) -> bool:
+        return job_id in self.jobs or job_id in self._arrays or self.store.get_job(job_id) is not None
 
     def _estimate(self, job: Job) -> str:
         with self._lock:
@@ -887,16 +803,6 @@ RPC_WORKERS = 16   # the threads that serve RPCs (airctld's gRPC server)
 SATURATION_CREDIT = 5   # inactive limits of busy RPC workers that airrun's renewals are excused for
 
 
-# The batch script of airrun's own allocation: airrun's steps run on the nodes; this shell only holds
-# them until airrun gives them back, through airctld, as its step ended (SIGUSR1: it succeeded, SIGUSR2:
-# it failed). Users' signals go to the steps (see cancel), so only airctld signals it.
-ALLOCATION_SCRIPT = """#!/bin/sh
-trap 'exit 0' USR1
-trap 'exit 1' USR2
-while :; do sleep 60 & wait $!; done
-"""
-
-
 @dataclass(frozen=True)
 class _Wanted:
     """A job filter's lists as sets (None: any), made once per request."""
@@ -939,14 +845,3 @@ def _brief(job: Job) -> bytes:
     p = job.to_proto()
     _strip_private(p)
     return p.SerializeToString()
-
-
-def _amended(req: pb.JobRequest, account: str, qos: str, env: dict[str, str], throttle: int) -> pb.JobRequest:
-    out = pb.JobRequest()
-    out.CopyFrom(req)
-    out.account = account
-    out.qos = qos
-    out.array_max_running = throttle
-    out.environment.clear()
-    out.environment.update(env)
-    return out

@@ -7,7 +7,8 @@ import signal
 import pytest
 
 from air.airctld import events
-from air.airctld.controller import ALLOCATION_SCRIPT, Controller
+from air.airctld.admission import ALLOCATION_SCRIPT
+from air.airctld.controller import Controller
 from air.airctld.errors import Denied, InvalidRequest
 from air.airctld.model import NodeAlloc
 from air.airctld.store import Store
