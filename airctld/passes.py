@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import time
 
+import hostlist
+
 from air.airctld import events, scheduler
 from air.airctld.model import evolve
 from air.airctld.node_reports import CONTROLLER_UID
@@ -134,12 +136,16 @@ class SchedulingPass:
                     continue
                 # started with the priority this pass gave it (shown by airq and kept across a restart)
                 starts.append((job, events.start(evolve(job, priority=planned.get(job_id, job.priority)), now, alloc)))
+            mono = self.mono()
             for job_id in fenced:   # (the plan leaves them their requeue's reason): say what they wait for
-                job, nodes = self.jobs.get(job_id), sorted(self.fence_wait.get(job_id, ()))
-                if job is not None and job.phase == JobPhase.PENDING and job_id not in plan.waiting and nodes:
+                job = self.jobs.get(job_id)
+                if job is None or job.phase != JobPhase.PENDING or job.hold or job_id in plan.waiting:
+                    continue
+                nodes = [n for n, by in self.fence_wait.get(job_id, {}).items() if by > mono]
+                if nodes:
                     plan.waiting[job_id] = job.reason
-                    plan.details[job_id] = (f"its last run may still be on {', '.join(nodes)}: it waits until "
-                                            "each has reported that run gone or has surely fenced itself")
+                    plan.details[job_id] = (f"its last run may still be on {hostlist.collect_hostlist(nodes)}: it "
+                                            "waits until each has reported that run gone or has surely fenced itself")
             reasons = [(i, r) for i, r in plan.waiting.items()
                        if (j := self.jobs.get(i)) is not None and j.phase == JobPhase.PENDING and not j.hold
                        and (j.reason != r or j.reason_detail != plan.details.get(i, ""))]

@@ -140,6 +140,7 @@ class Agent:
                 if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
                     log.error("the controller refused this node: %s", e.details())
                 elif e.code() == grpc.StatusCode.ABORTED:   # a newer heartbeat of this node was taken first
+                    self.metrics.heartbeat_failures.inc()
                     log.error("the controller took a newer heartbeat of %s than this one (%s): is another "
                               "airnoded running as this node on this host?", self.node.name, e.details())
                 else:

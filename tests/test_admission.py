@@ -4,7 +4,6 @@ import pytest
 
 from air.airctld.accounting import Accounting
 from air.airctld.admission import Admission
-from air.airctld.errors import InvalidRequest
 from air.airctld.policy import Policy
 from air.airctld.store import Store
 from air.protos import air_pb2 as pb
@@ -14,9 +13,9 @@ from air.protos.credential import Identity
 ALICE = Identity(4242, 4242)
 
 
-def _admission(existing=(), qos_default="normal"):
+def _admission(existing=(), qos_default="normal", accounts=()):
     conf = cfg.parse({"controller": {"auth": "none", "state_dir": "/tmp"},
-                      "scheduler": {"default_qos": qos_default},
+                      "scheduler": {"default_qos": qos_default}, "accounts": list(accounts),
                       "qos": [{"name": "normal"}, {"name": "high", "priority": 10}],
                       "nodes": [{"name": "n[1-3]", "address": "127.0.0.[9-11]", "gpus": "sim:4", "features": ["a100"]}],
                       "partitions": [{"name": "p", "nodes": "n[1-3]", "default": True, "default_time": "2:00:00"}]})
@@ -44,7 +43,8 @@ def test_every_default_is_settled_once():
 @pytest.mark.parametrize("request_fields,refusal", [
     (dict(partition="q"), "partition 'q' does not exist"),
     (dict(qos="gold"), "QOS 'gold' does not exist"),
-    (dict(gpus_per_node=8), ""),
+    (dict(gpus_per_node=8), "8 GPUs per node requested, but no node in partition p has more than 4"),
+    (dict(partition="zzz"), "partition 'zzz' does not exist"),
     (dict(dependency="afterok:77"), "dependency on job 77, which does not exist"),
     (dict(nodelist=["n9"]), "n9"),
     (dict(constraint="h100"), "h100"),
@@ -60,5 +60,13 @@ def test_a_dependency_on_a_job_that_exists_is_taken():
     job, _ = _admission(existing={77}).admit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp",
                                                            dependency="afterok:77"), ALICE)
     assert job.request.dependency == "afterok:77"
-    with pytest.raises(InvalidRequest):
-        _admission(existing={77}).admit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", partition="zzz"), ALICE)
+
+
+def test_the_account_is_settled_from_the_users_membership():
+    ml = [{"name": "ml", "users": ["4242"]}, {"name": "bio", "users": ["4343"]}]
+    job, _ = _admission(accounts=ml).admit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp"), ALICE)
+    assert job.request.account == "ml" and job.account == "ml"   # none asked: the one the user belongs to
+    with pytest.raises(Exception, match="not a member|may not|belongs"):
+        _admission(accounts=ml).admit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", account="bio"), ALICE)
+    with pytest.raises(Exception, match="belongs to no account"):
+        _admission(accounts=ml).admit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp"), Identity(4444, 4444))
