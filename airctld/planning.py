@@ -12,7 +12,7 @@ from air.airctld import deps, scheduler
 from air.airctld.accounting import Accounting
 from air.protos.config import Config
 from air.airctld.model import Job
-from air.airctld.priority import PriorityModel
+from air.airctld.priority import PriorityModel, job_qos
 from air.airctld.priority_cache import LEAF, PriorityCache
 from air.protos import air_pb2 as pb
 from air.protos.states import JobPhase, JobResult, Reason
@@ -79,7 +79,7 @@ class Planner:
         for job in sorted(jobs, key=lambda j: j.job_id):
             view = pb.PendingJob(job_id=job.job_id, user=job.user, name=job.name,
                                  account=job.account, partition=job.partition,
-                                 qos=job.request.qos or s.default_qos, reason=job.reason, weights=weights)
+                                 qos=job_qos(job, s.default_qos), reason=job.reason, weights=weights)
             if self.model is not None:
                 f = self.model.factors(job, now)
                 view.priority, view.age, view.fairshare, view.jobsize = f.priority, f.age, f.fairshare, f.jobsize

@@ -74,14 +74,14 @@ def victims(state: _Pass, job: Job, part: str, candidates: list[Job], taken: set
 
 def rank(job: Job, limits: Limits, priority: Mapping[int, int]) -> tuple[int, int]:
     """How a job ranks for preemption: its priority, then its QOS's priority."""
-    qos = limits.qos.get(job.request.qos or limits.default_qos)
+    qos = limits.qos.get(limits.qos_name(job))
     return priority.get(job.job_id, job.priority), qos.priority if qos is not None else 0
 
 
 def may_preempt(job: Job, victim: Job, limits: Limits, priority: Mapping[int, int]) -> bool:
     """Whether `job` may preempt `victim`: its QOS names the victim's, and it outranks the victim."""
-    qos = limits.qos.get(job.request.qos or limits.default_qos)
-    if qos is None or (victim.request.qos or limits.default_qos) not in qos.preempt:
+    qos = limits.qos.get(limits.qos_name(job))
+    if qos is None or limits.qos_name(victim) not in qos.preempt:
         return False
     return rank(job, limits, priority) > rank(victim, limits, priority)
 

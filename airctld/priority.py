@@ -35,6 +35,7 @@ def association(job: Job) -> tuple[str, str]:
 
 
 def job_qos(job: Job, default: str) -> str:
+    """The QOS a job runs under: its own, settled at admission; `default` for a job without one."""
     return job.request.qos or default
 
 
@@ -88,6 +89,6 @@ class PriorityModel:
                 size = job.num_nodes * job.cpus_per_node / cpus
             value = (w_age * waited + w_fs * fs_of((job.account, job.user), 1.0)
                      + w_size * (size if size < 1.0 else 1.0) + w_part * part_of(job.partition, 0.0)
-                     + w_qos * qos_of(req.qos or default_qos, 0.0) - req.nice)
+                     + w_qos * qos_of(job_qos(job, default_qos), 0.0) - req.nice)
             out[job.job_id] = int(round(value))
         return out

@@ -27,7 +27,7 @@ from operator import itemgetter
 from typing import Mapping, Sequence
 
 from air.airctld.model import Job
-from air.airctld.priority import PriorityModel
+from air.airctld.priority import PriorityModel, job_qos
 from air.airctld.scheduler import pass_order
 
 # a job's row: what never changes for it, its place in submit order, then its number and the
@@ -85,7 +85,7 @@ class PriorityCache:
             row = rows[job.job_id] = [
                 req, leaves.setdefault(leaf, leaf), job.submit_time,   # one tuple a leaf: less for gc
                 w_size * (size if size < 1.0 else 1.0), w_part * part_of(job.partition, 0.0),
-                w_qos * qos_of(req.qos or default_qos, 0.0), req.nice, job.job_id,
+                w_qos * qos_of(job_qos(job, default_qos), 0.0), req.nice, job.job_id,
                 -1, 0, -INF, INF, 0.0]   # no place and no number yet: bounds no pass can meet
             new.append(row)
             return row

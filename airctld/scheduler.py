@@ -35,6 +35,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from air.protos.config import PartitionConfig, QosConfig
 from air.airctld.model import Job, NodeAlloc
+from air.airctld.priority import job_qos
 from air.airctld import nodefilter
 from air.airctld.nodefilter import NO_FILTER, ConstraintError, NodeFilter, parse_constraint
 from air.airctld.preemption import may_preempt, place_holds, rank, victims  # noqa: F401 (rank: API)
@@ -75,6 +76,9 @@ class Limits:
     default_qos: str = "normal"
     account_chain: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # account -> it and those above
     account_max_gpus: Mapping[str, int] = field(default_factory=dict)
+
+    def qos_name(self, job: Job) -> str:
+        return job_qos(job, self.default_qos)
 
 
 def job_end(job: Job, now: float, completing_release_s: float, preempt_grace_s: float = 0.0,
@@ -180,7 +184,7 @@ class _Pass:
 
     def charge(self, job: Job, gpus: int | None = None) -> None:
         gpus = job.gpus_held if gpus is None else gpus
-        qos = job.request.qos or self.limits.default_qos
+        qos = self.limits.qos_name(job)
         account = job.account
         key_u, key_a = (qos, job.user), (qos, account)
         self.used_qos_user[key_u] = self.used_qos_user.get(key_u, 0) + gpus
@@ -201,7 +205,7 @@ class _Pass:
             return Reason.ARRAY_TASK_LIMIT
         if not gpus:
             return None
-        qos_name = job.request.qos or limits.default_qos
+        qos_name = limits.qos_name(job)
         qos = limits.qos.get(qos_name)
         account = job.account
         if qos is not None:
@@ -647,7 +651,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
             waiting[job_id] = Reason.PRIORITY
             continue
         req = job.request
-        qos = limits.qos.get(req.qos or limits.default_qos)
+        qos = limits.qos.get(limits.qos_name(job))
         preemptor = qos is not None and bool(qos.preempt)
         shape = (job.partition, job.num_nodes, job.gpus_per_node, job.cpus_per_node, job.time_limit_s,
                  req.switches, job.submit_time if req.switches else 0)
@@ -724,7 +728,7 @@ def schedule(pending: Iterable[Job], free: dict[str, FreeNode], partitions: Mapp
                     state.drop(job_id)
                 plan.reservations.append(state.hold(job, nodes, now + preempt_grace_s))
             else:
-                above = [v for v in preemptable if (v.request.qos or limits.default_qos) in qos.preempt
+                above = [v for v in preemptable if limits.qos_name(v) in qos.preempt
                          and v.job_id not in {c.job_id for c in candidates} and v.job_id not in before]
                 if above:
                     v = max(above, key=lambda v: rank(v, limits, priority))
