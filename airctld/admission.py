@@ -81,7 +81,8 @@ class Admission:
         if req.exclusive:   # it holds every GPU of its nodes: at least the fewest any of them has
             sizes = [capacity[n][0] for n in eligible if n in capacity and capacity[n][0] >= req.gpus_per_node]
             gpus = max(gpus, nodes * min(sizes, default=0))
-        self._check_policy(req, who, account, part, gpus, limit)
+        qos = req.qos or self.config.scheduler.default_qos   # recorded: history shows the QOS it ran under
+        self._check_policy(req, who, account, qos, part, gpus, limit)
         env = filtered_environment(req.environment, self.config.controller.drop_env)
         tasks, throttle = None, 0
         if req.array:
@@ -92,7 +93,6 @@ class Admission:
             if len(tasks) > self.config.controller.max_array_tasks:
                 raise InvalidRequest(f"--array={req.array} makes {len(tasks)} tasks; the limit is "
                                      f"{self.config.controller.max_array_tasks} (max_array_tasks)")
-        qos = req.qos or self.config.scheduler.default_qos   # recorded: history shows the QOS it ran under
         if account != req.account or len(env) != len(req.environment) or throttle != req.array_max_running \
                 or qos != req.qos or (req.nodelist and nodes != req.nodes):
             req = _amended(req, account, qos, env, throttle)
@@ -105,14 +105,15 @@ class Admission:
                   reason=Reason.JOB_HELD_USER if req.hold else Reason.NONE)
         return job, tasks
 
-    def _check_policy(self, req: pb.JobRequest, who: Identity, account: str, part, gpus: int, limit: int) -> None:
+    def _check_policy(self, req: pb.JobRequest, who: Identity, account: str, qos_name: str, part, gpus: int,
+                      limit: int) -> None:
         """The limits a job could never pass, refused at submit: QOS, quotas, partition accounts,
         nice, and a dependency that names no job."""
-        qos_name = req.qos or self.config.scheduler.default_qos
+        charged = account or DEFAULT_ACCOUNT
         qos = self.config.qos_named(qos_name)
         if qos is None:
             raise InvalidRequest(f"QOS {qos_name!r} does not exist; QOS: {', '.join(q.name for q in self.config.qos)}")
-        self.policy.check_qos(who, qos, account or DEFAULT_ACCOUNT)
+        self.policy.check_qos(who, qos, charged)
         if req.nice < 0 and not self.policy.is_operator(who):
             raise Denied(f"--nice={req.nice}: only root and operators may raise a job's priority (a negative nice)")
         if qos.max_time_s and limit > qos.max_time_s:
@@ -121,10 +122,10 @@ class Admission:
             if cap and gpus > cap:
                 raise InvalidRequest(f"{gpus} GPUs requested, but QOS {qos_name} allows {cap} {what}")
         chains, quotas = self.accounting.account_chains()
-        for a in chains.get(account or DEFAULT_ACCOUNT, ()):
+        for a in chains.get(charged, ()):
             if quotas.get(a) and gpus > quotas[a]:
                 raise InvalidRequest(f"{gpus} GPUs requested, but account {a} has a quota of {quotas[a]} GPUs")
-        if part.accounts and (account or DEFAULT_ACCOUNT) not in part.accounts:
+        if part.accounts and charged not in part.accounts:
             raise Denied(f"partition {part.name} is open to accounts {', '.join(part.accounts)} only; "
                          f"this job is charged to {account or 'no account'}")
         try:

@@ -489,8 +489,8 @@ class Store:
         out = []
         for job_id, start, end, allocation in self._rows(
                 "SELECT job_id, start_time, end_time, allocation FROM runs WHERE end_time > ?", [when]):
-            held = json.loads(allocation)
-            out.append((job_id, start, end, sum(len(g) for _, g, _ in held), sum(c for _, _, c in held)))
+            held = _allocation_from_text(allocation)
+            out.append((job_id, start, end, sum(len(a.gpus) for a in held), sum(a.cpus for a in held)))
         return out
 
     def save_usage(self, usage: dict[tuple[str, str], float], when: float) -> None:
@@ -549,6 +549,10 @@ def _job_values(job: Job) -> tuple:
             job.array_job_id, job.array_task_id, job.figures)
 
 
+def _allocation_from_text(text: str) -> tuple[NodeAlloc, ...]:
+    return tuple(NodeAlloc(n, tuple(g), c) for n, g, c in json.loads(text))
+
+
 def _allocation_text(job: Job) -> str:
     return json.dumps([[a.node, list(a.gpus), a.cpus] for a in job.allocation]) if job.allocation else "[]"
 
@@ -560,6 +564,6 @@ def _job_from_row(row) -> Job:
     values["reason"] = Reason(values["reason"])
     values["last_stop_reason"] = Reason(values["last_stop_reason"])
     values["hold"] = bool(values["hold"])
-    values["allocation"] = tuple(NodeAlloc(n, tuple(g), c) for n, g, c in json.loads(values["allocation"]))
+    values["allocation"] = _allocation_from_text(values["allocation"])
     values["request"] = pb.JobRequest.FromString(values["request"])
     return Job(**values)
