@@ -388,15 +388,19 @@ def local():
               help="nodes drained by a condition that clears return by themselves once it has")
 @click.option("--inactive-limit", default=60.0, show_default=True, type=click.FloatRange(min=0.0),
               help="seconds after which airrun's own allocation ends when airrun stops renewing it (0: never)")
+@click.option("--unkillable-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0.0),
+              help="seconds after SIGKILL at which a run that will not die is given up and its node drained "
+                   "(0: never)")
 def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_timeout, auth, munge_socket,
              extra_config, operators, private_jobs, health_program, max_gpu_temp, health_auto_resume, heartbeat,
-             inactive_limit):
+             inactive_limit, unkillable_timeout):
     from air.aircli.local import up
     extra = Path(extra_config).read_text() if extra_config else ""
     config = up(Path(directory), nodes, gpus_per_node, cpus_per_node, base_address, node_timeout,
                 auth=auth, munge_socket=munge_socket, extra=extra, operators=operators,
                 private_jobs=private_jobs, health_program=health_program, max_gpu_temp_c=max_gpu_temp,
-                health_auto_resume=health_auto_resume, heartbeat_s=heartbeat, inactive_limit_s=inactive_limit)
+                health_auto_resume=health_auto_resume, heartbeat_s=heartbeat, inactive_limit_s=inactive_limit,
+                unkillable_timeout_s=unkillable_timeout)
     click.echo(f"local cluster up: {nodes} nodes with {gpus_per_node} GPUs each; logs in {config.parent / 'log'}")
     from air.aircli.local import metrics_urls
     urls = metrics_urls(config)

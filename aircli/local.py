@@ -21,7 +21,8 @@ def write_config(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node:
                  base_address: str, node_timeout_s: float, auth: str = "none", munge_socket: str = "",
                  extra: str = "", operators: tuple = (), private_jobs: bool = False,
                  health_program: str = "", max_gpu_temp_c: int = 85, health_auto_resume: bool = False,
-                 heartbeat_s: float = 0.0, inactive_limit_s: float = 60.0) -> Path:
+                 heartbeat_s: float = 0.0, inactive_limit_s: float = 60.0,
+                 unkillable_timeout_s: float = 60.0) -> Path:
     base = ipaddress.ip_address(base_address)
     if not base.is_loopback:
         raise CliError(f"--base-address {base_address} is not a loopback address")
@@ -45,6 +46,7 @@ heartbeat_interval_s = {heartbeat_s or min(1.0, node_timeout_s / 6):g}
 node_timeout_s = {node_timeout_s:g}
 kill_wait_s = 5
 inactive_limit_s = {inactive_limit_s:g}
+unkillable_timeout_s = {unkillable_timeout_s:g}
 min_job_age_s = 300
 max_script_bytes = 1048576
 metrics_address = "{base}:{CONTROLLER_METRICS_PORT}"
@@ -86,7 +88,7 @@ def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base
        node_timeout_s: float, wait_s: float = 60.0, auth: str = "none", munge_socket: str = "",
        extra: str = "", operators: tuple = (), private_jobs: bool = False, health_program: str = "",
        max_gpu_temp_c: int = 85, health_auto_resume: bool = False, heartbeat_s: float = 0.0,
-       inactive_limit_s: float = 60.0) -> Path:
+       inactive_limit_s: float = 60.0, unkillable_timeout_s: float = 60.0) -> Path:
     directory = directory.resolve()
     (directory / "log").mkdir(parents=True, exist_ok=True)
     pids_file = directory / "pids"
@@ -94,7 +96,7 @@ def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base
         raise CliError(f"a local cluster is already running in {directory}; run aircontrol local down first")
     config = write_config(directory, nodes, gpus_per_node, cpus_per_node, base_address, node_timeout_s,
                           auth, munge_socket, extra, operators, private_jobs, health_program, max_gpu_temp_c,
-                          health_auto_resume, heartbeat_s, inactive_limit_s)
+                          health_auto_resume, heartbeat_s, inactive_limit_s, unkillable_timeout_s)
     from air.protos.config import load
     cfg = load(str(config))
     env = dict(os.environ, AIR_CONF=str(config))

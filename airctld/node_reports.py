@@ -211,8 +211,8 @@ class NodeReports:
         log.info("node %s back in service: %s cleared", node.name, node.drain_signal)
 
     def _health(self, node: Node, health, now: float, already: set[int]) -> list[tuple[Job, Job]]:
-        """Record a node's health events; a critical one drains the node and ends the jobs on the
-        failing GPU (every job on the node, for a node-wide fault) as NODE_FAIL. Part of the
+        """Record a node's health events; a critical one drains the node and, where its kind says so,
+        ends the jobs on the failing GPU (every job on the node, for a node-wide fault) as NODE_FAIL. Part of the
         heartbeat's transaction: the drain is taken into memory, and the jobs signalled, once it commits."""
         critical = [e for e in health if e.critical]
         node = self.nodes[node.name]
@@ -225,6 +225,8 @@ class NodeReports:
                 self.store.after_commit(lambda n=node: self._drained(n))
         changes = []
         for event in critical:
+            if not signals.kind_of(event.signal).ends_jobs:
+                continue
             for job in self.jobs.active():
                 if job.job_id in already:
                     continue

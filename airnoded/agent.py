@@ -15,6 +15,7 @@ from air.airnoded import fence, jobfiles, progress, shepherding
 from air.airnoded.cgroups import JobCgroups
 from air.airnoded.gpus import GpuBackend, GpuError
 from air.airnoded.health import HealthMonitor
+from air.airnoded.killwatch import KillWatch
 from air.airnoded.launcher import Launcher, StaleRun
 from air.airnoded.metrics import NodeMetrics
 from air.airnoded.shepherd import boot_id
@@ -44,10 +45,12 @@ class Agent:
         self.gpus = gpus
         self.interval = config.controller.heartbeat_interval_s
         self.cgroups = JobCgroups(node.name, spool=node.spool, pids_max=config.controller.max_pids_per_job)
-        self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups, config.controller.cluster_name)
         cc = config.controller
+        self.kill_watch = KillWatch(cc.unkillable_timeout_s)
+        self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups, cc.cluster_name,
+                                 on_kill=self.kill_watch.killed)
         self.steps = StepRunner(node.name, node.address, self.cgroups, node.spool, cc.max_tasks_per_node,
-                                cc.max_steps_per_user, on_idle=self.remove_job_dir)
+                                cc.max_steps_per_user, on_idle=self.remove_job_dir, on_kill=self.kill_watch.killed)
         self.progress = progress.ProgressReader(node.spool, cc.max_report_bytes)
         self.beat_failures = 0   # beats that failed with an error of this daemon's own (logged, counted)
         self._lease_file = fence.Lease(node.spool)   # what the fence keeper reads (an earlier daemon's, if any)
@@ -157,7 +160,7 @@ class Agent:
         with self._lock:
             exits = list(self._exits.values())
             health = list(self._health)
-        runs = sorted(set(self.launcher.runs_here()) | set(self.steps.runs()))
+        runs = self._runs_here()
         began = lease_clock()
         self._seq += 1
         reply = self._registry.Heartbeat(
@@ -194,6 +197,25 @@ class Agent:
             self.launcher.kill_run(stale.job_id, stale.run)
             self.steps.signal(stale.job_id, stale.run, signal.SIGKILL)
         self._renew(began)   # only an answer from a controller that knows this node up, once stale runs are killed
+
+    def _runs_here(self) -> list[tuple[int, int]]:
+        """The runs a heartbeat reports: started or starting here, less those given up after SIGKILL."""
+        alive = set(self.launcher.runs_here()) | set(self.steps.runs())
+        for key in self.kill_watch.due(alive):
+            self._give_up(*key)
+        return sorted(alive - self.kill_watch.given_up())
+
+    def _give_up(self, job_id: int, run: int) -> None:
+        """The run's processes outlive SIGKILL (uninterruptible sleep: a hung file system or driver). They
+        can run none of their own code again, so the run is reported ended, and the node drains: an
+        operator looks at what is stuck before resuming it (as Slurm's "Kill task failed")."""
+        what = f"processes of job {job_id} (run {run}) still alive {self.kill_watch.since((job_id, run)):.0f} s " \
+               "after SIGKILL"
+        log.error("%s: given up; draining %s", what, self.node.name)
+        self.launcher.abandon(job_id, run, f"{what} on {self.node.name} (Kill task failed): given up")
+        self.metrics.unkillable.inc()
+        self._health_event(pb.HealthEvent(gpu=-1, signal=signals.KILL_TASK_FAILED, critical=True, time=time.time(),
+                                          message=what))
 
     def _renew(self, began: float) -> None:
         """The controller answered a call that began at `began`: the lease runs from there, if the keeper

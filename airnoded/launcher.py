@@ -152,6 +152,7 @@ class RunningJob:
     killed: bool = False
     fenced: bool = False     # stopped by the node's own fence, not by the controller
     adopted: bool = False    # started by an earlier daemon on this node
+    given_up: bool = False   # outlived SIGKILL: its end was reported when it was given up (abandon)
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -160,8 +161,9 @@ ExitCallback = Callable[[pb.JobExit], None]
 
 class Launcher:
     def __init__(self, node: str, spool: Path, on_exit: ExitCallback, cgroups: JobCgroups | None = None,
-                 cluster: str = ""):
+                 cluster: str = "", on_kill: Callable[[tuple[int, int]], None] = lambda key: None):
         self.node = node
+        self.on_kill = on_kill   # told of every run sent SIGKILL (the kill watch)
         self.cluster = cluster
         self.spool = spool
         self.on_exit = on_exit
@@ -272,7 +274,12 @@ class Launcher:
         running.done.set()
         oom, peak = self._end_cgroup(running.cgroup)
         with self._lock:
-            self.jobs.pop((running.job_id, running.run), None)
+            if self.jobs.get((running.job_id, running.run)) is running:
+                del self.jobs[(running.job_id, running.run)]
+            given_up = running.given_up
+        if given_up:   # its end was reported when it was given up; its folder went once acknowledged
+            log.warning("job %d: run %d, given up after SIGKILL, has ended", running.job_id, running.run)
+            return
         if status is None:   # no exit to report: the controller finds the run gone and requeues it (JobLost)
             log.warning("job %d: run %d's shepherd ended without a record of the script's end", running.job_id,
                         running.run)
@@ -443,17 +450,29 @@ class Launcher:
             self._kill_now(running)
         return running is not None
 
+    def abandon(self, job_id: int, run: int, detail: str) -> bool:
+        """Give up a run whose processes outlive SIGKILL (see killwatch): report its end now, as killed,
+        and stop reporting it; its watcher stays, to clean up should it ever end."""
+        with self._lock:
+            running = self.jobs.get((job_id, run))
+            if running is None or running.done.is_set():   # (it has just ended: its watcher reports that)
+                return False
+            del self.jobs[(job_id, run)]
+            running.given_up = True
+        self.on_exit(pb.JobExit(job_id=job_id, run=run, exit_signal=signal.SIGKILL, killed=True,
+                                fenced=running.fenced, detail=detail))
+        return True
+
     def _kill_now(self, running: RunningJob) -> None:
         running.killed = True
+        self.on_kill((running.job_id, running.run))
         running.herd.kill_children()
         if running.cgroup is not None:
             self.cgroups.kill(running.cgroup)
 
     def _kill_after(self, running: RunningJob, grace_s: float) -> None:
         if not running.done.wait(grace_s):
-            running.herd.kill_children()
-            if running.cgroup is not None:
-                self.cgroups.kill(running.cgroup)
+            self._kill_now(running)
 
 
 def _group_is_job(pgid: int, job_id: int) -> bool:

@@ -26,6 +26,9 @@ class NodeMetrics:
                                        ["node"], buckets=RTT_BUCKETS, registry=self.registry).labels(node)
         self.heartbeat_failures = Counter("air_node_heartbeat_failures", "Heartbeats that got no answer",
                                           ["node"], registry=self.registry).labels(node)
+        self.unkillable = Counter("air_node_unkillable_runs", "Runs given up because their processes outlived "
+                                  "SIGKILL (the node drains: Kill task failed)", ["node"],
+                                  registry=self.registry).labels(node)
         self.fences = Counter("air_node_fences", "Times the node stopped its runs for want of word from airctld",
                               ["node"], registry=self.registry).labels(node)
 

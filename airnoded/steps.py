@@ -64,8 +64,10 @@ RunKey = tuple[int, int]   # (job id, run)
 class StepRunner:
     def __init__(self, node: str, address: str, cgroups: JobCgroups | None = None, spool: Path | None = None,
                  max_tasks_per_node: int = 512, max_streams_per_user: int = 16,
-                 on_idle: Callable[[int, int], None] | None = None):
+                 on_idle: Callable[[int, int], None] | None = None,
+                 on_kill: Callable[[RunKey], None] = lambda key: None):
         self.node = node
+        self.on_kill = on_kill   # told of every run whose ranks are sent SIGKILL (the kill watch)
         self.address = address
         self.spool = spool
         self.cgroups = cgroups or JobCgroups(node, mode="none")
@@ -132,6 +134,10 @@ class StepRunner:
         with self._lock:
             groups = [(g, t) for (j, r), gs in self._groups.items() if j == job_id and r <= run for g, t in gs.items()]
             own = [g for (j, r), g in self._own_groups.items() if j == job_id and r <= run]
+            keys = [k for k in self._groups.keys() | self._own_groups.keys() if k[0] == job_id and k[1] <= run]
+        if sig in (0, signal.SIGKILL):
+            for key in keys:
+                self.on_kill(key)
         for pgid, began in groups:   # a rank reaped by its shepherd and not yet seen here: its number is not ours
             if began is None or start_time(pgid) in (began, 0):
                 killpg(pgid, sig or signal.SIGKILL)

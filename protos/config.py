@@ -42,6 +42,8 @@ class ControllerConfig:
     fence_timeout_s: float = 0.0   # a node daemon that has not heard from airctld this long stops its jobs
     #                                (0: half of node_timeout_s); airctld restarts them elsewhere only later
     kill_wait_s: float = 30.0
+    unkillable_timeout_s: float = 60.0   # a run whose processes outlive SIGKILL this long is given up and its
+    #                                      node drained ("Kill task failed"; Slurm's UnkillableStepTimeout); 0: never
     inactive_limit_s: float = 60.0   # airrun's own allocation ends when airrun has not renewed it this long
     #                                  (killed, frozen or cut off; Slurm's InactiveLimit); 0: never
     min_job_age_s: float = 300.0
@@ -270,6 +272,9 @@ def parse(data: dict) -> Config:
     if not 0 <= controller.inactive_limit_s < float("inf") or 0 < controller.inactive_limit_s < 3:
         raise ConfigError(f"[controller] inactive_limit_s = {controller.inactive_limit_s!r}: 0 (never), or at "
                           "least 3 s, over which airrun renews its allocation")
+    if not 0 <= controller.unkillable_timeout_s < float("inf"):
+        raise ConfigError(f"[controller] unkillable_timeout_s = {controller.unkillable_timeout_s!r}: 0 (never), or "
+                          "the seconds after SIGKILL at which a run that will not die is given up")
     if controller.node_timeout_s <= controller.heartbeat_interval_s:
         raise ConfigError("[controller] node_timeout_s must be longer than heartbeat_interval_s")
     if controller.fence_timeout_s < 0 or controller.fence_after_s + controller.heartbeat_interval_s \

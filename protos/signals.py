@@ -20,6 +20,7 @@ class HealthKind(enum.Enum):
     THERMAL = "thermal"
     HEALTH_PROGRAM = "health_program"
     FENCED = "fenced"
+    KILL_TASK_FAILED = "kill_task_failed"   # a run's processes outlived SIGKILL (Slurm's "Kill task failed")
     ADMIN = "admin"
     RESUMED = "resumed"
     OTHER = "other"
@@ -35,16 +36,24 @@ class HealthKind(enum.Enum):
         may return to service once it has, where the node's configuration allows."""
         return self in (HealthKind.IB_PORT, HealthKind.THERMAL, HealthKind.HEALTH_PROGRAM)
 
+    @property
+    def ends_jobs(self) -> bool:
+        """A critical event of this kind ends the jobs on the failing GPU (on every GPU, for a node-wide
+        one); a run that will not die drains its node, and the other jobs there run on, as in Slurm."""
+        return self != HealthKind.KILL_TASK_FAILED
+
 
 ECC_DBE = "ECC DBE"
 ROW_REMAP_FAILURE = "row remap failure"
 THERMAL = "thermal"
 HEALTH_PROGRAM = "health program"
 FENCED = "fenced"
+KILL_TASK_FAILED = "Kill task failed"   # Slurm's reason, which sites' scripts look for
 ADMIN = "admin"
 RESUMED = "resumed"
 _FIXED = {ECC_DBE: HealthKind.ECC, ROW_REMAP_FAILURE: HealthKind.ROW_REMAP, THERMAL: HealthKind.THERMAL,
-          HEALTH_PROGRAM: HealthKind.HEALTH_PROGRAM, FENCED: HealthKind.FENCED, ADMIN: HealthKind.ADMIN,
+          HEALTH_PROGRAM: HealthKind.HEALTH_PROGRAM, FENCED: HealthKind.FENCED,
+          KILL_TASK_FAILED: HealthKind.KILL_TASK_FAILED, ADMIN: HealthKind.ADMIN,
           RESUMED: HealthKind.RESUMED}
 
 

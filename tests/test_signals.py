@@ -16,6 +16,7 @@ MADE = [
     (signals.THERMAL, "thermal", K.THERMAL, True, "thermal"),
     (signals.HEALTH_PROGRAM, "health program", K.HEALTH_PROGRAM, True, "health_program"),
     (signals.FENCED, "fenced", K.FENCED, False, "fenced"),
+    (signals.KILL_TASK_FAILED, "Kill task failed", K.KILL_TASK_FAILED, False, "kill_task_failed"),
     (signals.ADMIN, "admin", K.ADMIN, False, "admin"),
     (signals.RESUMED, "resumed", K.RESUMED, False, "resumed"),
 ]
@@ -27,6 +28,10 @@ def test_every_signal_reads_back_as_its_kind():
         assert signals.kind_of(text) == kind, text
         assert kind.clears_by_itself == clears and kind.label == label, text
     assert {kind for _, _, kind, _, _ in MADE} == set(K) - {K.OTHER}
+
+
+def test_only_a_run_that_will_not_die_drains_its_node_without_ending_the_jobs_there():
+    assert [kind for kind in K if not kind.ends_jobs] == [K.KILL_TASK_FAILED]
 
 
 def test_odd_texts_are_other_and_sysfs_names_never_change_a_kind():

@@ -1,0 +1,139 @@
+"""A run whose processes outlive SIGKILL (uninterruptible sleep: a hung file system or GPU driver)
+is given up after unkillable_timeout_s: its job goes on, and its node drains with Slurm's reason,
+"Kill task failed", while the other jobs there run on. Uninterruptible sleep is made real with the
+cgroup v1 freezer: a frozen process takes SIGKILL only once it is thawed (ps shows it in state D)."""
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from air.airnoded.killwatch import KillWatch
+from cluster import LocalCluster, wait_for
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+UNKILLABLE_S = 3.0
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_run_is_given_up_once_it_has_outlived_sigkill_by_the_timeout_and_only_once():
+    clock = Clock()
+    watch = KillWatch(10.0, clock)
+    watch.killed((1, 0))
+    clock.now += 5
+    watch.killed((1, 0))                 # a second SIGKILL does not restart the count
+    watch.killed((2, 0))
+    assert watch.due({(1, 0), (2, 0), (3, 0)}) == []
+    clock.now += 5
+    assert watch.due({(1, 0), (2, 0), (3, 0)}) == [(1, 0)]   # 10 s after its first SIGKILL
+    assert watch.given_up() == {(1, 0)}
+    assert watch.due({(1, 0), (2, 0), (3, 0)}) == []          # once
+    clock.now += 5
+    assert watch.due({(2, 0)}) == [(2, 0)]                    # (1, 0) has ended meanwhile: forgotten
+    assert watch.given_up() == {(2, 0)}
+    assert watch.due(set()) == [] and watch.given_up() == set()
+    never = KillWatch(0.0, clock)        # 0: never give up
+    never.killed((1, 0))
+    clock.now += 1e6
+    assert never.due({(1, 0)}) == []
+
+
+def test_a_run_that_ends_before_the_timeout_is_never_given_up():
+    clock = Clock()
+    watch = KillWatch(10.0, clock)
+    watch.killed((1, 0))
+    clock.now += 9
+    assert watch.due({(1, 0)}) == []
+    assert watch.due(set()) == []        # ended
+    clock.now += 100
+    assert watch.due({(1, 0)}) == []     # (the same key seen again, never killed again: nothing due)
+
+
+def _freezer_usable() -> bool:
+    return os.geteuid() == 0 and (FREEZER / "tasks").exists()
+
+
+pytestmark = pytest.mark.skipif(not _freezer_usable(), reason="needs root and the cgroup v1 freezer")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(nodes=2, gpus_per_node=4, node_timeout=6.0,
+                     options=("--unkillable-timeout", str(UNKILLABLE_S))).up()
+    yield c
+    c.down()
+
+
+def _processes(cluster, job_id: int) -> list[psutil.Process]:
+    spool = str((cluster.dir / "spool").resolve())
+    found = []
+    for p in psutil.process_iter(["environ"]):
+        try:
+            env = p.info["environ"] or {}
+            if env.get("AIR_JOB_ID") == str(job_id) and env.get("AIR_STOP_REASON_FILE", "").startswith(spool):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _node(cluster, name):
+    text = cluster.cli("aircontrol", "show", "node", name).stdout
+    return dict(kv.split("=", 1) for kv in text.split() if "=" in kv and not kv.startswith("Gpu")), text
+
+
+def test_a_run_stuck_after_sigkill_is_given_up_its_job_runs_again_and_its_node_drains(cluster, tmp_path):
+    script = cluster.write_script("stuck.sh", "#!/bin/sh\necho \"start $AIR_RESTART_COUNT $AIR_NODENAME\"\n"
+                                              "sleep 300 & wait\n")
+    job_id = cluster.submit(script, "-G", "1", "-o", str(cluster.work / "stuck-%j.out"))
+    first = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
+    other = cluster.submit(script, "-G", "1", "-w", first)   # a job beside it, which must run on
+    cluster.wait_state(other, "RUNNING")
+    procs = wait_for(lambda: len(p := _processes(cluster, job_id)) >= 2 and p, what="the job's processes")
+    freezer = FREEZER / f"air-test-{os.getpid()}-{job_id}"
+    freezer.mkdir()
+    try:
+        for p in procs:
+            (freezer / "tasks").write_text(str(p.pid))
+        (freezer / "freezer.state").write_text("FROZEN")
+        wait_for(lambda: (freezer / "freezer.state").read_text().strip() == "FROZEN", what="the freeze")
+        requeued_at = time.monotonic()
+        cluster.cli("aircontrol", "requeue", str(job_id))
+        # SIGTERM, SIGKILL kill_wait_s (5 s) later, given up UNKILLABLE_S after that: then the job
+        # runs again, on the other node (its own is drained)
+        job = wait_for(lambda: (j := cluster.job(job_id))["restart_count"] >= 1 and j["state"] == "RUNNING" and j,
+                       timeout=30, what="the job's next run")
+        waited = time.monotonic() - requeued_at
+        assert job["nodes"] != [first]
+        assert 5 + UNKILLABLE_S - 1 <= waited, waited   # not before its run was given up
+        assert all(p.is_running() and p.status() == psutil.STATUS_DISK_SLEEP for p in procs)   # still stuck
+        shown, text = _node(cluster, first)
+        assert shown["State"] in ("DRAIN", "DRNG"), text
+        assert "Kill task failed" in text and f"job {job_id}" in text, text
+        assert cluster.job(other)["state"] == "RUNNING"   # the drain ends no other job
+        # a new job does not land on the drained node
+        pinned = cluster.submit(script, "-G", "1", "-w", first)
+        time.sleep(2)
+        assert cluster.job(pinned)["state"] == "PENDING"
+    finally:
+        (freezer / "freezer.state").write_text("THAWED")
+        wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs),
+                 what="the thawed processes to die of their SIGKILL")
+        for line in (freezer / "tasks").read_text().split():
+            (FREEZER / "tasks").write_text(line)
+        freezer.rmdir()
+    out = (cluster.work / f"stuck-{job_id}.out").read_text()
+    assert out.splitlines()[0] == f"start 0 {first}" and "start 1" in out, out
+    # the operator resumes the node once the processes are gone, and it takes work again
+    cluster.cli("aircontrol", "node", "resume", first)
+    cluster.wait_state(pinned, "RUNNING")
+    for j in (job_id, other, pinned):
+        cluster.cli("aircancel", str(j))
