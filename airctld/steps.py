@@ -32,6 +32,7 @@ def layout(job: Job, spec: pb.StepSpec, addresses: dict[str, str]) -> tuple[list
         sets = [",".join(str(g) for g in gpus[i * per_task:(i + 1) * per_task]) for i in range(ntasks)]
         nodes.append(pb.StepNode(node=name, address=addresses[name], node_rank=node_rank,
                                  ranks=list(range(rank, rank + ntasks)), gpu_sets=sets,
+                                 allocation=pb.NodeAlloc(node=name, gpus=gpus),
                                  memory_limit_bytes=memory_limit_bytes(job.request.mem_per_node_mb,
                                                                        job.request.mem_per_gpu_mb, len(gpus))))
         rank += ntasks

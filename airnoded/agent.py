@@ -44,7 +44,8 @@ class Agent:
         self.node = node
         self.gpus = gpus
         self.interval = config.controller.heartbeat_interval_s
-        self.cgroups = JobCgroups(node.name, spool=node.spool, pids_max=config.controller.max_pids_per_job)
+        self.cgroups = JobCgroups(node.name, spool=node.spool, pids_max=config.controller.max_pids_per_job,
+                                  gpu_minors=gpus.device_minors())
         cc = config.controller
         self.kill_watch = KillWatch(cc.unkillable_timeout_s)
         self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups, cc.cluster_name,

@@ -4,6 +4,12 @@ and a bound on its tasks (`max_pids_per_job`: a fork bomb in one job never takes
 the daemon's own threads and shepherds among them). On v1 the bound is a group of the same name in
 the pids hierarchy, which the job's processes join beside the memory one (see `joined`).
 
+GPUs: on v1, a group of the same name in the devices hierarchy denies the run the device files of the
+node's GPUs that are not the job's (/dev/nvidia<minor>), as Slurm's ConstrainDevices does: a job that
+unsets CUDA_VISIBLE_DEVICES still reaches only its own GPUs. cgroup v2 filters devices with an eBPF
+program only, which is not done: there the GPUs are kept apart by CUDA_VISIBLE_DEVICES alone, and the
+daemon says so in its log.
+
 cgroup v2 (the unified hierarchy) where the host has it; the v1 memory controller on hosts that
 mount v1 (as this project's CI machine does); neither when the daemon is not root or the
 hierarchy cannot be written, in which case jobs are tracked by process group alone and the
@@ -25,15 +31,17 @@ from pathlib import Path
 log = logging.getLogger("airnoded")
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+NVIDIA_MAJOR = 195   # /dev/nvidia<N>: character devices 195:N (nvidiactl is 195:255, never a GPU's)
 
 
 class JobCgroups:
     """One node daemon's job groups. `mode` is "v2", "v1" or "none"."""
 
     def __init__(self, node: str, root: Path = CGROUP_ROOT, mode: str | None = None, spool: Path | None = None,
-                 pids_max: int = 0):
+                 pids_max: int = 0, gpu_minors: dict[int, int] | None = None):
         self.node = node
         self.pids_max = 0   # the bound in force: set once the pids controller is ready (_bound_tasks)
+        self.gpu_minors: dict[int, int] = {}   # GPU index -> device minor, once devices can be denied
         plain = node   # where groups lived before they were named by spool too (an upgrade finds them there)
         if spool is not None:
             node = f"{node}.{hashlib.sha256(str(Path(spool).resolve()).encode()).hexdigest()[:8]}"
@@ -61,6 +69,23 @@ class JobCgroups:
         else:
             log.info("jobs run in cgroup %s groups under %s", self.mode, self.base)
             self.pids_max = self._bound_tasks(root, pids_max)
+            if gpu_minors:
+                self.gpu_minors = self._constrain_devices(root, gpu_minors)
+
+    def _constrain_devices(self, root: Path, minors: dict[int, int]) -> dict[int, int]:
+        """The devices hierarchy made ready for the runs' groups (v1); the GPUs it can keep apart."""
+        try:
+            if self.mode != "v1":
+                raise OSError("cgroup v2 filters devices with eBPF, which this daemon does not load")
+            if not (root / "devices" / "devices.deny").exists():
+                raise OSError("no devices hierarchy is mounted")
+            _sibling(self.base, "devices", below=2).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            log.warning("jobs are not kept from other jobs' GPUs by their cgroup (only by CUDA_VISIBLE_DEVICES): "
+                        "%s", e.strerror or e)
+            return {}
+        log.info("each run's devices cgroup denies it the GPUs on this node that are not its job's")
+        return dict(minors)
 
     def _bound_tasks(self, root: Path, wanted: int) -> int:
         """The pids controller made ready for the runs' bound on their tasks; the bound in force (0: none,
@@ -92,9 +117,10 @@ class JobCgroups:
     def enabled(self) -> bool:
         return self.base is not None
 
-    def create(self, job_id: int, run: int, memory_bytes: int) -> Path | None:
+    def create(self, job_id: int, run: int, memory_bytes: int, gpus: list[int] | None = None) -> Path | None:
         """The group of one run of the job (a requeued job's next run gets its own, so that the end
-        of an old run never touches the new one), with its memory limit (0: none)."""
+        of an old run never touches the new one), with its memory limit (0: none), and denied the
+        node's GPUs other than `gpus`, the job's here (None: not known, none denied)."""
         if self.base is None:
             return None
         path = self.run_path(job_id, run)
@@ -106,6 +132,12 @@ class JobCgroups:
                 tasks = _sibling(path, "pids")
                 tasks.mkdir(exist_ok=True)
                 (tasks / "pids.max").write_text(str(self.pids_max))
+        if self.gpu_minors and gpus is not None:
+            devices = _sibling(path, "devices")
+            devices.mkdir(exist_ok=True)
+            for index, minor in sorted(self.gpu_minors.items()):
+                if index not in gpus:
+                    (devices / "devices.deny").write_text(f"c {NVIDIA_MAJOR}:{minor} rwm")
         if memory_bytes:
             if self.mode == "v2":
                 (path / "memory.max").write_text(str(memory_bytes))
@@ -184,7 +216,7 @@ class JobCgroups:
             for job_id, current in list(self._current.items()):
                 if current == path:
                     del self._current[job_id]
-        for group in reversed(joined(path)):   # (the pids one first: it is emptied with the memory one)
+        for group in reversed(joined(path)):   # (the pids and devices ones first: emptied with the memory one)
             try:
                 group.rmdir()
             except OSError as e:   # processes still in it: they die with the next kill
@@ -202,7 +234,8 @@ class JobCgroups:
         """On the daemon's way out: remove the node's folder (and air/ above it) if no job is left in it."""
         if self.base is None:
             return
-        bases = [self.base] + ([_sibling(self.base, "pids", below=2)] if self.mode == "v1" else [])
+        bases = [self.base] + ([_sibling(self.base, h, below=2) for h in ("pids", "devices")]
+                               if self.mode == "v1" else [])
         for base in bases:
             for folder in (base, base.parent):
                 try:
@@ -242,9 +275,8 @@ def _sibling(path: Path, hierarchy: str, below: int = 3) -> Path:
 
 def joined(path: Path) -> list[Path]:
     """The groups a process of the run whose group is `path` joins: that one, and on v1 (a group of the
-    memory hierarchy) the run's group in the pids hierarchy when there is one."""
+    memory hierarchy) the run's groups in the pids and devices hierarchies where it has them."""
     if len(path.parts) < 5 or path.parts[-4] != "memory" or path.parts[-3] != "air":
         return [path]
-    tasks = _sibling(path, "pids")
-    return [path, tasks] if tasks.is_dir() else [path]
+    return [path] + [group for group in (_sibling(path, "pids"), _sibling(path, "devices")) if group.is_dir()]
 

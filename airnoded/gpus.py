@@ -1,12 +1,15 @@
 """GPU inventory behind one interface: NVML on hosts that have NVIDIA GPUs, simulated elsewhere."""
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from typing import Protocol
 
 from air.protos import air_pb2 as pb
 from air.protos import signals
+
+log = logging.getLogger("airnoded")
 
 SIM_NAME = "NVIDIA H100 80GB HBM3 (simulated)"
 SIM_MEMORY_MB = 81559
@@ -43,6 +46,10 @@ class GpuBackend(Protocol):
     def ecc_uncorrected(self) -> dict[int, int]:
         """gpu -> uncorrectable ECC errors (volatile) seen, as of the last faults() call."""
 
+    def device_minors(self) -> dict[int, int]:
+        """gpu -> the minor number of its device file, /dev/nvidia<minor> (major NVIDIA_MAJOR): what a
+        job's devices cgroup denies it when the GPU is not the job's."""
+
 
 class SimulatedGpus:
     """GPUs described by the configuration; UUIDs are stable for a node name and index."""
@@ -74,6 +81,9 @@ class SimulatedGpus:
 
     def inventory(self) -> list[pb.Gpu]:
         return list(self._gpus)
+
+    def device_minors(self) -> dict[int, int]:
+        return {g.index: g.index for g in self._gpus}
 
     def inject(self, fault: pb.FaultRequest, now: float) -> None:
         """What `aircontrol node fault` asks for, delivered the way the real signals arrive."""
@@ -231,6 +241,16 @@ class NvmlGpus:
             out.append(pb.Gpu(index=i, uuid=_text(nvml.nvmlDeviceGetUUID(h)), name=_text(name),
                               memory_mb=nvml.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024)))
         return out
+
+    def device_minors(self) -> dict[int, int]:
+        nvml = self._nvml
+        try:
+            return {i: nvml.nvmlDeviceGetMinorNumber(nvml.nvmlDeviceGetHandleByIndex(i))
+                    for i in range(nvml.nvmlDeviceGetCount())}
+        except nvml.NVMLError as e:   # (not on every platform): no GPU is denied by the devices cgroup
+            log.warning("GPU device minor numbers not available from NVML (%s): jobs are kept to their GPUs by "
+                        "CUDA_VISIBLE_DEVICES only", e)
+            return {}
 
 
 def _text(value) -> str:

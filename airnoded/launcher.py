@@ -245,7 +245,8 @@ class Launcher:
         here = next((a for a in job.allocation if a.node == self.node), None)
         group = self.cgroups.create(job.job_id, job.restart_count,
                                     memory_limit_bytes(req.mem_per_node_mb, req.mem_per_gpu_mb,
-                                                       len(here.gpus) if here else 0))
+                                                       len(here.gpus) if here else 0),
+                                    list(here.gpus) if here else None)
         if group is not None:
             jobfiles.write_root_file(jobdir, fence.CGROUP, str(group).encode(), 0o600)
         mode = "truncate" if req.open_truncate else "append"

@@ -171,7 +171,9 @@ class StepRunner:
                 with self._lock:
                     self._own_groups[key] = recorded
                 return recorded
-            group = self.cgroups.create(step.job_id, step.run, step.nodes[index].memory_limit_bytes)
+            here = step.nodes[index]   # (an older controller does not say the job's GPUs here: none denied)
+            group = self.cgroups.create(step.job_id, step.run, here.memory_limit_bytes,
+                                        list(here.allocation.gpus) if here.HasField("allocation") else None)
             jobfiles.write_root_file(folder, fence.CGROUP, str(group).encode(), 0o600)
             with self._lock:
                 self._own_groups[key] = group

@@ -221,3 +221,51 @@ def test_a_fork_bomb_stays_within_its_runs_task_bound(tmp_path):
         groups.close()
         import shutil
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.skipif(MODE != "v1" or not Path("/sys/fs/cgroup/devices/devices.deny").exists(),
+                    reason="the devices controller of cgroup v1 (v2 needs eBPF, not done)")
+def test_a_job_opens_only_its_own_gpus_device_files(tmp_path):
+    # device files of four GPUs (NVIDIA's major); the job (as nobody) has GPUs 1 and 3 of the node and
+    # unsets nothing: it tries to open all four. Its cgroup denies 0 and 2 (EPERM); 1 and 3 get past the
+    # cgroup to the kernel (no driver here: ENXIO or ENODEV; on a GPU host they open)
+    import pwd
+    import stat
+    import tempfile
+    from air.airnoded import cgroups
+    from air.airnoded.launcher import Launcher
+    from air.protos import air_pb2 as pb
+    top = Path(tempfile.mkdtemp(prefix="air-test-devices-", dir="/tmp"))   # (nobody must reach its workdir)
+    os.chmod(top, 0o755)
+    work, spool, dev = top / "work", top / "spool", top / "dev"
+    work.mkdir()
+    spool.mkdir(mode=0o755)
+    dev.mkdir(mode=0o755)
+    for minor in range(4):
+        os.mknod(dev / f"nvidia{minor}", 0o666 | stat.S_IFCHR, os.makedev(cgroups.NVIDIA_MAJOR, minor))
+        os.chmod(dev / f"nvidia{minor}", 0o666)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(work, nobody.pw_uid, nobody.pw_gid)
+    groups = JobCgroups("n1", spool=spool, gpu_minors={i: i for i in range(4)})
+    exits = []
+    launcher = Launcher("n1", spool, exits.append, groups)
+    script = (f"#!/bin/sh\nexec {sys.executable} -c '\nimport errno, os\nfor i in range(4):\n    try:\n"
+              f"        os.close(os.open(\"{dev}/nvidia%d\" % i, os.O_RDWR))\n        print(i, \"opened\")\n"
+              "    except OSError as e:\n        print(i, errno.errorcode[e.errno])\n'\n")
+    try:
+        launcher.launch(pb.Job(job_id=9, uid=nobody.pw_uid, gid=nobody.pw_gid, restart_count=0,
+                               request=pb.JobRequest(script=script, workdir=str(work), output="out"),
+                               allocation=[pb.NodeAlloc(node="n1", gpus=[1, 3])]))
+        wait_for(lambda: exits, timeout=30, what="the job's end")
+        said = dict(line.split() for line in (work / "out").read_text().splitlines())
+        assert said["0"] == "EPERM" and said["2"] == "EPERM", said
+        assert said["1"] != "EPERM" and said["3"] != "EPERM", said
+        wait_for(lambda: not any(g.exists() for g in cgroups.joined(groups.run_path(9, 0))), timeout=10,
+                 what="the run's groups to be removed")
+        assert not (Path("/sys/fs/cgroup/devices") / groups.run_path(9, 0).relative_to(
+            Path("/sys/fs/cgroup/memory"))).exists()
+    finally:
+        groups.remove(groups.run_path(9, 0))
+        groups.close()
+        import shutil
+        shutil.rmtree(top, ignore_errors=True)

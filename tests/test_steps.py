@@ -186,6 +186,11 @@ def test_layout_and_rank_environment():
     assert world == 4
     assert [(n.node, list(n.ranks), list(n.gpu_sets)) for n in nodes] == [
         ("a", [0, 1], ["0,1", "2,3"]), ("b", [2, 3], ["4,5", "6,7"])]
+    # the job's GPUs on each node, for the run's devices cgroup there (a step may use fewer of them)
+    assert [list(n.allocation.gpus) for n in nodes] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    fewer, _ = layout(job, pb.StepSpec(ntasks_per_node=1, gpus_per_task=1), {"a": "x:1", "b": "x:2"})
+    assert [list(n.gpu_sets) for n in fewer] == [["0"], ["4"]]
+    assert [list(n.allocation.gpus) for n in fewer] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     step = pb.Step(job_id=5, step_id=2, world_size=world, master_addr="10.0.0.1", master_port=29500, nodes=nodes)
     env = rank_environment(step, 1, 1, {"PATH": "/bin", "RANK": "stale"})
     assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
