@@ -18,6 +18,12 @@ within a size limit) before a byte is read. Root never writes, chmods or chowns 
 folder a user can write. A folder is removed by first renaming it into `.trash/` (at once), then
 emptied by a janitor thread, without recursion and a bounded amount at a time: a tree a job made
 as deep or as wide as it likes never holds up another thread of the daemon, nor crashes it.
+
+A filesystem the owner mounts on `progress/` or in it (FUSE, through fusermount) is never entered:
+a FUSE server that does not answer hangs whoever looks in, root included, and a heartbeat held so
+would fence the node and stop every job on it. Whether a run's folder has a mount in it is read
+from the kernel's mount table (`mounted_in`), which never touches the mounted filesystems, before
+anything of the folder's is opened.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import errno
 import itertools
 import logging
 import os
+import re
 import stat
 import threading
 import time
@@ -275,8 +282,38 @@ def read_root_file(folder: Path, name: str, limit: int = 4096) -> bytes:
         os.close(dirfd)
 
 
+MOUNTINFO = "/proc/self/mountinfo"
+_ESCAPED = re.compile(rb"\\([0-7]{3})")   # mountinfo writes space, tab, newline and backslash as \ooo
+
+
+def mount_points(below: Path) -> set[str]:
+    """The mount points at or below `below` (an absolute path without links), read from the kernel's
+    mount table: reading it never enters a mounted filesystem."""
+    top = os.fsencode(below)
+    found = set()
+    with open(MOUNTINFO, "rb") as f:
+        for line in f:
+            fields = line.split(b" ", 5)
+            if len(fields) < 5:
+                continue
+            point = _ESCAPED.sub(lambda m: bytes([int(m.group(1), 8) & 0xFF]), fields[4])
+            if point == top or point.startswith(top + b"/"):
+                found.add(os.fsdecode(point))
+    return found
+
+
+def mounted_in(folder: Path, points: set[str]) -> bool:
+    """Whether one of `points` (from mount_points) is `folder` or below it."""
+    top = str(folder)
+    return any(p == top or p.startswith(top + "/") for p in points)
+
+
 def make_owner_dir(folder: Path, name: str, uid: int, gid: int) -> Path:
-    """`folder/name` for the job's owner to write in (made by root in root's folder, then given away)."""
+    """`folder/name` for the job's owner to write in (made by root in root's folder, then given away).
+    One with a filesystem mounted on or in it (the owner's) is refused without being entered."""
+    real = Path(os.path.realpath(folder)) / name   # (root's folder: its path is root's to resolve)
+    if mounted_in(real, mount_points(real)):
+        raise OSError(f"{folder / name} has a filesystem mounted in it")
     dirfd = os.open(folder, _DIR_FLAGS)
     try:
         try:

@@ -187,6 +187,46 @@ sleep 3
     assert b"TOP-SECRET-KEY-MATERIAL" in _snapshot(secret)[0]
 
 
+class HungFuse:
+    """A FUSE filesystem whose server never answers (what a job's own fusermount and a server that
+    sleeps make): whoever looks into it waits until the server goes. Mounted by root here, as the
+    tests have no fusermount; the kernel treats the mount the same."""
+
+    def __init__(self, where):
+        self.where = where
+        self.fd = os.open("/dev/fuse", os.O_RDWR)
+        subprocess.run(["mount", "-t", "fuse", "-o", f"fd={self.fd},rootmode=40000,user_id=0,group_id=0",
+                        "hung", str(where)], pass_fds=(self.fd,), check=True, capture_output=True)
+
+    def close(self):
+        os.close(self.fd)   # the server is gone: what waited in the mount gets ENOTCONN
+        subprocess.run(["umount", "-l", str(self.where)], check=False, capture_output=True)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+def test_a_fuse_mount_that_never_answers_in_the_progress_folder_never_holds_up_the_node(cluster):
+    """A job mounts a FUSE filesystem on its progress folder whose server never answers. A root daemon
+    that looked in there would hang its heartbeat, fence the node and stop every job on it; instead
+    the node keeps beating, says why it does not read the folder, and the job stops when cancelled."""
+    job_id = cluster.submit(cluster.write_script("fuse.sh", "#!/bin/sh\nsleep 120\n"),
+                            "--gpus-per-node=1", user="airtest-a")
+    node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
+    progress = _spool(cluster, node) / f"job{job_id}.0" / "progress"
+    wait_for(lambda: progress.is_dir(), what="the progress folder")
+    fuse = HungFuse(progress)
+    try:
+        time.sleep(2 * cluster.node_timeout)   # past the fence and the node timeout
+        states = {n["name"]: n["state"] for n in json.loads(cluster.cli("airinfo", "-N", "--json").stdout)["nodes"]}
+        assert states[node] in ("mix", "alloc"), states
+        job = cluster.job(job_id)
+        assert job["state"] == "RUNNING" and job["restart_count"] == 0, job
+        assert f"job {job_id}: progress folder not read: a filesystem is mounted in it" in _log(cluster, node)
+        cluster.cli("aircancel", str(job_id))   # (its stop reason is not written into the mount either)
+        assert cluster.wait_state(job_id, "CANCELLED", timeout=20)
+    finally:
+        fuse.close()
+
+
 def test_other_users_never_see_a_jobs_script_environment_or_arguments(cluster, munged):
     script = cluster.write_script("secret.sh", "#!/bin/sh\n# PASSWORD-IN-SCRIPT\nsleep 30\n")
     job_id = int(cluster.cli("airbatch", "--parsable", str(script), "ARG-SECRET", user="airtest-a",

@@ -265,3 +265,23 @@ def test_the_bound_of_a_heartbeats_reports_counts_bytes_not_characters(spool, us
     reader = progress.ProgressReader(spool)
     sent = {p.job_id: p.report for p in reader.collect(1e10, keys)}
     assert sent[4] and sum(len(r.encode()) for r in sent.values()) <= 1000   # the others wait (never cut)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+def test_mounts_in_a_folder_are_found_from_the_kernels_table_names_with_spaces_too(tmp_path):
+    base = Path(os.path.realpath(tmp_path))
+    where = base / "job1.0" / "progress" / "a b\\c"
+    where.mkdir(parents=True)
+    assert jobfiles.mount_points(base) == set()
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(where)], check=True)
+    try:
+        found = jobfiles.mount_points(base)
+        assert found == {str(where)}
+        assert jobfiles.mounted_in(base / "job1.0" / "progress", found)
+        assert jobfiles.mounted_in(where, found)
+        assert not jobfiles.mounted_in(base / "job1.0" / "prog", found)   # a name that only begins the same
+        assert not jobfiles.mounted_in(base / "job2.0", found)
+        with pytest.raises(OSError, match="has a filesystem mounted in it"):
+            jobfiles.make_owner_dir(base / "job1.0", "progress", 1000, 1000)
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
