@@ -14,6 +14,7 @@ import hostlist
 
 from air.aircli.slurmtime import stamp
 from air.protos import air_pb2 as pb
+from air.protos import hetjob
 from air.protos.states import JobPhase, REASON_NAMES, Reason, long_state
 
 DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
@@ -56,24 +57,35 @@ def records(jobs: list[pb.HistoryJob], duplicates: bool, allocations_only: bool)
         if duplicates:
             for run in entry.runs:
                 state = _RUN_STATES.get(Reason(run.reason), "REQUEUED")
-                nodes = tuple(a.node for a in run.allocation)
                 code = f"{run.exit_code}:{run.exit_signal}"
-                out.append(Record(base, str(job.job_id), job.request.name or "batch", job, state, code,
-                                  start=run.start_time, end=run.end_time, nodes=nodes,
-                                  cpus=sum(a.cpus for a in run.allocation),
-                                  gpus=sum(len(a.gpus) for a in run.allocation), run=run.run))
+                out.extend(_job_records(base, job, state, code, run.start_time, run.end_time, run.allocation,
+                                        run.run))
                 if not allocations_only:
                     out.extend(_steps(entry, base, run.run, state, run.start_time, run.end_time, run.allocation,
                                       code))
         state = job_state(entry)
         code = f"{job.exit_code}:{job.exit_signal}"
-        out.append(Record(base, str(job.job_id), job.request.name or "batch", job, state, code,
-                          job.start_time, job.end_time, tuple(a.node for a in job.allocation),
-                          sum(a.cpus for a in job.allocation), sum(len(a.gpus) for a in job.allocation),
-                          run=job.restart_count))
+        out.extend(_job_records(base, job, state, code, job.start_time, job.end_time, job.allocation,
+                                job.restart_count))
         if not allocations_only and job.start_time:
             out.extend(_steps(entry, base, job.restart_count, state.split()[0], job.start_time, job.end_time,
                               job.allocation, code))
+    return out
+
+
+def _job_records(base: str, job: pb.Job, state: str, code: str, start: float, end: float, allocation,
+                 run: int) -> list[Record]:
+    """The record of one run of a job; of a heterogeneous job, one per component (123+0, 123+1, ...:
+    its name, and its group of the allocation's nodes), as sacct shows them."""
+    if not job.request.het:
+        return [Record(base, str(job.job_id), job.request.name or "batch", job, state, code, start, end,
+                       tuple(a.node for a in allocation), sum(a.cpus for a in allocation),
+                       sum(len(a.gpus) for a in allocation), run=run)]
+    out = []
+    for index, (component, group) in enumerate(hetjob.groups(job.request, list(allocation))):
+        out.append(Record(f"{base}+{index}", f"{job.job_id}+{index}", component.name, job, state, code, start, end,
+                          tuple(a.node for a in group), sum(a.cpus for a in group),
+                          sum(len(a.gpus) for a in group), run=run))
     return out
 
 
@@ -84,18 +96,21 @@ def _steps(entry: pb.HistoryJob, base: str, run: int, state: str, start: float, 
     with its job, or still running), its run's state and end."""
     job = entry.job
     out = []
+    groups = {a.node: f"+{i}" for i, (_, group) in enumerate(hetjob.groups(job.request, list(allocation)))
+              for a in group}   # a heterogeneous job's steps are named by their component: 123+1.0
     if allocation:
         first = allocation[0]
-        out.append(Record(f"{base}.batch", f"{job.job_id}.batch", "batch", job, state, code, start, end,
-                          (first.node,), first.cpus, len(first.gpus), 1, run, step=True))
+        out.append(Record(f"{base}{groups.get(first.node, '')}.batch", f"{job.job_id}.batch", "batch", job, state,
+                          code, start, end, (first.node,), first.cpus, len(first.gpus), 1, run, step=True))
     for s in entry.steps:
         if s.run != run:
             continue
         names = tuple(hostlist.expand_hostlist(s.nodes)) if s.nodes else ()
+        component = groups.get(names[0], "") if names else ""
         name = _program(s.command)
         held = [a for a in allocation if a.node in names]
         own = (_step_state(s), f"{s.exit_code}:{s.exit_signal}", s.end_time) if s.end_time else (state, "0:0", end)
-        out.append(Record(f"{base}.{s.step_id}", f"{job.job_id}.{s.step_id}", name, job, own[0],
+        out.append(Record(f"{base}{component}.{s.step_id}", f"{job.job_id}.{s.step_id}", name, job, own[0],
                           own[1], s.start_time, own[2], names, sum(a.cpus for a in held),
                           sum(len(a.gpus) for a in held), s.ntasks, run, step=True))
     return out

@@ -8,7 +8,7 @@ import click
 
 from air.aircli.client import CliError, entry
 from air.aircli.options import (FLAG_KINDS, OPTIONS, OptionError, export_environment, from_environment,
-                            parse_directives, resolve_tasks)
+                                merge_het, parse_directives, resolve_tasks)
 
 SUBMIT_LINE_CHARS = 4096   # as airctld keeps it (validate.MAX_SUBMIT_LINE)
 
@@ -79,6 +79,9 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
             raise CliError("give a script or --wrap, not both")
         text = f"#!/bin/sh\n{wrap}\n"
         name_default = "wrap"
+    elif script == ":":
+        raise CliError("the components of a heterogeneous job go in the script, between #SBATCH hetjob lines; "
+                       "':' on the command line is not supported")
     elif script:
         text = _read_script(script)
         name_default = os.path.basename(script)
@@ -90,8 +93,13 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
     except OptionError as e:
         raise CliError(f"{script or '--wrap'}: {e}") from None
     values.update(_cli_values(kwargs))
+    components = values.pop("het", None)   # a heterogeneous job: the command line's options are the first's
+    het: list[tuple[str, int]] = []
     try:
-        values = resolve_tasks(values)
+        if components:
+            values, het = merge_het([values, *components[1:]])
+        else:
+            values = resolve_tasks(values)
     except OptionError as e:
         raise CliError(str(e)) from None
     try:
@@ -120,7 +128,9 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         wckey=values.get("wckey", ""), mail_type=values.get("mail_type", ""), mail_user=values.get("mail_user", ""),
         open_truncate=values.get("open_mode") == "truncate", nodelist=values.get("nodelist", []),
         exclude=values.get("exclude", []), constraint=values.get("constraint", ""),
-        exclusive=bool(values.get("exclusive")))
+        exclusive=bool(values.get("exclusive")),
+        het=[pb.HetComponent(name=name or f"{values.get('name') or name_default}+{i}", nodes=nodes)
+             for i, (name, nodes) in enumerate(het)])
     if "switches" in values:
         req.switches, req.switches_wait_s = values["switches"]
     if "signal" in values:

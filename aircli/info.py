@@ -15,8 +15,9 @@ from air.aircli.client import entry
 @click.option("-o", "--format", "fmt", help="sinfo-style %-field format")
 @click.option("--json", "as_json", is_flag=True, help="JSON for programs")
 @click.option("-p", "--partition", "partitions", help="only these partitions (comma-separated)")
+@click.option("--noconvert", is_flag=True, help="accepted: memory is shown in megabytes already")
 @click.option("--config", hidden=True)
-def command(per_node, noheader, fmt, as_json, partitions, config):
+def command(per_node, noheader, fmt, as_json, partitions, noconvert, config):
     from air.aircli import formats
     from air.protos import squeue
     from air.aircli.client import Client

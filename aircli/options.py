@@ -9,7 +9,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from air.protos.limits import MAX_CONSTRAINT_CHARS, MAX_NODE_NAMES
+from air.protos.limits import MAX_CONSTRAINT_CHARS, MAX_HET_COMPONENTS, MAX_NODE_NAMES
 from air.protos.timefmt import parse_duration
 
 
@@ -293,9 +293,15 @@ def parse_tokens(tokens: list[str]) -> dict[str, object]:
     return values
 
 
+HET_SEPARATORS = ("hetjob", "packjob")   # a line of its own between the components of a heterogeneous job
+
+
 def parse_directives(script: str) -> dict[str, object]:
-    """Options from the #AIR and #SBATCH lines at the top of a script, before its first command."""
+    """Options from the #AIR and #SBATCH lines at the top of a script, before its first command. With
+    `#SBATCH hetjob` lines (a heterogeneous job), the first component's options, and under "het" the
+    options of every component in order."""
     values: dict[str, object] = {}
+    components = [values]
     for number, line in enumerate(script.splitlines(), start=1):
         stripped = line.strip()
         if number == 1 and stripped.startswith("#!"):
@@ -307,10 +313,53 @@ def parse_directives(script: str) -> dict[str, object]:
         body = DIRECTIVE.sub("", stripped, count=1)
         try:
             tokens = shlex.split(body, comments=True)
+            if tokens in ([word] for word in HET_SEPARATORS):
+                if len(components) >= MAX_HET_COMPONENTS:
+                    raise OptionError(f"more than {MAX_HET_COMPONENTS} components")
+                values = {}
+                components.append(values)
+                continue
             values.update(parse_tokens(tokens))
         except (OptionError, ValueError) as e:
             raise OptionError(f"line {number}: {e}: {stripped}") from None
+    if len(components) > 1:
+        return {**components[0], "het": components}
     return values
+
+
+# Options a heterogeneous job has once, for all its components: a later component may repeat the
+# first's value, not change it (AIR runs the components as one job)
+HET_SHARED = ("partition", "account", "qos", "time", "dependency", "array", "begin", "output", "error",
+              "chdir", "export", "hold", "nice", "requeue", "no_requeue", "retries", "signal", "open_mode",
+              "comment", "wckey", "mail_type", "mail_user", "hang_timeout", "wait", "switches", "exclusive")
+# Per-node needs: the job gets the largest component's on every node
+HET_LARGEST = ("gpus_per_node", "ntasks_per_node", "cpus_per_task", "mem", "mem_per_gpu")
+
+
+def merge_het(components: list[dict[str, object]]) -> tuple[dict[str, object], list[tuple[str, int]]]:
+    """A heterogeneous job's components (each as parse_directives gives it, already merged with the
+    command line's options for the first) as AIR runs them: one job on the components' nodes in all,
+    with the largest component's needs on every node; and each component's (name, nodes)."""
+    if any(c.get("nodelist") for c in components):
+        raise OptionError("-w is not supported for a heterogeneous job in AIR (its components' nodes are "
+                          "chosen together)")
+    resolved = [resolve_tasks(c) for c in components]
+    merged = dict(resolved[0])
+    sizes = []
+    for index, comp in enumerate(resolved):
+        if index and (comp.get("exclude") or comp.get("constraint")):
+            raise OptionError(f"component {index}: -x and -C apply to a heterogeneous job as a whole in "
+                              "AIR: give them in the first component")
+        for key in HET_SHARED:
+            if index and key in comp and comp[key] != resolved[0].get(key):
+                raise OptionError(f"component {index}: --{key.replace('_', '-')} differs from the first "
+                                  "component's; AIR runs a heterogeneous job as one job, with one value")
+        for key in HET_LARGEST:
+            if key in comp:
+                merged[key] = max(merged.get(key, 0), comp[key])
+        sizes.append((str(comp.get("name") or ""), int(comp.get("nodes", 1))))
+    merged["nodes"] = sum(n for _, n in sizes)
+    return merged, sizes
 
 
 def from_environment(env: dict[str, str]) -> dict[str, object]:

@@ -12,12 +12,34 @@ import time
 import click
 
 from air.aircli.client import CliError, entry
-from air.aircli.options import OptionError, parse_hostlist
+from air.aircli.options import OptionError, export_environment, parse_hostlist
 from air.protos.outputs import substitute
 from air.protos.states import ExitCode
 
 
-@click.command(context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]})
+class _Command(click.Command):
+    """srun's command line: `--kill-on-bad-exit[=0|1]` and `-K[0|1]` as Slurm writes them (a flag here),
+    and the words as given, for a heterogeneous step (hetstep)."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["argv"] = list(args)
+        takes_value = {name for p in self.params if isinstance(p, click.Option) and not p.is_flag
+                       for name in p.opts}
+        args, i = list(args), 0
+        while i < len(args) and args[i].startswith("-") and args[i] not in ("-", "--"):
+            word = args[i]
+            if word in ("--kill-on-bad-exit=1", "-K", "-K1"):
+                args[i] = "--kill-on-bad-exit"
+            elif word in ("--kill-on-bad-exit=0", "-K0"):
+                args[i] = "--no-kill-on-bad-exit"
+            elif word in takes_value:
+                i += 1
+            i += 1
+        return super().parse_args(ctx, args)
+
+
+@click.command(cls=_Command,
+               context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]})
 @click.option("-N", "--nodes", type=click.IntRange(1), help="run on the job's first N nodes")
 @click.option("--ntasks-per-node", type=click.IntRange(1), help="ranks on each node (default: one per GPU)")
 @click.option("-w", "--nodelist", help="run on these nodes of the job (hostlist)")
@@ -31,6 +53,11 @@ from air.protos.states import ExitCode
               "%n node index, %A %a array, %u user, %x job name), appended")
 @click.option("-e", "--error", "error", help="each rank's stderr to this file (default: with --output)")
 @click.option("-u", "--unbuffered", is_flag=True, help="accepted: output is passed on line by line anyway")
+@click.option("--het-group", type=click.IntRange(0),
+              help="in a heterogeneous job: run on this component's nodes (default: the first's)")
+@click.option("--export", "export", help="the ranks' environment: ALL (default), NONE, or [ALL,]VAR[=value],...")
+@click.option("-W", "--wait", "wait_s", type=click.IntRange(0),
+              help="accepted: the step waits for every rank (srun's --wait=0)")
 @click.option("--open-mode", type=click.Choice(["append", "truncate"]), envvar="AIRRUN_OPEN_MODE",
               help="for --output/--error files (default: the job's, $SLURM_OPEN_MODE)")
 @click.option("--config", hidden=True)
@@ -47,11 +74,22 @@ from air.protos.states import ExitCode
 @click.argument("command", nargs=-1, required=True)
 @click.pass_context
 def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on_bad_exit, jobid, ntasks, output,
-            error, unbuffered, open_mode, config, partition, time_limit, account, qos, job_name, gpus_per_node,
-            cpus_per_task, exclude, constraint, exclusive, command):
+            error, unbuffered, het_group, export, wait_s, open_mode, config, partition, time_limit, account, qos, job_name,
+            gpus_per_node, cpus_per_task, exclude, constraint, exclusive, command):
     import hostlist
     from air.aircli.client import Client
     from air.protos import air_pb2 as pb
+    from air.aircli import hetstep
+    if hetstep.SEPARATOR in command:   # `srun A : B`: a heterogeneous job's components, each its own step
+        sys.exit(hetstep.run(ctx.command, ctx.info_name, ctx.meta["argv"]))
+    try:
+        environment = export_environment(export, dict(os.environ)) if export else dict(os.environ)
+    except OptionError as e:
+        raise CliError(str(e)) from None
+    if os.environ.get("SLURM_HET_SIZE") and (het_group is not None or not (nodelist or nodes)):
+        if nodelist:
+            raise CliError("give -w or --het-group, not both")
+        nodelist = hetstep.group_nodes(het_group or 0, dict(os.environ))   # (as srun: the first by default)
     job_id = jobid or int(os.environ.get("AIR_JOB_ID", "0") or 0)
     try:
         names = hostlist.expand_hostlist(nodelist) if nodelist else []
@@ -95,7 +133,7 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
     renewing = _Renewing(client, allocation) if allocation else None
     try:
         code, interrupted = _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label,
-                                  kill_on_bad_exit, output, error, open_mode, command, bool(allocation))
+                                  kill_on_bad_exit, output, error, open_mode, command, bool(allocation), environment)
     finally:
         if allocation:
             _release(client, allocation, code, interrupted, ctx.info_name)
@@ -243,7 +281,7 @@ def _release(client, job_id: int, code: int, interrupted: bool, prog: str) -> No
 
 
 def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, kill_on_bad_exit, output, error,
-          open_mode, command, own_allocation: bool) -> tuple[int, bool]:
+          open_mode, command, own_allocation: bool, environment: dict[str, str]) -> tuple[int, bool]:
     """Run the step in job `job_id`, its ranks' output passed on; the step's exit code, and whether
     airrun was interrupted."""
     import grpc
@@ -251,7 +289,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
     from air.protos import air_pb2_grpc as rpc
     from air.protos.credential import signed
     spec = pb.StepSpec(job_id=job_id, nodes=nodes or 0, nodelist=names, ntasks_per_node=ntasks_per_node or 0,
-                       gpus_per_task=gpus_per_task or 0, argv=list(command), environment=dict(os.environ),
+                       gpus_per_task=gpus_per_task or 0, argv=list(command), environment=environment,
                        workdir=os.getcwd())
     step = client.create_step(spec)
     if open_mode is None:

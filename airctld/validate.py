@@ -10,7 +10,7 @@ import re
 from air.protos.config import ControllerConfig
 from air.airctld.errors import InvalidRequest
 from air.protos import air_pb2 as pb
-from air.protos.limits import MAX_CONSTRAINT_CHARS, MAX_NODE_NAMES
+from air.protos.limits import MAX_CONSTRAINT_CHARS, MAX_HET_COMPONENTS, MAX_NODE_NAMES
 
 MAX_PATH = 4096
 MAX_DEPENDENCY_CHARS = 64 * 1024
@@ -68,6 +68,8 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
         if len(names) > MAX_NODE_NAMES or any(len(n) > longest or not _NODE_NAME.fullmatch(n) for n in names):
             raise InvalidRequest(f"{flag}: at most {MAX_NODE_NAMES} node names of at most {longest} characters, "
                                  "without spaces")
+    if req.het:
+        _check_het(req, longest)
     if len(req.submit_line) > MAX_SUBMIT_LINE or "\0" in req.submit_line:
         raise InvalidRequest(f"submit line of {len(req.submit_line)} characters; the limit is {MAX_SUBMIT_LINE}, "
                              "without NUL")
@@ -85,6 +87,23 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
         raise InvalidRequest(f"environment variable name {bad[:40]!r} is not valid")
     if any("\0" in v for v in req.environment.values()) or any("\0" in a for a in req.argv):
         raise InvalidRequest("a script argument or an environment value contains a NUL byte")
+
+
+def _check_het(req: pb.JobRequest, longest: int) -> None:
+    """A heterogeneous job: its components' sizes make up its nodes, and it is none of what AIR cannot
+    also make heterogeneous (an array, airrun's own allocation, a -w list)."""
+    if not 2 <= len(req.het) <= MAX_HET_COMPONENTS:
+        raise InvalidRequest(f"a heterogeneous job has 2 to {MAX_HET_COMPONENTS} components, not {len(req.het)}")
+    if any(c.nodes < 1 for c in req.het) or sum(c.nodes for c in req.het) != max(req.nodes, 1):
+        raise InvalidRequest(f"the components of a heterogeneous job ask for {sum(c.nodes for c in req.het)} nodes "
+                             f"in all, each at least 1; the job for {max(req.nodes, 1)}")
+    for c in req.het:
+        if len(c.name) > longest or any(ch < " " for ch in c.name):
+            raise InvalidRequest(f"component name {c.name[:40]!r}: at most {longest} printable characters "
+                                 "(max_name_chars)")
+    if req.array or req.allocation or req.nodelist:
+        raise InvalidRequest("a heterogeneous job cannot be an array, an allocation of airrun's, or name its "
+                             "nodes with -w")
 
 
 def check_step(spec: pb.StepSpec, cc: ControllerConfig, job_nodes: int) -> None:

@@ -20,7 +20,7 @@ from typing import Callable
 import hostlist
 import psutil
 
-from air.protos import arrays
+from air.protos import arrays, hetjob
 from air.airnoded import fence, jobfiles, progress, shepherding
 from air.airnoded.cgroups import JobCgroups
 from air.airnoded.procs import as_owner, killpg
@@ -128,6 +128,7 @@ def slurm_job_environment(job: pb.Job, here: pb.NodeAlloc | None, cluster: str) 
                        ("SLURM_SUBMIT_HOST", req.submit_host), ("SLURM_CLUSTER_NAME", cluster)):
         if value:
             env[key] = value
+    env.update(het_environment(job))
     if job.array_job_id and req.array:
         try:
             tasks, _ = arrays.parse(req.array)
@@ -138,6 +139,22 @@ def slurm_job_environment(job: pb.Job, here: pb.NodeAlloc | None, cluster: str) 
             env.update({"SLURM_ARRAY_TASK_COUNT": str(len(tasks)), "SLURM_ARRAY_TASK_MIN": str(tasks[0]),
                         "SLURM_ARRAY_TASK_MAX": str(tasks[-1]),
                         "SLURM_ARRAY_TASK_STEP": str(steps.pop() if len(steps) == 1 else 1)})
+    return env
+
+
+def het_environment(job: pb.Job) -> dict[str, str]:
+    """A heterogeneous job's groups, as sbatch sets them: group i is the next nodes of the allocation
+    (the batch node's first), as many as component i asked for."""
+    env: dict[str, str] = {}
+    if not job.request.het:
+        return env
+    env["SLURM_HET_SIZE"] = str(len(job.request.het))
+    for i, (component, group) in enumerate(hetjob.groups(job.request, [a.node for a in job.allocation])):
+        listed = hostlist.collect_hostlist(group)
+        env.update({f"SLURM_JOB_NODELIST_HET_GROUP_{i}": listed, f"SLURM_NODELIST_HET_GROUP_{i}": listed,
+                    f"SLURM_JOB_NUM_NODES_HET_GROUP_{i}": str(len(group)),
+                    f"SLURM_NNODES_HET_GROUP_{i}": str(len(group)),
+                    f"SLURM_JOB_NAME_HET_GROUP_{i}": component.name})
     return env
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 MIB = 1024 * 1024
 MAX_CONSTRAINT_CHARS = 1024   # one --constraint
 MAX_NODE_NAMES = 65536        # one -w or -x
+MAX_HET_COMPONENTS = 128      # components of one heterogeneous job (#SBATCH hetjob)
 
 
 def memory_limit_bytes(mem_per_node_mb: int, mem_per_gpu_mb: int, gpus_here: int) -> int:

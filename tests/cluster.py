@@ -55,6 +55,13 @@ class Block:
             self._sock = None
 
 
+def free_port() -> int:
+    """A TCP port free on this host now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while True:
@@ -215,6 +222,12 @@ class LocalCluster:
         if check and proc.returncode != 0:
             raise AssertionError(f"{tool} {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc
+
+    def slurm_commands(self, folder: Path) -> dict:
+        """Slurm's command names installed into `folder`; an environment with them first on PATH."""
+        folder.mkdir(exist_ok=True)
+        self.cli("aircontrol", "slurm-commands", "install", "--dir", str(folder))
+        return dict(os.environ, AIR_CONF=str(self.config), PATH=f"{folder}:{BIN}:{os.environ.get('PATH', '')}")
 
     def write_script(self, name: str, text: str, mode: int = 0o644) -> Path:
         path = self.work / name

@@ -51,6 +51,20 @@ def test_what_sbatch_sets_for_tasks_accounts_and_arrays():
         "SLURM_ARRAY_TASK_STEP": "4", "SLURM_OPEN_MODE": "a"}
 
 
+def test_a_heterogeneous_jobs_groups_are_the_next_nodes_of_its_allocation_each():
+    job = _job()
+    job.request.het.extend([pb.HetComponent(name="head", nodes=1), pb.HetComponent(name="workers", nodes=2)])
+    env = job_environment(job, "node03")
+    assert {k: v for k, v in env.items() if "HET" in k} == {
+        "SLURM_HET_SIZE": "2",
+        "SLURM_JOB_NODELIST_HET_GROUP_0": "node03", "SLURM_NODELIST_HET_GROUP_0": "node03",
+        "SLURM_JOB_NUM_NODES_HET_GROUP_0": "1", "SLURM_NNODES_HET_GROUP_0": "1", "SLURM_JOB_NAME_HET_GROUP_0": "head",
+        "SLURM_JOB_NODELIST_HET_GROUP_1": "node[04-05]", "SLURM_NODELIST_HET_GROUP_1": "node[04-05]",
+        "SLURM_JOB_NUM_NODES_HET_GROUP_1": "2", "SLURM_NNODES_HET_GROUP_1": "2",
+        "SLURM_JOB_NAME_HET_GROUP_1": "workers"}
+    assert not any("HET" in k for k in job_environment(_job(), "node03"))
+
+
 def test_submitter_cannot_override_the_job_variables():
     job = _job()
     job.request.environment["CUDA_VISIBLE_DEVICES"] = "0,1,2,3,4,5,6,7"

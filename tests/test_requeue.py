@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from cluster import wait_for
+from cluster import free_port, wait_for
 
 HERE = Path(__file__).resolve().parent
 
@@ -349,15 +349,10 @@ srun torchrun --nnodes 2 --nproc_per_node 2 --rdzv_id 101 --rdzv_backend c10d --
 
 
 def test_a_torchtitan_style_script_runs_unchanged_and_trains_with_gloo_ranks(cluster, tmp_path):
-    import socket
     bindir = tmp_path / "bin"
-    bindir.mkdir()
-    cluster.cli("aircontrol", "slurm-commands", "install", "--dir", str(bindir))
+    cluster.slurm_commands(bindir)
     (cluster.work / "titan_train.py").write_text(TITAN_TRAIN)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = cluster.write_script("titan.slurm", TITAN_SCRIPT.replace("PORT", str(port)))
+    script = cluster.write_script("titan.slurm", TITAN_SCRIPT.replace("PORT", str(free_port())))
     torchrun = Path(sys.executable).parent / "torchrun"
     job_id = cluster.submit(script, env={"PATH": f"{bindir}:{torchrun.parent}:{os.environ['PATH']}"})
     job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=180)

@@ -17,6 +17,7 @@ def _req(**kw):
 
 def test_good_request_passes():
     check_request(_req(environment={"A": "1"}, argv=["x"]), CC)
+    check_request(_req(nodes=3, het=[pb.HetComponent(name="a", nodes=1), pb.HetComponent(name="b", nodes=2)]), CC)
 
 
 @pytest.mark.parametrize("kw,message", [
@@ -32,6 +33,15 @@ def test_good_request_passes():
     (dict(environment={"BIG": "x" * 200}), "the environment is 205 bytes; the limit is 100"),
     (dict(environment={"1BAD": "x"}), "environment variable name '1BAD' is not valid"),
     (dict(argv=["a"] * 2000), "2000 script arguments; the limit is 1024"),
+    (dict(nodes=3, het=[pb.HetComponent(name="a", nodes=1), pb.HetComponent(name="b", nodes=1)]),
+     "ask for 2 nodes in all, each at least 1; the job for 3"),
+    (dict(nodes=1, het=[pb.HetComponent(name="a", nodes=1), pb.HetComponent(name="b", nodes=0)]),
+     "ask for 1 nodes in all, each at least 1"),
+    (dict(nodes=1, het=[pb.HetComponent(name="a", nodes=1)]), "has 2 to 128 components, not 1"),
+    (dict(nodes=2, het=[pb.HetComponent(name="a" * 300, nodes=1), pb.HetComponent(nodes=1)]),
+     "component name 'aaaa"),
+    (dict(nodes=2, array="0-3", het=[pb.HetComponent(nodes=1), pb.HetComponent(nodes=1)]),
+     "a heterogeneous job cannot be an array"),
 ])
 def test_limits_name_field_and_bound(kw, message):
     with pytest.raises(InvalidRequest, match=message.replace("(", r"\(")):
