@@ -111,6 +111,7 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         raise CliError(f"--chdir: {workdir} is not a directory")
 
     from air.protos import air_pb2 as pb
+    from air.protos import rlimits
     from air.aircli.client import Client
     req = pb.JobRequest(
         name=values.get("name") or name_default, script=text, argv=list(args),
@@ -130,7 +131,8 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         exclude=values.get("exclude", []), constraint=values.get("constraint", ""),
         exclusive=bool(values.get("exclusive")),
         het=[pb.HetComponent(name=name or f"{values.get('name') or name_default}+{i}", nodes=nodes)
-             for i, (name, nodes) in enumerate(het)])
+             for i, (name, nodes) in enumerate(het)],
+        rlimits=rlimits.capture())
     if "switches" in values:
         req.switches, req.switches_wait_s = values["switches"]
     if "signal" in values:

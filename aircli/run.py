@@ -287,9 +287,11 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
     import grpc
     from air.protos import air_pb2 as pb
     from air.protos import air_pb2_grpc as rpc
+    from air.protos import rlimits
     from air.protos.credential import signed
     spec = pb.StepSpec(job_id=job_id, nodes=nodes or 0, nodelist=names, ntasks_per_node=ntasks_per_node or 0,
                        gpus_per_task=gpus_per_task or 0, argv=list(command), environment=environment,
+                       rlimits=rlimits.capture(),
                        workdir=os.getcwd())
     step = client.create_step(spec)
     if open_mode is None:

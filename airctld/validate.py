@@ -10,6 +10,7 @@ import re
 from air.protos.config import ControllerConfig
 from air.airctld.errors import InvalidRequest
 from air.protos import air_pb2 as pb
+from air.protos import rlimits
 from air.protos.limits import MAX_CONSTRAINT_CHARS, MAX_HET_COMPONENTS, MAX_NODE_NAMES
 
 MAX_PATH = 4096
@@ -70,6 +71,7 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
                                  "without spaces")
     if req.het:
         _check_het(req, longest)
+    _check_limits(req.rlimits)
     if len(req.submit_line) > MAX_SUBMIT_LINE or "\0" in req.submit_line:
         raise InvalidRequest(f"submit line of {len(req.submit_line)} characters; the limit is {MAX_SUBMIT_LINE}, "
                              "without NUL")
@@ -87,6 +89,17 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
         raise InvalidRequest(f"environment variable name {bad[:40]!r} is not valid")
     if any("\0" in v for v in req.environment.values()) or any("\0" in a for a in req.argv):
         raise InvalidRequest("a script argument or an environment value contains a NUL byte")
+
+
+def _check_limits(limits) -> None:
+    """Resource limits by their names, each a count, or -1 (unlimited)."""
+    try:
+        rlimits.check(limits, "resource limits")
+    except ValueError as e:
+        raise InvalidRequest(str(e)) from None
+    bad = next((name for name, value in limits.items() if value < rlimits.UNLIMITED), None)
+    if bad is not None:
+        raise InvalidRequest(f"resource limit {bad} = {limits[bad]}: a count, or -1 (unlimited)")
 
 
 def _check_het(req: pb.JobRequest, longest: int) -> None:
@@ -129,6 +142,7 @@ def check_step(spec: pb.StepSpec, cc: ControllerConfig, job_nodes: int) -> None:
         raise InvalidRequest(f"environment variable {bad[:40]!r} of the step is not valid (a bad name, or NUL)")
     if len(spec.workdir) > MAX_PATH or "\0" in spec.workdir:
         raise InvalidRequest(f"the step's working directory: a path of at most {MAX_PATH} characters, without NUL")
+    _check_limits(spec.rlimits)
 
 
 def filtered_environment(env, dropped: tuple[str, ...]) -> dict[str, str]:

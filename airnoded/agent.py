@@ -1,6 +1,7 @@
 """The node daemon's conversation with airctld: register, heartbeat, report exits, obey kills."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -21,7 +22,7 @@ from air.airnoded.metrics import NodeMetrics
 from air.airnoded.shepherd import boot_id
 from air.airnoded.steps import StepError, StepLimit, StepRunner, Stopping
 from air.protos import air_pb2 as pb
-from air.protos import signals
+from air.protos import rlimits, signals
 from air.protos import air_pb2_grpc as rpc
 from air.protos.credential import signed
 
@@ -48,10 +49,13 @@ class Agent:
                                   gpu_minors=gpus.device_minors())
         cc = config.controller
         self.kill_watch = KillWatch(cc.unkillable_timeout_s)
+        limits = functools.partial(rlimits.to_apply, propagate=cc.propagate_rlimits,
+                                   excepted=cc.propagate_rlimits_except)
         self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups, cc.cluster_name,
-                                 on_kill=self.kill_watch.killed)
+                                 on_kill=self.kill_watch.killed, limits=limits)
         self.steps = StepRunner(node.name, node.address, self.cgroups, node.spool, cc.max_tasks_per_node,
-                                cc.max_steps_per_user, on_idle=self.remove_job_dir, on_kill=self.kill_watch.killed)
+                                cc.max_steps_per_user, on_idle=self.remove_job_dir, on_kill=self.kill_watch.killed,
+                                limits=limits)
         self.progress = progress.ProgressReader(node.spool, cc.max_report_bytes)
         self.beat_failures = 0   # beats that failed with an error of this daemon's own (logged, counted)
         self._lease_file = fence.Lease(node.spool)   # what the fence keeper reads (an earlier daemon's, if any)

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import hostlist
 import psutil
@@ -178,8 +178,10 @@ ExitCallback = Callable[[pb.JobExit], None]
 
 class Launcher:
     def __init__(self, node: str, spool: Path, on_exit: ExitCallback, cgroups: JobCgroups | None = None,
-                 cluster: str = "", on_kill: Callable[[tuple[int, int]], None] = lambda key: None):
+                 cluster: str = "", on_kill: Callable[[tuple[int, int]], None] = lambda key: None,
+                 limits: Callable[[Mapping[str, int]], list[list[int]]] = lambda wanted: []):
         self.node = node
+        self.limits = limits     # the submitter's resource limits -> those to set (config's propagation)
         self.on_kill = on_kill   # told of every run sent SIGKILL (the kill watch)
         self.cluster = cluster
         self.spool = spool
@@ -273,7 +275,8 @@ class Launcher:
         try:
             herd = shepherding.spawn(jobdir, BATCH, [Child(argv, env, status_w, status_w)],
                                      None if same_user else job.uid, job.gid,
-                                     list(kwargs.get("extra_groups", [job.gid])), group, spawner=self.spawner)
+                                     list(kwargs.get("extra_groups", [job.gid])), group, spawner=self.spawner,
+                                     rlimits=self.limits(req.rlimits))
         except BaseException:
             os.close(status_r)
             raise

@@ -33,6 +33,7 @@ owner's groups, gid and uid, default signal dispositions, standard input from /d
 """
 import json
 import os
+import resource
 import signal
 import sys
 
@@ -88,6 +89,7 @@ def child(spec, one, null):
             except OSError as e:
                 os.write(one["stderr"], ("cannot enter the job's cgroup: %s\n" % e.strerror).encode())
                 os._exit(NO_CGROUP)
+        set_limits(spec.get("rlimits") or ())
         os.dup2(null, 0)
         os.dup2(one["stdout"], 1)
         os.dup2(one["stderr"], 2)
@@ -107,6 +109,19 @@ def child(spec, one, null):
         except Exception:
             pass
     os._exit(CANNOT_RUN)
+
+
+def set_limits(pairs):
+    """The job's soft resource limits ([kernel number, value], -1: unlimited), each at most the hard
+    limit in force here: a job gets less than the node allows, never more (protos/rlimits.py)."""
+    for number, soft in pairs:
+        try:
+            _, hard = resource.getrlimit(number)
+            if hard != resource.RLIM_INFINITY and (soft == resource.RLIM_INFINITY or soft > hard):
+                soft = hard
+            resource.setrlimit(number, (soft, hard))
+        except (ValueError, OSError, TypeError):
+            pass
 
 
 def shepherd(spec):

@@ -227,7 +227,8 @@ class Spawner:
 
 
 def spawn(folder: Path, tag: str, children: list[Child], uid: int | None, gid: int, groups: list[int],
-          cgroup: Path | None, holds: list[Path] = (), spawner: Spawner | None = None) -> Herd:
+          cgroup: Path | None, holds: list[Path] = (), spawner: Spawner | None = None,
+          rlimits: list[list[int]] = ()) -> Herd:
     """Start a shepherd for `children` (forked by the spawner, or a Python of its own without one)
     and wait until each has started (or failed to); the caller closes its own copies of the
     children's descriptors. uid None: run as the daemon's user."""
@@ -243,6 +244,7 @@ def spawn(folder: Path, tag: str, children: list[Child], uid: int | None, gid: i
             spec = {"folder": str(folder), "tag": tag, "events": write_end, "holds": [str(h) for h in holds],
                     "cgroup": str(cgroup) if cgroup else "", "uid": uid, "gid": gid, "groups": groups,
                     "cgroups": [str(g) for g in cgroups.joined(cgroup)] if cgroup else [],
+                    "rlimits": [list(pair) for pair in rlimits],
                     "children": [{"argv": c.argv, "env": c.env, "stdout": c.stdout, "stderr": c.stderr}
                                  for c in children]}
             try:

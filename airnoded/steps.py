@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 from air.airnoded import fence, jobfiles, progress, shepherding
 from air.airnoded.outbox import Outbox
@@ -65,8 +65,10 @@ class StepRunner:
     def __init__(self, node: str, address: str, cgroups: JobCgroups | None = None, spool: Path | None = None,
                  max_tasks_per_node: int = 512, max_streams_per_user: int = 16,
                  on_idle: Callable[[int, int], None] | None = None,
-                 on_kill: Callable[[RunKey], None] = lambda key: None):
+                 on_kill: Callable[[RunKey], None] = lambda key: None,
+                 limits: Callable[[Mapping[str, int]], list[list[int]]] = lambda wanted: []):
         self.node = node
+        self.limits = limits     # airrun's resource limits -> those to set on the ranks (config's propagation)
         self.on_kill = on_kill   # told of every run whose ranks are sent SIGKILL (the kill watch)
         self.address = address
         self.spool = spool
@@ -412,7 +414,8 @@ class _Stream:
                                           list(kwargs.get("extra_groups", [step.gid])),
                                           runner.run_group(step, index, folder),
                                           holds=[folder / f"{self.tag}.{i}.{s}" for i in range(len(children))
-                                                 for s in ("out", "err")], spawner=runner.spawner)
+                                                 for s in ("out", "err")], spawner=runner.spawner,
+                                          rlimits=runner.limits(step.spec.rlimits))
         except BaseException:
             for fd in ours:
                 os.close(fd)

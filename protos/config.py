@@ -16,6 +16,7 @@ from pathlib import Path
 
 import hostlist
 
+from air.protos import rlimits
 from air.protos.timefmt import parse_duration
 
 DEFAULT_PATH = "/etc/air/air.toml"
@@ -42,6 +43,9 @@ class ControllerConfig:
     fence_timeout_s: float = 0.0   # a node daemon that has not heard from airctld this long stops its jobs
     #                                (0: half of node_timeout_s); airctld restarts them elsewhere only later
     kill_wait_s: float = 30.0
+    propagate_rlimits: tuple = ("ALL",)          # the submitter's resource limits a job gets (Slurm's
+    #                                              PropagateResourceLimits): ALL, NONE, or names (NOFILE, ...)
+    propagate_rlimits_except: tuple = ("MEMLOCK",)   # ... but these (RDMA needs the node's MEMLOCK)
     unkillable_timeout_s: float = 60.0   # a run whose processes outlive SIGKILL this long is given up and its
     #                                      node drained ("Kill task failed"; Slurm's UnkillableStepTimeout); 0: never
     inactive_limit_s: float = 60.0   # airrun's own allocation ends when airrun has not renewed it this long
@@ -272,6 +276,11 @@ def parse(data: dict) -> Config:
     if not 0 <= controller.inactive_limit_s < float("inf") or 0 < controller.inactive_limit_s < 3:
         raise ConfigError(f"[controller] inactive_limit_s = {controller.inactive_limit_s!r}: 0 (never), or at "
                           "least 3 s, over which airrun renews its allocation")
+    for key in ("propagate_rlimits", "propagate_rlimits_except"):
+        try:
+            rlimits.check([n for n in getattr(controller, key) if n not in ("ALL", "NONE")], f"[controller] {key}")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if not 0 <= controller.unkillable_timeout_s < float("inf"):
         raise ConfigError(f"[controller] unkillable_timeout_s = {controller.unkillable_timeout_s!r}: 0 (never), or "
                           "the seconds after SIGKILL at which a run that will not die is given up")

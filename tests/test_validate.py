@@ -42,6 +42,8 @@ def test_good_request_passes():
      "component name 'aaaa"),
     (dict(nodes=2, array="0-3", het=[pb.HetComponent(nodes=1), pb.HetComponent(nodes=1)]),
      "a heterogeneous job cannot be an array"),
+    (dict(rlimits={"NOFILE": 10, "LOCKS": 5}), "'LOCKS' is not a limit"),
+    (dict(rlimits={"CORE": -2}), "resource limit CORE = -2: a count, or -1"),
 ])
 def test_limits_name_field_and_bound(kw, message):
     with pytest.raises(InvalidRequest, match=message.replace("(", r"\(")):
