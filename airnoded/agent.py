@@ -55,7 +55,7 @@ class Agent:
                                  on_kill=self.kill_watch.killed, limits=limits)
         self.steps = StepRunner(node.name, node.address, self.cgroups, node.spool, cc.max_tasks_per_node,
                                 cc.max_steps_per_user, on_idle=self.remove_job_dir, on_kill=self.kill_watch.killed,
-                                limits=limits)
+                                limits=limits, batch_here=self.launcher.has_run)
         self.progress = progress.ProgressReader(node.spool, cc.max_report_bytes)
         self.beat_failures = 0   # beats that failed with an error of this daemon's own (logged, counted)
         self._lease_file = fence.Lease(node.spool)   # what the fence keeper reads (an earlier daemon's, if any)

@@ -209,6 +209,11 @@ class Launcher:
         with self._lock:
             return list(self.jobs) + [key for key in self._starting if key not in self.jobs]
 
+    def has_run(self, job_id: int, run: int) -> bool:
+        """Whether this run's batch script runs here, or is being started."""
+        with self._lock:
+            return (job_id, run) in self.jobs or (job_id, run) in self._starting
+
     def launch(self, job: pb.Job) -> None:
         """Start the batch script of this run of the job; a failure to start is reported as the run's
         exit. A run older than one seen here is refused (StaleRun); an older run still here is killed."""

@@ -66,8 +66,10 @@ class StepRunner:
                  max_tasks_per_node: int = 512, max_streams_per_user: int = 16,
                  on_idle: Callable[[int, int], None] | None = None,
                  on_kill: Callable[[RunKey], None] = lambda key: None,
-                 limits: Callable[[Mapping[str, int]], list[list[int]]] = lambda wanted: []):
+                 limits: Callable[[Mapping[str, int]], list[list[int]]] = lambda wanted: [],
+                 batch_here: Callable[[int, int], bool] = lambda job_id, run: False):
         self.node = node
+        self.batch_here = batch_here   # whether this run's batch script runs here, or is being started
         self.limits = limits     # airrun's resource limits -> those to set on the ranks (config's propagation)
         self.on_kill = on_kill   # told of every run whose ranks are sent SIGKILL (the kill watch)
         self.address = address
@@ -161,9 +163,13 @@ class StepRunner:
         if not self.cgroups.enabled:
             return None
         key = (step.job_id, step.run)
+        here = step.nodes[index]   # (an older controller does not say the job's GPUs here: none denied)
+        gpus = list(here.allocation.gpus) if here.HasField("allocation") else None
         recorded = fence.recorded_cgroup(folder)   # (by this daemon, or an earlier one: its path may differ)
-        if shepherding.BATCH in shepherding.tags(folder):
-            return recorded
+        if shepherding.BATCH in shepherding.tags(folder) or self.batch_here(*key):
+            # the batch script's, which the launcher makes and removes: a step that comes while the script
+            # is still being started makes it (the same group, with the same limits), never as its own
+            return recorded or self.cgroups.create(step.job_id, step.run, here.memory_limit_bytes, gpus)
         with self._group_lock(key):
             with self._lock:
                 group = self._own_groups.get(key)
@@ -173,9 +179,7 @@ class StepRunner:
                 with self._lock:
                     self._own_groups[key] = recorded
                 return recorded
-            here = step.nodes[index]   # (an older controller does not say the job's GPUs here: none denied)
-            group = self.cgroups.create(step.job_id, step.run, here.memory_limit_bytes,
-                                        list(here.allocation.gpus) if here.HasField("allocation") else None)
+            group = self.cgroups.create(step.job_id, step.run, here.memory_limit_bytes, gpus)
             jobfiles.write_root_file(folder, fence.CGROUP, str(group).encode(), 0o600)
             with self._lock:
                 self._own_groups[key] = group
@@ -190,6 +194,9 @@ class StepRunner:
                 if self._streams.get(key):
                     return
                 group = self._own_groups.get(key)
+                if group is not None and self.batch_here(*key):   # a batch script started in it meanwhile:
+                    del self._own_groups[key]                     # the group is the script's now
+                    return
             if group is None:
                 return
             if self.cgroups.pids(group):

@@ -157,6 +157,36 @@ def test_a_steps_group_is_the_batch_scripts_where_it_runs_and_the_runs_own_elsew
     assert older in groups.leftovers()   # and a restarted daemon would find it to kill, were no run to own it
 
 
+def test_a_step_that_comes_while_the_batch_script_starts_never_takes_its_group_for_its_own(tmp_path):
+    """airrun's own allocation starts a step as soon as its job runs, which can reach the batch node
+    before the launcher has started (or even recorded) the script's group. The step joins that group and
+    its end must never kill what is in it (the script: the job would end FAILED)."""
+    from air.airnoded.steps import StepRunner
+    from air.protos import air_pb2 as pb
+    root = tmp_path / "cg"
+    root.mkdir()
+    groups = JobCgroups("n1", root=root, mode="v1", spool=tmp_path / "spool")
+    batches: set = set()
+    runner = StepRunner("n1", "127.0.0.1", groups, batch_here=lambda job_id, run: (job_id, run) in batches)
+    folder = tmp_path / "job9.0"
+    folder.mkdir()
+    step = pb.Step(job_id=9, run=0, nodes=[pb.StepNode(node="n1", memory_limit_bytes=64 << 20)])
+    batches.add((9, 0))   # being started: no shepherd tag, no record yet
+    group = runner.run_group(step, 0, folder)
+    assert group == groups.run_path(9, 0) and group.is_dir() and (9, 0) not in runner._own_groups
+    runner._end_group((9, 0))
+    assert group.is_dir()
+    # the other order: the step made the run's group first, then the script started in it
+    batches.clear()
+    other = tmp_path / "job10.0"
+    other.mkdir()
+    own = runner.run_group(pb.Step(job_id=10, run=0, nodes=[pb.StepNode(node="n1")]), 0, other)
+    assert (10, 0) in runner._own_groups
+    batches.add((10, 0))
+    runner._end_group((10, 0))
+    assert own.is_dir() and (10, 0) not in runner._own_groups   # left to the script's launcher
+
+
 def _gone(pid: int) -> bool:
     """The process has ended (reaped or a zombie), also when it ends while we look."""
     try:
