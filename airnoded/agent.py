@@ -32,6 +32,14 @@ CALL_TIMEOUT_S = 5.0
 FENCE_CHECK_S = 0.25   # how often the lease is looked at
 
 
+def _state(pid: int) -> str | None:
+    """A process's state (psutil's), None once it is gone."""
+    try:
+        return psutil.Process(pid).status()
+    except psutil.Error:
+        return None
+
+
 def lease_clock() -> float:
     """Seconds that also run while the host or the daemon is suspended (CLOCK_BOOTTIME)."""
     return time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -127,9 +135,9 @@ class Agent:
         for job_id, run in runs:
             fence.mark_fenced(jobfiles.job_dir(self.node.spool, job_id, run))
             self.launcher.fence_run(job_id, run, kill_in)
-            self.steps.signal(job_id, run, signal.SIGTERM if kill_in else signal.SIGKILL)
+            self.steps.signal(job_id, run, signal.SIGTERM if kill_in else 0)
             if kill_in:
-                threading.Timer(kill_in, self.steps.signal, (job_id, run, signal.SIGKILL)).start()
+                threading.Timer(kill_in, self.steps.signal, (job_id, run, 0)).start()
         self._health_event(pb.HealthEvent(gpu=-1, signal=signals.FENCED, time=time.time(), message=(
             f"no word from the controller for {silent:.1f} s: stopped runs {', '.join(f'{j}.{r}' for j, r in runs)}")))
 
@@ -162,10 +170,10 @@ class Agent:
             self._wake.clear()
 
     def _beat(self) -> None:
+        runs = self._runs_here()   # first: a run given up now goes with its end and its drain
         with self._lock:
             exits = list(self._exits.values())
             health = list(self._health)
-        runs = self._runs_here()
         began = lease_clock()
         self._seq += 1
         reply = self._registry.Heartbeat(
@@ -200,24 +208,33 @@ class Agent:
         for stale in reply.stale:
             log.warning("job %d: run %d is not the job's current run; killing it", stale.job_id, stale.run)
             self.launcher.kill_run(stale.job_id, stale.run)
-            self.steps.signal(stale.job_id, stale.run, signal.SIGKILL)
+            self.steps.signal(stale.job_id, stale.run, 0)
         self._renew(began)   # only an answer from a controller that knows this node up, once stale runs are killed
 
     def _runs_here(self) -> list[tuple[int, int]]:
         """The runs a heartbeat reports: started or starting here, less those given up after SIGKILL."""
         alive = set(self.launcher.runs_here()) | set(self.steps.runs())
         for key in self.kill_watch.due(alive):
-            self._give_up(*key)
+            self._maybe_give_up(*key)
         return sorted(alive - self.kill_watch.given_up())
 
-    def _give_up(self, job_id: int, run: int) -> None:
-        """The run's processes outlive SIGKILL (uninterruptible sleep: a hung file system or driver). They
-        can run none of their own code again, so the run is reported ended, and the node drains: an
-        operator looks at what is stuck before resuming it (as Slurm's "Kill task failed")."""
-        what = f"processes of job {job_id} (run {run}) still alive {self.kill_watch.since((job_id, run)):.0f} s " \
-               "after SIGKILL"
+    def _maybe_give_up(self, job_id: int, run: int) -> None:
+        """A run the daemon is ending has outlived its SIGKILL by unkillable_timeout_s. Everything left of
+        it is killed again; if every process left is in uninterruptible sleep (a hung file system or
+        driver), none of them can run its own code again, so the run is reported ended and the node
+        drains: an operator looks at what is stuck before resuming it (as Slurm's "Kill task failed").
+        A process that is not (one forked past the kills) keeps the run: it is killed again next beat."""
+        left = self.launcher.kill_again(job_id, run) + self.steps.kill_again(job_id, run)
+        states = [_state(pid) for pid in set(left)]
+        if not left or any(s not in (psutil.STATUS_DISK_SLEEP, psutil.STATUS_ZOMBIE, None) for s in states):
+            return
+        what = f"processes of job {job_id} (run {run}) in uninterruptible sleep " \
+               f"{self.kill_watch.since((job_id, run)):.0f} s after SIGKILL"
+        if not self.launcher.abandon(job_id, run, f"{what} on {self.node.name} (Kill task failed): given up") \
+                and self.launcher.has_run(job_id, run):
+            return   # (its script has just ended: its watcher reports it)
+        self.kill_watch.give_up((job_id, run))
         log.error("%s: given up; draining %s", what, self.node.name)
-        self.launcher.abandon(job_id, run, f"{what} on {self.node.name} (Kill task failed): given up")
         self.metrics.unkillable.inc()
         self._health_event(pb.HealthEvent(gpu=-1, signal=signals.KILL_TASK_FAILED, critical=True, time=time.time(),
                                           message=what))
@@ -329,7 +346,7 @@ class AgentService:
         if request.signal == 0 and ranks:
             # SIGKILL after the grace time to this run's ranks still unreaped then (a newer run's are
             # spared, and no group number is signalled after its leader was reaped and it may be reused)
-            threading.Timer(request.grace_s, self.agent.steps.signal, (job_id, run, signal.SIGKILL)).start()
+            threading.Timer(request.grace_s, self.agent.steps.signal, (job_id, run, 0)).start()
         return pb.SignalReply(found=batch or ranks)
 
     def InjectFault(self, request: pb.FaultRequest, context):

@@ -244,6 +244,15 @@ class JobCgroups:
                     break
 
 
+def local_devices(visible: str, job_gpus: list[int]) -> str:
+    """CUDA_VISIBLE_DEVICES for a process whose devices group lets it open only its job's GPUs on this
+    node: the CUDA driver numbers the GPUs it can open from 0, in the order of their indices, so GPU g
+    of the job is the position of g among the job's GPUs here (as Slurm does under ConstrainDevices).
+    `visible`: the node's indices ("4,6"), as the allocation gives them."""
+    order = {g: i for i, g in enumerate(sorted(set(job_gpus)))}
+    return ",".join(str(order[int(g)]) for g in visible.split(",") if g.strip().isdigit() and int(g) in order)
+
+
 def detect(root: Path = CGROUP_ROOT) -> str:
     if os.geteuid() != 0:
         return "none"

@@ -22,7 +22,7 @@ import psutil
 
 from air.protos import arrays, hetjob
 from air.airnoded import fence, jobfiles, progress, shepherding
-from air.airnoded.cgroups import JobCgroups
+from air.airnoded.cgroups import JobCgroups, local_devices
 from air.airnoded.procs import as_owner, killpg
 from air.airnoded.shepherd import start_time
 from air.airnoded.shepherding import BATCH, Child, Herd
@@ -89,6 +89,7 @@ def job_environment(job: pb.Job, node: str, spool: Path | None = None, cluster: 
         "SLURM_JOB_PARTITION": job.partition,
         "SLURMD_NODENAME": node,
         "SLURM_GPUS_ON_NODE": str(len(gpus)),
+        "SLURM_JOB_GPUS": ",".join(str(g) for g in gpus),   # the node's indices, whatever CUDA numbers them
         "AIR_RESTART_COUNT": str(job.restart_count),
         "SLURM_RESTART_COUNT": str(job.restart_count),
         "AIR_LAST_STOP_REASON": REASON_NAMES[Reason(job.last_stop_reason)] if job.restart_count else "",
@@ -267,6 +268,9 @@ class Launcher:
         env = {**job_environment(job, self.node, self.spool, self.cluster), **owner_env}
         separate_err = err_path if err_path and err_path != out_path else ""
         here = next((a for a in job.allocation if a.node == self.node), None)
+        if self.cgroups.gpu_minors and here is not None and env["CUDA_VISIBLE_DEVICES"]:
+            # the devices group below lets it open its job's GPUs only: CUDA numbers them from 0
+            env["CUDA_VISIBLE_DEVICES"] = local_devices(env["CUDA_VISIBLE_DEVICES"], list(here.gpus))
         group = self.cgroups.create(job.job_id, job.restart_count,
                                     memory_limit_bytes(req.mem_per_node_mb, req.mem_per_gpu_mb,
                                                        len(here.gpus) if here else 0),
@@ -288,7 +292,8 @@ class Launcher:
         finally:
             os.close(status_w)
         pgid = herd.pids.get(0, 0)
-        log.info("job %d started: pid %d, gpus %s", job.job_id, pgid, env["CUDA_VISIBLE_DEVICES"] or "-")
+        log.info("job %d started: pid %d, gpus %s", job.job_id, pgid,
+                 ",".join(str(g) for g in here.gpus) if here and here.gpus else "-")
         return RunningJob(job.job_id, job.restart_count, herd, pgid, status_fd=status_r, cgroup=group)
 
     def _wait(self, running: RunningJob) -> None:
@@ -488,6 +493,19 @@ class Launcher:
         self.on_exit(pb.JobExit(job_id=job_id, run=run, exit_signal=signal.SIGKILL, killed=True,
                                 fenced=running.fenced, detail=detail))
         return True
+
+    def kill_again(self, job_id: int, run: int) -> list[int]:
+        """SIGKILL what is left of this run's batch script here once more (a few rounds through its group);
+        the processes still there."""
+        with self._lock:
+            running = self.jobs.get((job_id, run))
+        if running is None:
+            return []
+        running.herd.kill_children()
+        if running.cgroup is None:
+            return list(running.herd.running().values())
+        self.cgroups.empty(running.cgroup, tries=3)
+        return self.cgroups.pids(running.cgroup) + list(running.herd.running().values())
 
     def _kill_now(self, running: RunningJob) -> None:
         running.killed = True

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Mapping
 
 from air.airnoded import fence, jobfiles, progress, shepherding
 from air.airnoded.outbox import Outbox
-from air.airnoded.cgroups import JobCgroups
+from air.airnoded.cgroups import JobCgroups, local_devices
 from air.airnoded.procs import as_owner, killpg
 from air.airnoded.shepherding import Child, Herd
 from air.airnoded.shepherd import start_time
@@ -135,11 +135,14 @@ class StepRunner:
             return [k for k, n in self._streams.items() if n > 0 and self._groups.get(k)]
 
     def signal(self, job_id: int, run: int, sig: int) -> bool:
+        """Signal the ranks of this run (and older ones) here; 0: the daemon ends the run, with SIGKILL to
+        the ranks and to what they left in the run's own group, watched by the kill watch (a user's own
+        SIGKILL to the steps is not: the run goes on)."""
         with self._lock:
             groups = [(g, t) for (j, r), gs in self._groups.items() if j == job_id and r <= run for g, t in gs.items()]
             own = [g for (j, r), g in self._own_groups.items() if j == job_id and r <= run]
             keys = [k for k in self._groups.keys() | self._own_groups.keys() if k[0] == job_id and k[1] <= run]
-        if sig in (0, signal.SIGKILL):
+        if sig == 0:
             for key in keys:
                 self.on_kill(key)
         for pgid, began in groups:   # a rank reaped by its shepherd and not yet seen here: its number is not ours
@@ -149,6 +152,15 @@ class StepRunner:
             for group in own:
                 self.cgroups.kill(group)
         return bool(groups) or any(self.cgroups.pids(g) for g in own)
+
+    def kill_again(self, job_id: int, run: int) -> list[int]:
+        """SIGKILL what is left of this run's ranks here once more; the processes still there (the ranks'
+        leaders, and what is in the run's own group)."""
+        self.signal(job_id, run, 0)
+        with self._lock:
+            leaders = list(self._groups.get((job_id, run), {}))
+            own = self._own_groups.get((job_id, run))
+        return leaders + (self.cgroups.pids(own) if own is not None else [])
 
     def _group_lock(self, key: RunKey) -> threading.Lock:
         """One of a few locks that order a run's group being made and removed (one user's slow cleanup
@@ -407,6 +419,10 @@ class _Stream:
         try:
             for local_rank, rank in enumerate(here.ranks):
                 env = rank_environment(step, index, local_rank, {**step.spec.environment, **extra_env})
+                if runner.cgroups.gpu_minors and here.HasField("allocation") and env["CUDA_VISIBLE_DEVICES"]:
+                    # the run's devices group lets the rank open only its job's GPUs here: CUDA numbers them
+                    env["CUDA_VISIBLE_DEVICES"] = local_devices(env["CUDA_VISIBLE_DEVICES"],
+                                                                list(here.allocation.gpus))
                 fds = []
                 for stream in ("out", "err"):
                     r, w = shepherding.make_fifo(folder, f"{self.tag}.{local_rank}.{stream}")

@@ -55,6 +55,13 @@ class Block:
             self._sock = None
 
 
+def devices_cgroup() -> bool:
+    """Whether node daemons on this host keep each job to its GPUs with a devices cgroup (v1, as root):
+    then CUDA numbers a job's GPUs from 0 (CUDA_VISIBLE_DEVICES), and SLURM_JOB_GPUS has the node's."""
+    from air.airnoded.cgroups import detect
+    return detect() == "v1" and Path("/sys/fs/cgroup/devices/devices.deny").exists()
+
+
 def free_port() -> int:
     """A TCP port free on this host now."""
     with socket.socket() as s:

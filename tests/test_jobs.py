@@ -4,7 +4,7 @@ import pwd
 
 import psutil
 
-from cluster import wait_for
+from cluster import devices_cgroup, wait_for
 
 
 ENV_SCRIPT = """#!/bin/bash
@@ -49,14 +49,17 @@ def test_job_runs_as_submitter_on_its_node_with_its_environment(cluster):
 
 
 def test_concurrent_jobs_on_one_node_get_disjoint_gpus(cluster):
-    script = cluster.write_script("gpus.sh", "#!/bin/sh\necho $CUDA_VISIBLE_DEVICES\nsleep 2\n")
+    # SLURM_JOB_GPUS: the node's indices. CUDA_VISIBLE_DEVICES: the same where nothing else keeps a job
+    # from the other GPUs; where the job's devices cgroup does (v1), CUDA numbers what it can open from 0
+    script = cluster.write_script("gpus.sh", "#!/bin/sh\necho $SLURM_JOB_GPUS $CUDA_VISIBLE_DEVICES\nsleep 2\n")
     ids = [cluster.submit(script, "--gpus-per-node=2") for _ in range(4)]  # 8 GPUs in all: both nodes full
     jobs = [cluster.wait_state(i, "COMPLETED") for i in ids]
     by_node = {}
     for job_id, job in zip(ids, jobs):
         node = job["nodes"][0]
-        seen = (cluster.work / f"air-{job_id}.out").read_text().strip()
+        seen, visible = (cluster.work / f"air-{job_id}.out").read_text().split()
         assert seen == ",".join(map(str, job["gpus"][node]))
+        assert visible == ("0,1" if devices_cgroup() else seen)
         by_node.setdefault(node, []).append(set(seen.split(",")))
     for sets in by_node.values():
         assert len(sets) == 2 and not (sets[0] & sets[1])

@@ -24,7 +24,7 @@ def test_batch_environment_golden():
         "SLURM_JOB_ID": "42", "SLURM_JOBID": "42", "SLURM_JOB_NAME": "train", "SLURM_JOB_NODELIST": "node[03-05]",
         "SLURM_NODELIST": "node[03-05]", "SLURM_NNODES": "3", "SLURM_JOB_NUM_NODES": "3",
         "SLURM_SUBMIT_DIR": "/home/alice/run", "SLURM_JOB_PARTITION": "gpu", "SLURMD_NODENAME": "node03",
-        "SLURM_GPUS_ON_NODE": "2", "AIR_RESTART_COUNT": "0", "SLURM_RESTART_COUNT": "0", "AIR_LAST_STOP_REASON": "",
+        "SLURM_GPUS_ON_NODE": "2", "SLURM_JOB_GPUS": "2,3", "AIR_RESTART_COUNT": "0", "SLURM_RESTART_COUNT": "0", "AIR_LAST_STOP_REASON": "",
         "SLURM_TASKS_PER_NODE": "1(x3)", "SLURM_CPUS_ON_NODE": "4", "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "0",
         "SLURM_JOB_GID": "0", "SLURM_OPEN_MODE": "a",
     }   # no SLURM_NTASKS without a task count asked for: Lightning would take the script for an srun task
@@ -41,7 +41,7 @@ def test_what_sbatch_sets_for_tasks_accounts_and_arrays():
     env = job_environment(job, "node04", cluster="big")
     assert {k: env[k] for k in env if k.startswith("SLURM_") and k not in
             ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_NNODES",
-             "SLURM_JOB_NUM_NODES", "SLURM_SUBMIT_DIR", "SLURM_JOB_PARTITION", "SLURM_GPUS_ON_NODE",
+             "SLURM_JOB_NUM_NODES", "SLURM_SUBMIT_DIR", "SLURM_JOB_PARTITION", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS",
              "SLURM_RESTART_COUNT")} == {
         "SLURM_NTASKS": "6", "SLURM_NPROCS": "6", "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2(x3)",
         "SLURM_CPUS_PER_TASK": "6", "SLURM_CPUS_ON_NODE": "4", "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "1000",

@@ -4,7 +4,7 @@ import psutil
 from air.airctld.model import Job, NodeAlloc
 from air.airctld.steps import layout
 from air.protos.stepenv import rank_environment
-from cluster import wait_for
+from cluster import devices_cgroup, wait_for
 from air.protos import air_pb2 as pb
 
 
@@ -35,8 +35,10 @@ def test_two_node_allreduce_with_labelled_output(cluster):
     for rank in range(4):
         node = first if rank < 2 else second
         local = rank % 2
+        # the node's index, or where the run's devices cgroup keeps it to its GPUs, CUDA's numbering of them
+        visible = sorted(gpus[node]).index(gpus[node][local]) if devices_cgroup() else gpus[node][local]
         expected.append(f"{rank}: sum=10 RANK={rank} WORLD_SIZE=4 LOCAL_RANK={local} LOCAL_WORLD_SIZE=2 "
-                        f"NODE_RANK={rank // 2} CUDA_VISIBLE_DEVICES={gpus[node][local]} AIR_NODENAME={node}")
+                        f"NODE_RANK={rank // 2} CUDA_VISIBLE_DEVICES={visible} AIR_NODENAME={node}")
     assert rows == expected
 
 

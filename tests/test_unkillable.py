@@ -1,7 +1,9 @@
 """A run whose processes outlive SIGKILL (uninterruptible sleep: a hung file system or GPU driver)
-is given up after unkillable_timeout_s: its job goes on, and its node drains with Slurm's reason,
-"Kill task failed", while the other jobs there run on. Uninterruptible sleep is made real with the
+is given up after unkillable_timeout_s, once every process left of it is in uninterruptible sleep:
+its end is reported (killed; a requeued job starts its next run), and its node drains with Slurm's
+reason, "Kill task failed", while the other jobs there run on. Uninterruptible sleep is made real with the
 cgroup v1 freezer: a frozen process takes SIGKILL only once it is thawed (ps shows it in state D)."""
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -24,7 +26,7 @@ class Clock:
         return self.now
 
 
-def test_a_run_is_given_up_once_it_has_outlived_sigkill_by_the_timeout_and_only_once():
+def test_a_run_is_due_once_it_has_outlived_sigkill_by_the_timeout_until_given_up():
     clock = Clock()
     watch = KillWatch(10.0, clock)
     watch.killed((1, 0))
@@ -34,11 +36,14 @@ def test_a_run_is_given_up_once_it_has_outlived_sigkill_by_the_timeout_and_only_
     assert watch.due({(1, 0), (2, 0), (3, 0)}) == []
     clock.now += 5
     assert watch.due({(1, 0), (2, 0), (3, 0)}) == [(1, 0)]   # 10 s after its first SIGKILL
-    assert watch.given_up() == {(1, 0)}
-    assert watch.due({(1, 0), (2, 0), (3, 0)}) == []          # once
+    assert watch.due({(1, 0), (2, 0), (3, 0)}) == [(1, 0)]   # again, until the agent gives it up
+    assert watch.given_up() == set()
+    watch.give_up((1, 0))
+    watch.give_up((3, 0))                                     # (never killed: not given up)
+    assert watch.given_up() == {(1, 0)} and watch.due({(1, 0), (2, 0), (3, 0)}) == []
     clock.now += 5
     assert watch.due({(2, 0)}) == [(2, 0)]                    # (1, 0) has ended meanwhile: forgotten
-    assert watch.given_up() == {(2, 0)}
+    assert watch.given_up() == set()
     assert watch.due(set()) == [] and watch.given_up() == set()
     never = KillWatch(0.0, clock)        # 0: never give up
     never.killed((1, 0))
@@ -46,7 +51,7 @@ def test_a_run_is_given_up_once_it_has_outlived_sigkill_by_the_timeout_and_only_
     assert never.due({(1, 0)}) == []
 
 
-def test_a_run_that_ends_before_the_timeout_is_never_given_up():
+def test_a_run_that_ends_before_the_timeout_is_never_due():
     clock = Clock()
     watch = KillWatch(10.0, clock)
     watch.killed((1, 0))
@@ -61,15 +66,33 @@ def _freezer_usable() -> bool:
     return os.geteuid() == 0 and (FREEZER / "tasks").exists()
 
 
-pytestmark = pytest.mark.skipif(not _freezer_usable(), reason="needs root and the cgroup v1 freezer")
-
-
 @pytest.fixture(scope="module")
 def cluster():
     c = LocalCluster(nodes=2, gpus_per_node=4, node_timeout=6.0,
                      options=("--unkillable-timeout", str(UNKILLABLE_S))).up()
     yield c
     c.down()
+
+
+@contextlib.contextmanager
+def _frozen(procs: list[psutil.Process]):
+    """The processes frozen (state D: SIGKILL waits until they are thawed) for the block, thawed after,
+    and then dead of any SIGKILL sent meanwhile."""
+    freezer = FREEZER / f"air-test-{os.getpid()}-{procs[0].pid}"
+    freezer.mkdir()
+    try:
+        for p in procs:
+            (freezer / "tasks").write_text(str(p.pid))
+        (freezer / "freezer.state").write_text("FROZEN")
+        wait_for(lambda: (freezer / "freezer.state").read_text().strip() == "FROZEN", what="the freeze")
+        yield
+    finally:
+        (freezer / "freezer.state").write_text("THAWED")
+        wait_for(lambda: not any(_state(p) not in ("gone", psutil.STATUS_ZOMBIE) for p in procs),
+                 what="the thawed processes to die of their SIGKILL")
+        for line in (freezer / "tasks").read_text().split():
+            (FREEZER / "tasks").write_text(line)
+        freezer.rmdir()
 
 
 def _processes(cluster, job_id: int) -> list[psutil.Process]:
@@ -85,11 +108,19 @@ def _processes(cluster, job_id: int) -> list[psutil.Process]:
     return found
 
 
+def _state(p: psutil.Process) -> str:
+    try:
+        return p.status()
+    except psutil.NoSuchProcess:
+        return "gone"
+
+
 def _node(cluster, name):
     text = cluster.cli("aircontrol", "show", "node", name).stdout
     return dict(kv.split("=", 1) for kv in text.split() if "=" in kv and not kv.startswith("Gpu")), text
 
 
+@pytest.mark.skipif(not _freezer_usable(), reason="needs root and the cgroup v1 freezer")
 def test_a_run_stuck_after_sigkill_is_given_up_its_job_runs_again_and_its_node_drains(cluster, tmp_path):
     script = cluster.write_script("stuck.sh", "#!/bin/sh\necho \"start $AIR_RESTART_COUNT $AIR_NODENAME\"\n"
                                               "sleep 300 & wait\n")
@@ -98,13 +129,7 @@ def test_a_run_stuck_after_sigkill_is_given_up_its_job_runs_again_and_its_node_d
     other = cluster.submit(script, "-G", "1", "-w", first)   # a job beside it, which must run on
     cluster.wait_state(other, "RUNNING")
     procs = wait_for(lambda: len(p := _processes(cluster, job_id)) >= 2 and p, what="the job's processes")
-    freezer = FREEZER / f"air-test-{os.getpid()}-{job_id}"
-    freezer.mkdir()
-    try:
-        for p in procs:
-            (freezer / "tasks").write_text(str(p.pid))
-        (freezer / "freezer.state").write_text("FROZEN")
-        wait_for(lambda: (freezer / "freezer.state").read_text().strip() == "FROZEN", what="the freeze")
+    with _frozen(procs):
         requeued_at = time.monotonic()
         cluster.cli("aircontrol", "requeue", str(job_id))
         # SIGTERM, SIGKILL kill_wait_s (5 s) later, given up UNKILLABLE_S after that: then the job
@@ -114,7 +139,7 @@ def test_a_run_stuck_after_sigkill_is_given_up_its_job_runs_again_and_its_node_d
         waited = time.monotonic() - requeued_at
         assert job["nodes"] != [first]
         assert 5 + UNKILLABLE_S - 1 <= waited, waited   # not before its run was given up
-        assert all(p.is_running() and p.status() == psutil.STATUS_DISK_SLEEP for p in procs)   # still stuck
+        assert [_state(p) for p in procs] == [psutil.STATUS_DISK_SLEEP] * len(procs), procs   # still stuck
         shown, text = _node(cluster, first)
         assert shown["State"] in ("DRAIN", "DRNG"), text
         assert "Kill task failed" in text and f"job {job_id}" in text, text
@@ -123,13 +148,6 @@ def test_a_run_stuck_after_sigkill_is_given_up_its_job_runs_again_and_its_node_d
         pinned = cluster.submit(script, "-G", "1", "-w", first)
         time.sleep(2)
         assert cluster.job(pinned)["state"] == "PENDING"
-    finally:
-        (freezer / "freezer.state").write_text("THAWED")
-        wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs),
-                 what="the thawed processes to die of their SIGKILL")
-        for line in (freezer / "tasks").read_text().split():
-            (FREEZER / "tasks").write_text(line)
-        freezer.rmdir()
     out = (cluster.work / f"stuck-{job_id}.out").read_text()
     assert out.splitlines()[0] == f"start 0 {first}" and "start 1" in out, out
     # the operator resumes the node once the processes are gone, and it takes work again
@@ -137,3 +155,27 @@ def test_a_run_stuck_after_sigkill_is_given_up_its_job_runs_again_and_its_node_d
     cluster.wait_state(pinned, "RUNNING")
     for j in (job_id, other, pinned):
         cluster.cli("aircancel", str(j))
+
+
+@pytest.mark.skipif(not _freezer_usable(), reason="needs root and the cgroup v1 freezer")
+def test_a_users_own_sigkill_to_stuck_steps_never_gives_up_a_run_whose_script_goes_on(cluster):
+    """A signal a user sends to a job's steps (sbatch --signal=KILL@T, or the API) is not the daemon
+    ending the run: a rank that outlives it is not given up while the batch script runs on (were it,
+    the run would be reported ended while its script still ran)."""
+    from air.aircli.client import Client
+    from air.protos import air_pb2 as pb
+    script = cluster.write_script("steps.sh", "#!/bin/sh\nairrun -N 1 --ntasks-per-node=1 sleep 300 &\nwait\n")
+    job_id = cluster.submit(script, "-G", "1")
+    node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
+    ranks = wait_for(lambda: [p for p in _processes(cluster, job_id) if p.name() == "sleep"] or None,
+                     what="the step's rank")
+    with _frozen(ranks):
+        Client(str(cluster.config)).cancel(pb.CancelRequest(filter=pb.JobFilter(job_ids=[job_id]), signal=9,
+                                                            steps_only=True))
+        time.sleep(UNKILLABLE_S + 4)
+        shown, text = _node(cluster, node)
+        assert "DRAIN" not in shown["State"] and "DRNG" not in shown["State"], text
+        job = cluster.job(job_id)
+        assert job["state"] == "RUNNING" and job["restart_count"] == 0, job
+    cluster.cli("aircancel", str(job_id), check=False)   # (the thawed rank died: airrun, then the script, end)
+    cluster.wait_state(job_id, "CANCELLED", "COMPLETED", "FAILED")
