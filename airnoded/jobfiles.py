@@ -21,12 +21,15 @@ as deep or as wide as it likes never holds up another thread of the daemon, nor 
 
 A filesystem the owner mounts on `progress/` or in it (FUSE, through fusermount) is never entered:
 a FUSE server that does not answer hangs whoever looks in, root included, and a heartbeat held so
-would fence the node and stop every job on it. Whether a run's folder has a mount in it is read
-from the kernel's mount table (`mounted_in`), which never touches the mounted filesystems, before
-anything of the folder's is opened.
+would fence the node and stop every job on it. Every name in a run's folder is opened (or looked at)
+with openat2 and RESOLVE_NO_XDEV (`open_beneath`): the kernel refuses to cross into another mount
+before it asks the mounted filesystem anything, at the moment of the open, however often the job
+mounts and unmounts meanwhile. A kernel without openat2 (before 5.6) gets the kernel's mount table
+read just before each open instead (`mount_points`), which leaves a window a job could hit.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import itertools
 import logging
@@ -282,6 +285,48 @@ def read_root_file(folder: Path, name: str, limit: int = 4096) -> bytes:
         os.close(dirfd)
 
 
+_SYS_OPENAT2 = 437   # the same number on x86_64 and arm64
+_RESOLVE = 0x01 | 0x04 | 0x08   # RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_openat2 = [None]   # whether the kernel has openat2 (known after the first call)
+
+
+def open_beneath(dir_fd: int, name: str, flags: int) -> int:
+    """os.open(name, flags, dir_fd=dir_fd) that never crosses into another mount (EXDEV: UnsafeFile)
+    nor follows a link (ELOOP; with O_PATH | O_NOFOLLOW a link itself is opened, for fstat)."""
+    if _openat2[0] is not False:
+        how = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE)
+        fd = _libc.syscall(_SYS_OPENAT2, dir_fd, os.fsencode(name), ctypes.byref(how), ctypes.sizeof(how))
+        if fd >= 0:
+            _openat2[0] = True
+            return fd
+        err = ctypes.get_errno()
+        if err != errno.ENOSYS:
+            if err == errno.EXDEV:
+                raise UnsafeFile(f"{name} is on another filesystem than its folder (a mount)")
+            raise OSError(err, os.strerror(err), name)
+        _openat2[0] = False
+    folder = Path(os.readlink(f"/proc/self/fd/{dir_fd}"))   # (root's folder: its path is root's to name)
+    if mounted_in(folder / name, mount_points(folder / name)):
+        raise UnsafeFile(f"{name} is on another filesystem than its folder (a mount)")
+    return os.open(name, flags | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
+
+
+def lstat_beneath(dir_fd: int, name: str) -> os.stat_result:
+    """os.stat(name, dir_fd=dir_fd, follow_symlinks=False), never entering another mount."""
+    fd = open_beneath(dir_fd, name, os.O_PATH | os.O_NOFOLLOW)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
 MOUNTINFO = "/proc/self/mountinfo"
 _ESCAPED = re.compile(rb"\\([0-7]{3})")   # mountinfo writes space, tab, newline and backslash as \ooo
 
@@ -310,17 +355,14 @@ def mounted_in(folder: Path, points: set[str]) -> bool:
 
 def make_owner_dir(folder: Path, name: str, uid: int, gid: int) -> Path:
     """`folder/name` for the job's owner to write in (made by root in root's folder, then given away).
-    One with a filesystem mounted on or in it (the owner's) is refused without being entered."""
-    real = Path(os.path.realpath(folder)) / name   # (root's folder: its path is root's to resolve)
-    if mounted_in(real, mount_points(real)):
-        raise OSError(f"{folder / name} has a filesystem mounted in it")
+    One with a filesystem mounted on it (the owner's) is refused without being entered."""
     dirfd = os.open(folder, _DIR_FLAGS)
     try:
         try:
             os.mkdir(name, OWNER_DIR_MODE, dir_fd=dirfd)
         except FileExistsError:
             pass
-        fd = os.open(name, _DIR_FLAGS, dir_fd=dirfd)
+        fd = open_beneath(dirfd, name, _DIR_FLAGS)
         try:
             st = os.fstat(fd)
             if st.st_uid not in (uid, os.geteuid()):
@@ -340,7 +382,11 @@ class OwnerDir:
     following links, so the names looked up in it are the folder's own, whatever the job does."""
 
     def __init__(self, path: Path, device: int | None = None):
-        self.fd = os.open(path, _DIR_FLAGS)
+        parent = os.open(path.parent, _DIR_FLAGS)   # (root's)
+        try:
+            self.fd = open_beneath(parent, path.name, _DIR_FLAGS)
+        finally:
+            os.close(parent)
         st = os.fstat(self.fd)
         if device is not None and st.st_dev != device:   # a filesystem the user mounted there (FUSE)
             os.close(self.fd)
@@ -368,7 +414,7 @@ class OwnerDir:
 
     def mtime(self, name: str) -> float:
         """The modification time of a regular file of the owner's, without opening it."""
-        st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        st = lstat_beneath(self.fd, name)
         _check(name, st, self.owner, limit=st.st_size)
         return st.st_mtime
 
@@ -377,10 +423,12 @@ class OwnerDir:
 
 
 def _read_checked(dirfd: int, name: str, owner: int, limit: int) -> bytes:
-    before = os.stat(name, dir_fd=dirfd, follow_symlinks=False)   # nothing but a regular file is opened
+    before = lstat_beneath(dirfd, name)   # nothing but a regular file is opened
     _check(name, before, owner, limit)
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=dirfd)
+        fd = open_beneath(dirfd, name, _READ_FLAGS)
+    except UnsafeFile:
+        raise
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENXIO):   # swapped for a link, or a socket
             raise UnsafeFile(f"{name} is a link or not a regular file") from None

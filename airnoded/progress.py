@@ -50,14 +50,16 @@ def write_stop_reason(spool: Path, job_id: int, run: int, reason: str) -> None:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         log.warning("job %d: %s is not the daemon's folder; no stop reason written", job_id, base)
         return
-    real = Path(os.path.realpath(base)) / PROGRESS
-    if jobfiles.mounted_in(real, jobfiles.mount_points(real)):   # (a stat there would enter it)
-        log.warning("job %d: a filesystem is mounted in %s; no stop reason written", job_id, base / PROGRESS)
-        return
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        owner = os.stat(base / PROGRESS, follow_symlinks=False)
+        owner = jobfiles.lstat_beneath(fd, PROGRESS)   # (never entering a filesystem the job mounted there)
     except FileNotFoundError:
         return
+    except UnsafeFile as e:
+        log.warning("job %d: %s; no stop reason written", job_id, e)
+        return
+    finally:
+        os.close(fd)
     jobfiles.write_root_file(base, STOP_REASON, reason.encode()[:256] + b"\n", 0o640,
                              owner=(os.geteuid(), owner.st_gid))
 
@@ -71,17 +73,12 @@ class ProgressReader:
         self.max_report_bytes = max_report_bytes
         self._sent: dict[tuple[int, int], float] = {}      # run -> mtime of the rank 0 report last sent
         self._refused: dict[tuple[int, int], set[str]] = {}   # run -> problems already logged
-        self._real_spool = Path(os.path.realpath(spool))      # as the kernel's mount table names it
 
     def collect(self, now: float, runs: list[tuple[int, int]]) -> list[pb.JobProgress]:
         """Runs are (job id, run). Reports beyond MAX_BEAT_BYTES in all wait for the next beat."""
         out, room = [], MAX_BEAT_BYTES
         device = os.stat(self.spool).st_dev
-        mounts = jobfiles.mount_points(self._real_spool)   # (once a beat: what no look may enter)
         for key in runs:
-            if jobfiles.mounted_in(job_dir(self._real_spool, *key) / PROGRESS, mounts):
-                self._refuse(key, "progress folder not read: a filesystem is mounted in it")
-                continue
             try:
                 got = self._one(key, now, device, room)
             except Exception as e:   # whatever a job did to its folder, the others are still read

@@ -220,7 +220,8 @@ def test_a_fuse_mount_that_never_answers_in_the_progress_folder_never_holds_up_t
         assert states[node] in ("mix", "alloc"), states
         job = cluster.job(job_id)
         assert job["state"] == "RUNNING" and job["restart_count"] == 0, job
-        assert f"job {job_id}: progress folder not read: a filesystem is mounted in it" in _log(cluster, node)
+        assert f"job {job_id}: progress folder unreadable: progress is on another filesystem than its folder " \
+               "(a mount)" in _log(cluster, node)
         cluster.cli("aircancel", str(job_id))   # (its stop reason is not written into the mount either)
         assert cluster.wait_state(job_id, "CANCELLED", timeout=20)
     finally:

@@ -85,15 +85,15 @@ def test_a_file_swapped_between_the_check_and_the_open_is_refused(spool, user, m
         (folder / "rank0.json").write_text('{"step": 1}')
         (folder / "other.json").write_text('{"step": 2}')
     _as_user(uid, gid, write)
-    real_stat = os.stat
+    real_stat = jobfiles.lstat_beneath
 
-    def stat_then_swap(name, *args, **kwargs):
-        result = real_stat(name, *args, **kwargs)
+    def stat_then_swap(dir_fd, name):
+        result = real_stat(dir_fd, name)
         if name == "rank0.json":
             os.unlink(folder / "rank0.json")
             (os.symlink if swap == "symlink" else os.link)(folder / "other.json", folder / "rank0.json")
         return result
-    monkeypatch.setattr(os, "stat", stat_then_swap)
+    monkeypatch.setattr(jobfiles, "lstat_beneath", stat_then_swap)
     with jobfiles.OwnerDir(folder) as d, pytest.raises(UnsafeFile):
         d.read("rank0.json", 4096)
 
@@ -268,7 +268,7 @@ def test_the_bound_of_a_heartbeats_reports_counts_bytes_not_characters(spool, us
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
-def test_mounts_in_a_folder_are_found_from_the_kernels_table_names_with_spaces_too(tmp_path):
+def test_mounts_in_a_folder_are_found_from_the_kernels_table_names_with_spaces_too(tmp_path, monkeypatch):
     base = Path(os.path.realpath(tmp_path))
     where = base / "job1.0" / "progress" / "a b\\c"
     where.mkdir(parents=True)
@@ -281,7 +281,62 @@ def test_mounts_in_a_folder_are_found_from_the_kernels_table_names_with_spaces_t
         assert jobfiles.mounted_in(where, found)
         assert not jobfiles.mounted_in(base / "job1.0" / "prog", found)   # a name that only begins the same
         assert not jobfiles.mounted_in(base / "job2.0", found)
-        with pytest.raises(OSError, match="has a filesystem mounted in it"):
-            jobfiles.make_owner_dir(base / "job1.0", "progress", 1000, 1000)
+        # a kernel without openat2: the table is read just before each open instead
+        monkeypatch.setattr(jobfiles, "_openat2", [False])
+        (where.parent / "plain").write_text("x")
+        fd = os.open(where.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with pytest.raises(UnsafeFile, match="another filesystem"):
+                jobfiles.open_beneath(fd, "a b\\c", os.O_PATH)
+            os.close(jobfiles.open_beneath(fd, "plain", os.O_RDONLY))
+        finally:
+            os.close(fd)
     finally:
         subprocess.run(["umount", str(where)], check=True)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+def test_a_fuse_filesystem_that_never_answers_is_never_entered_whenever_it_is_mounted(tmp_path):
+    """A job may mount (fusermount) on its progress folder, or on a name in it, at any moment, also
+    after the daemon has opened the folder: each look (open, lstat) refuses to cross into the mount at
+    that moment, in the kernel, and never asks the filesystem anything (its server would never answer)."""
+    import threading
+    base = tmp_path / "job1.0"
+    progress = base / "progress"
+    (progress / "sub").mkdir(parents=True)
+    (progress / "rank0.json").write_text("{}")
+    folder = jobfiles.OwnerDir(progress)   # opened before the mounts
+    fds, results = [], {}
+
+    def hung(where):
+        fd = os.open("/dev/fuse", os.O_RDWR)
+        fds.append((fd, where))
+        subprocess.run(["mount", "-t", "fuse", "-o", f"fd={fd},rootmode=40000,user_id=0,group_id=0", "hung",
+                        str(where)], pass_fds=(fd,), check=True, capture_output=True)
+
+    def look(what, call):
+        try:
+            results[what] = call()
+        except Exception as e:
+            results[what] = e
+
+    try:
+        hung(progress / "sub")   # a name in the folder already open
+        hung(progress)           # and the folder itself
+        looks = [("stat sub", lambda: folder.mtime("sub")), ("read sub", lambda: folder.read("sub", 100)),
+                 ("open progress", lambda: jobfiles.OwnerDir(progress)),
+                 ("owner dir", lambda: jobfiles.make_owner_dir(base, "progress", os.getuid(), os.getgid()))]
+        threads = [threading.Thread(target=look, args=one, daemon=True) for one in looks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(5)
+        assert not any(t.is_alive() for t in threads), results   # none hung in the mount
+        for what, _ in looks:
+            assert isinstance(results[what], UnsafeFile) and "another filesystem" in str(results[what]), results
+        assert folder.mtime("rank0.json")   # (what is not a mount is read as before)
+    finally:
+        for fd, where in reversed(fds):
+            os.close(fd)   # the server is gone: what waited in the mount gets ENOTCONN
+            subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
+        folder.close()
