@@ -17,7 +17,10 @@ import click
 from air.aircli.client import CliError
 
 SEPARATOR = ":"
-CHILD = ("import sys\nfrom air.aircli.client import run\nfrom air.aircli.run import command\n"
+# a component's airrun; SIGINT (how a failed component ends the others) works even where the shell
+# started srun in the background, with SIGINT ignored
+CHILD = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+         "from air.aircli.client import run\nfrom air.aircli.run import command\n"
          "sys.exit(run(command, sys.argv[1], sys.argv[2:]))")
 
 
@@ -64,15 +67,16 @@ def run(command: click.Command, prog: str, argv: list[str], env: dict[str, str] 
     if len(parts) > size:
         raise CliError(f"{len(parts)} components, and the job has {size}")
     argvs, kill_on_bad_exit = zip(*(placed(command, prog, p, i) for i, p in enumerate(parts)))
-    children = [subprocess.Popen([sys.executable, "-c", CHILD, prog, *a]) for a in argvs]
+    children: list[subprocess.Popen] = []
 
     def forward(signum, frame):
         for child in children:
             if child.poll() is None:
                 child.send_signal(signum)
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):   # (before any child: none is left alone)
         signal.signal(signum, forward)
+    children.extend(subprocess.Popen([sys.executable, "-c", CHILD, prog, *a]) for a in argvs)
     first_bad = 0
     while any(c.poll() is None for c in children):
         for index, child in enumerate(children):

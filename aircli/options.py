@@ -344,6 +344,9 @@ def merge_het(components: list[dict[str, object]]) -> tuple[dict[str, object], l
         raise OptionError("-w is not supported for a heterogeneous job in AIR (its components' nodes are "
                           "chosen together)")
     resolved = [resolve_tasks(c) for c in components]
+    if any("mem" in c for c in resolved) and any("mem_per_gpu" in c for c in resolved):
+        raise OptionError("--mem in one component and --mem-per-gpu in another: AIR gives every node of a "
+                          "heterogeneous job one memory limit; give the same kind in each")
     merged = dict(resolved[0])
     sizes = []
     for index, comp in enumerate(resolved):

@@ -86,10 +86,12 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
         environment = export_environment(export, dict(os.environ)) if export else dict(os.environ)
     except OptionError as e:
         raise CliError(str(e)) from None
-    if os.environ.get("SLURM_HET_SIZE") and (het_group is not None or not (nodelist or nodes)):
+    if het_group is not None or (os.environ.get("SLURM_HET_SIZE") and not (nodelist or nodes)):
         if nodelist:
             raise CliError("give -w or --het-group, not both")
-        nodelist = hetstep.group_nodes(het_group or 0, dict(os.environ))   # (as srun: the first by default)
+        group = hetstep.group_nodes(het_group or 0, dict(os.environ))   # (as srun: the first by default)
+        nodelist = hostlist.collect_hostlist(hostlist.expand_hostlist(group)[:nodes] if nodes else
+                                             hostlist.expand_hostlist(group))
     job_id = jobid or int(os.environ.get("AIR_JOB_ID", "0") or 0)
     try:
         names = hostlist.expand_hostlist(nodelist) if nodelist else []

@@ -11,6 +11,7 @@ from __future__ import annotations
 from air.airctld.events import TransitionError
 from air.airctld.model import Node, evolve
 from air.protos import air_pb2 as pb
+from air.protos import signals
 from air.protos.states import NodeState
 
 
@@ -31,12 +32,18 @@ def drained(node: Node, reason: str) -> Node:
 
 def health_drained(node: Node, event: pb.HealthEvent) -> Node | None:
     """A critical health event drains an up node, remembering the signal (some clear by themselves:
-    see returned); None for a node that is not up (drained already, or down)."""
-    if node.state != NodeState.UP:
-        return None
+    see returned). A node drained by a condition that clears by itself takes the new signal when that
+    one does not (an XID, a run that would not die): an operator resumes it then. None where nothing
+    changes (drained already for as long, or down)."""
     where = f"GPU {event.gpu}" if event.gpu >= 0 else "node"
-    return evolve(node, state=NodeState.DRAIN, reason=f"{where}: {event.signal} ({event.message})",
-                  drain_signal=event.signal)
+    drained = evolve(node, state=NodeState.DRAIN, reason=f"{where}: {event.signal} ({event.message})",
+                     drain_signal=event.signal)
+    if node.state == NodeState.UP:
+        return drained
+    if node.state == NodeState.DRAIN and node.drain_signal and signals.kind_of(node.drain_signal).clears_by_itself \
+            and not signals.kind_of(event.signal).clears_by_itself:
+        return drained
+    return None
 
 
 def resumed(node: Node) -> Node:

@@ -218,8 +218,10 @@ class NodeReports:
         node = self.nodes[node.name]
         with self.store.transaction():
             self.store.add_node_events(node.name, health, now)
-            drained = node_events.health_drained(node, critical[0]) if critical else None
-            if drained is not None:
+            drained = node
+            for event in critical:   # (each: one that only an operator lifts outlasts one that lifts itself)
+                drained = node_events.health_drained(drained, event) or drained
+            if drained is not node:
                 node = drained
                 self.store.save_node(node)
                 self.store.after_commit(lambda n=node: self._drained(n))

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import psutil
@@ -57,13 +58,17 @@ class Agent:
                                   gpu_minors=gpus.device_minors())
         cc = config.controller
         self.kill_watch = KillWatch(cc.unkillable_timeout_s)
+        # groups of runs that have ended here whose processes outlived SIGKILL: drained for as Kill task
+        # failed once they have for unkillable_timeout_s, removed once they are empty
+        self.leftover_watch = KillWatch(cc.unkillable_timeout_s)
+        self._leftovers: dict[tuple[int, int], Path] = {}
         limits = functools.partial(rlimits.to_apply, propagate=cc.propagate_rlimits,
                                    excepted=cc.propagate_rlimits_except)
         self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups, cc.cluster_name,
-                                 on_kill=self.kill_watch.killed, limits=limits)
+                                 on_kill=self.kill_watch.killed, limits=limits, on_leftover=self._leftover)
         self.steps = StepRunner(node.name, node.address, self.cgroups, node.spool, cc.max_tasks_per_node,
                                 cc.max_steps_per_user, on_idle=self.remove_job_dir, on_kill=self.kill_watch.killed,
-                                limits=limits, batch_here=self.launcher.has_run)
+                                limits=limits, batch_here=self.launcher.has_run, on_leftover=self._leftover)
         self.progress = progress.ProgressReader(node.spool, cc.max_report_bytes)
         self.beat_failures = 0   # beats that failed with an error of this daemon's own (logged, counted)
         self._lease_file = fence.Lease(node.spool)   # what the fence keeper reads (an earlier daemon's, if any)
@@ -216,7 +221,41 @@ class Agent:
         alive = set(self.launcher.runs_here()) | set(self.steps.runs())
         for key in self.kill_watch.due(alive):
             self._maybe_give_up(*key)
+        self._watch_leftovers()
         return sorted(alive - self.kill_watch.given_up())
+
+    def _leftover(self, job_id: int, run: int, group: Path) -> None:
+        """A run ended here, and processes of it outlived SIGKILL in its group (a python stuck in a driver
+        under a shell that died)."""
+        with self._lock:
+            if len(self._leftovers) < 10_000:
+                self._leftovers[(job_id, run)] = group
+        self.leftover_watch.killed((job_id, run))
+
+    def _watch_leftovers(self) -> None:
+        """Each leftover group killed again, removed once empty; one whose processes are all still in
+        uninterruptible sleep unkillable_timeout_s on drains the node (Kill task failed), once."""
+        with self._lock:
+            leftovers = dict(self._leftovers)
+        left = {}
+        for key, group in leftovers.items():
+            if self.cgroups.empty(group, tries=1):
+                self.cgroups.remove(group)
+                with self._lock:
+                    self._leftovers.pop(key, None)
+            else:
+                left[key] = self.cgroups.pids(group)
+        for key in self.leftover_watch.due(set(left)):
+            states = [_state(pid) for pid in left[key]]
+            if not states or any(s not in (psutil.STATUS_DISK_SLEEP, psutil.STATUS_ZOMBIE, None) for s in states):
+                continue
+            self.leftover_watch.give_up(key)
+            what = f"{len(states)} processes of job {key[0]} (run {key[1]}) left in uninterruptible sleep " \
+                   f"{self.leftover_watch.since(key):.0f} s after the run ended"
+            log.error("%s; draining %s", what, self.node.name)
+            self.metrics.unkillable.inc()
+            self._health_event(pb.HealthEvent(gpu=-1, signal=signals.KILL_TASK_FAILED, critical=True,
+                                              time=time.time(), message=what))
 
     def _maybe_give_up(self, job_id: int, run: int) -> None:
         """A run the daemon is ending has outlived its SIGKILL by unkillable_timeout_s. Everything left of

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import select
 import signal
 import threading
@@ -59,6 +60,9 @@ class StaleRun(Exception):
     """A launch of a run older than one this node has seen."""
 
 
+_HET_VARIABLE = re.compile(r"SLURM_(HET_SIZE|\w+_HET_GROUP_\d+)$")
+
+
 def job_environment(job: pb.Job, node: str, spool: Path | None = None, cluster: str = "") -> dict[str, str]:
     """The batch script's environment: the submitter's exported variables, then AIR_* and SLURM_*
     (what sbatch sets and tools such as submitit and Lightning read; see docs/slurm.md)."""
@@ -67,7 +71,8 @@ def job_environment(job: pb.Job, node: str, spool: Path | None = None, cluster: 
     here = next((a for a in job.allocation if a.node == node), None)
     gpus = list(here.gpus) if here else []
     nodelist = hostlist.collect_hostlist(nodes)
-    env = dict(req.environment)
+    # (a job submitted from a heterogeneous one must not keep that job's groups: this job's are set below)
+    env = {k: v for k, v in req.environment.items() if not _HET_VARIABLE.match(k)}
     air = {
         "AIR_JOB_ID": str(job.job_id),
         "AIR_JOB_NAME": req.name or "batch",
@@ -180,8 +185,10 @@ ExitCallback = Callable[[pb.JobExit], None]
 class Launcher:
     def __init__(self, node: str, spool: Path, on_exit: ExitCallback, cgroups: JobCgroups | None = None,
                  cluster: str = "", on_kill: Callable[[tuple[int, int]], None] = lambda key: None,
-                 limits: Callable[[Mapping[str, int]], list[list[int]]] = lambda wanted: []):
+                 limits: Callable[[Mapping[str, int]], list[list[int]]] = lambda wanted: [],
+                 on_leftover: Callable[[int, int, Path], None] = lambda job_id, run, group: None):
         self.node = node
+        self.on_leftover = on_leftover   # a run's group that would not empty after its end (the leftover watch)
         self.limits = limits     # the submitter's resource limits -> those to set (config's propagation)
         self.on_kill = on_kill   # told of every run sent SIGKILL (the kill watch)
         self.cluster = cluster
@@ -303,7 +310,7 @@ class Launcher:
         if status is None:   # the shepherd died without saying how the script ended (killed with it, or a crash)
             running.herd.kill_children()
         running.done.set()
-        oom, peak = self._end_cgroup(running.cgroup)
+        oom, peak = self._end_cgroup(running)
         with self._lock:
             if self.jobs.get((running.job_id, running.run)) is running:
                 del self.jobs[(running.job_id, running.run)]
@@ -355,14 +362,21 @@ class Launcher:
             os.close(running.status_fd)
         return b"".join(chunks)[:MAX_STATUS_BYTES].decode(errors="replace").strip()
 
-    def _end_cgroup(self, group: Path | None) -> tuple[bool, int]:
+    def _end_cgroup(self, running: RunningJob) -> tuple[bool, int]:
         """Kill what is left in the run's cgroup (processes that left its process group), read whether
-        the kernel killed any for memory, and remove the group."""
+        the kernel killed any for memory, and remove the group; one that will not empty goes to the
+        leftover watch (on_leftover) instead."""
+        group = running.cgroup
         if group is None:
             return False, 0
-        self.cgroups.empty(group)
+        emptied = self.cgroups.empty(group)
         oom, peak = self.cgroups.oom_kills(group) > 0, self.cgroups.peak_memory(group)
-        self.cgroups.remove(group)
+        if emptied:
+            self.cgroups.remove(group)
+        else:
+            log.warning("job %d: processes of run %d outlive SIGKILL; cgroup %s kept", running.job_id, running.run,
+                        group)
+            self.on_leftover(running.job_id, running.run, group)
         return oom, peak
 
     def adopt(self, keep: set[tuple[int, int]] = frozenset()) -> list[tuple[int, int]]:

@@ -67,8 +67,10 @@ class StepRunner:
                  on_idle: Callable[[int, int], None] | None = None,
                  on_kill: Callable[[RunKey], None] = lambda key: None,
                  limits: Callable[[Mapping[str, int]], list[list[int]]] = lambda wanted: [],
-                 batch_here: Callable[[int, int], bool] = lambda job_id, run: False):
+                 batch_here: Callable[[int, int], bool] = lambda job_id, run: False,
+                 on_leftover: Callable[[int, int, Path], None] = lambda job_id, run, group: None):
         self.node = node
+        self.on_leftover = on_leftover   # a run's own group that would not empty after its last step
         self.batch_here = batch_here   # whether this run's batch script runs here, or is being started
         self.limits = limits     # airrun's resource limits -> those to set on the ranks (config's propagation)
         self.on_kill = on_kill   # told of every run whose ranks are sent SIGKILL (the kill watch)
@@ -216,6 +218,7 @@ class StepRunner:
             if not self.cgroups.empty(group):
                 log.warning("job %d: processes its ranks left on %s (run %d) outlive SIGKILL; cgroup %s kept",
                             key[0], self.node, key[1], group)
+                self.on_leftover(key[0], key[1], group)
                 return
             self.cgroups.remove(group)
             with self._lock:

@@ -281,9 +281,9 @@ def parse(data: dict) -> Config:
             rlimits.check([n for n in getattr(controller, key) if n not in ("ALL", "NONE")], f"[controller] {key}")
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    if not 0 <= controller.unkillable_timeout_s < float("inf"):
+    if not (controller.unkillable_timeout_s == 0 or 2 <= controller.unkillable_timeout_s < float("inf")):
         raise ConfigError(f"[controller] unkillable_timeout_s = {controller.unkillable_timeout_s!r}: 0 (never), or "
-                          "the seconds after SIGKILL at which a run that will not die is given up")
+                          "at least 2: the seconds after SIGKILL at which a run that will not die is given up")
     if controller.node_timeout_s <= controller.heartbeat_interval_s:
         raise ConfigError("[controller] node_timeout_s must be longer than heartbeat_interval_s")
     if controller.fence_timeout_s < 0 or controller.fence_after_s + controller.heartbeat_interval_s \

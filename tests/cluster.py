@@ -89,11 +89,12 @@ class LocalCluster:
     """airctld on 127.0.N.1:6817 and node0K's airnoded on 127.0.N.(K+1):6818, N from a reserved block."""
 
     def __init__(self, nodes: int = 2, gpus_per_node: int = 4, node_timeout: float = 6.0,
-                 options: tuple[str, ...] = (), extra_config: str = ""):
+                 options: tuple[str, ...] = (), extra_config: str = "", wrap: tuple[str, ...] = ()):
         self.block = Block()
         self.base_address = self.block.address(1)
         self.options = options
         self.extra_config = extra_config
+        self.wrap = wrap   # a command the daemons start under (and so their jobs): unshare -m ..., say
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.node_timeout = node_timeout
@@ -116,7 +117,7 @@ class LocalCluster:
             self.cli("aircontrol", "local", "up", "--dir", str(self.dir), "--nodes", str(self.nodes),
                      "--gpus-per-node", str(self.gpus_per_node), "--base-address", self.base_address,
                      "--node-timeout", str(self.node_timeout), "--inactive-limit", str(INACTIVE_LIMIT),
-                     *self.options, *extra, env_conf=False)
+                     *self.options, *extra, env_conf=False, prefix=self.wrap)
         except BaseException:
             self.down()   # (what did start, and the block)
             raise
@@ -214,7 +215,7 @@ class LocalCluster:
 
     def cli(self, tool: str, *args: str, check: bool = True, user: str | None = None,
             cwd: Path | None = None, env_conf: bool = True, timeout: float = 60,
-            env: dict | None = None) -> subprocess.CompletedProcess:
+            env: dict | None = None, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
         # as a user who has AIR's tools (and this Python) first on PATH; jobs inherit it
         full_env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}")
         full_env.update(env or {})
@@ -224,7 +225,7 @@ class LocalCluster:
         if user:  # become the user whole: uid, primary group, and no groups of ours
             entry = pwd.getpwnam(user)
             as_user = dict(user=entry.pw_uid, group=entry.pw_gid, extra_groups=[])
-        proc = subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=timeout,
+        proc = subprocess.run([*prefix, str(BIN / tool), *args], capture_output=True, text=True, timeout=timeout,
                               cwd=str(cwd or self.work), env=full_env, **as_user)
         if check and proc.returncode != 0:
             raise AssertionError(f"{tool} {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")

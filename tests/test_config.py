@@ -44,6 +44,8 @@ def _with(section, change, index=None):
     (_with("nodes", {"name": "..", "address": "127.0.0.2"}, 0), "name '..' is not a node name"),
     (_with("controller", {"kill_wait_s": float("nan")}), "kill_wait_s = nan: must be a finite number"),
     (_with("controller", {"node_timeout_s": float("inf")}), "node_timeout_s = inf: must be a finite number"),
+    (_with("controller", {"unkillable_timeout_s": 0.5}), "unkillable_timeout_s = 0.5: 0 (never), or at least 2"),
+    (_with("controller", {"propagate_rlimits": ["ALL", "FILES"]}), "propagate_rlimits: 'FILES' is not a limit"),
     (_with("controller", {"kill_wait_s": 1e10}), "kill_wait_s = 10000000000.0: at most 1e+09"),
     (_with("controller", {"kill_wait_s": 10 ** 400}), "kill_wait_s = 10000000000000000000...: at most 1e+09"),
     (_with("controller", {"max_message_bytes": 2 ** 31}), "max_message_bytes = 2147483648: at most 2.14748e+09"),

@@ -63,6 +63,15 @@ def test_a_heterogeneous_jobs_groups_are_the_next_nodes_of_its_allocation_each()
         "SLURM_JOB_NUM_NODES_HET_GROUP_1": "2", "SLURM_NNODES_HET_GROUP_1": "2",
         "SLURM_JOB_NAME_HET_GROUP_1": "workers"}
     assert not any("HET" in k for k in job_environment(_job(), "node03"))
+    # submitted from inside another heterogeneous job (its variables exported): none of that job's groups
+    stale = {"SLURM_HET_SIZE": "4", "SLURM_JOB_NODELIST_HET_GROUP_3": "gone[1-2]", "SLURM_NNODES_HET_GROUP_3": "2",
+             "SLURM_HETEROGENEOUS_NOT": "kept"}
+    plain = _job()
+    plain.request.environment.update(stale)
+    assert {k: v for k, v in job_environment(plain, "node03").items() if "HET" in k} == {"SLURM_HETEROGENEOUS_NOT": "kept"}
+    job.request.environment.update(stale)
+    mine = job_environment(job, "node03")
+    assert mine["SLURM_HET_SIZE"] == "2" and "SLURM_JOB_NODELIST_HET_GROUP_3" not in mine
 
 
 def test_submitter_cannot_override_the_job_variables():

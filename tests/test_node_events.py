@@ -5,6 +5,7 @@ from air.airctld import node_events
 from air.airctld.events import TransitionError
 from air.airctld.model import Node
 from air.protos import air_pb2 as pb
+from air.protos import signals
 from air.protos.states import NodeState
 
 UP, DRAIN, DOWN, UNKNOWN = NodeState.UP, NodeState.DRAIN, NodeState.DOWN, NodeState.UNKNOWN
@@ -57,6 +58,13 @@ def test_what_each_change_says():
     whole = node_events.health_drained(_node(UP), pb.HealthEvent(gpu=-1, signal="ib", message="mlx5_0/1 down"))
     assert (whole.reason, whole.drain_signal) == ("node: ib (mlx5_0/1 down)", "ib")
     assert node_events.drained(_node(UP), "maintenance").drain_signal == ""   # an operator's: not a signal's
+    # a drain that would lift by itself (a port down) gives way to one an operator must lift, not back
+    port = node_events.health_drained(_node(UP), pb.HealthEvent(gpu=-1, signal=signals.ib_port("mlx5_0/1", "DOWN"),
+                                                                  message="port down"))
+    stuck = node_events.health_drained(port, pb.HealthEvent(gpu=-1, signal=signals.KILL_TASK_FAILED, message="x"))
+    assert (stuck.state, stuck.drain_signal, stuck.reason) == (DRAIN, "Kill task failed", "node: Kill task failed (x)")
+    assert node_events.health_drained(stuck, pb.HealthEvent(gpu=-1, signal=signals.THERMAL, message="hot")) is None
+    assert node_events.health_drained(port, pb.HealthEvent(gpu=-1, signal=signals.THERMAL, message="hot")) is None
     for back in (node_events.resumed(drained), node_events.returned(drained)):
         assert (back.state, back.reason, back.drain_signal) == (UP, "", "")
     assert node_events.silent(_node(UP), 15.0).reason == "not responding for over 15 s"

@@ -184,6 +184,7 @@ def test_a_heterogeneous_script_is_split_into_its_components_and_run_as_one_job(
     ([{"time": 60}, {"time": 120}], "component 1: --time differs"),
     ([{}, {"exclude": ["n1"]}], "-x and -C apply to a heterogeneous job as a whole"),
     ([{"nodelist": ["n1"]}, {}], "-w is not supported for a heterogeneous job"),
+    ([{"mem": 1024}, {"mem_per_gpu": 4096}], "--mem in one component and --mem-per-gpu in another"),
 ])
 def test_what_a_heterogeneous_job_cannot_vary_is_refused(components, problem):
     from air.aircli.options import merge_het

@@ -48,39 +48,33 @@ print(handle)
 """
 
 
+def _named_hosts(folder, nodes: int) -> list[str]:
+    """A command prefix that runs what follows in a mount namespace of its own where the local cluster's
+    node names resolve, as a real cluster's names resolve to their hosts: TorchX's rendezvous is on the
+    first component's node, by its name, and torchrun there serves it only if the name is its own host's.
+    The local nodes share this host (and its name), so their names resolve to this host's address. The
+    host's own /etc/hosts is never touched."""
+    here = socket.gethostbyname(socket.gethostname())
+    hosts = folder / "hosts"
+    hosts.write_text(open("/etc/hosts").read() + "".join(f"{here} node{i + 1:02d}\n" for i in range(nodes)))
+    return ["unshare", "-m", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts)]
+
+
 @pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(nodes=2, gpus_per_node=4).up()
+def cluster(tmp_path_factory):
+    wrap = _named_hosts(tmp_path_factory.mktemp("hosts"), 2) if os.geteuid() == 0 else []
+    c = LocalCluster(nodes=2, gpus_per_node=4, wrap=tuple(wrap)).up()
     yield c
     c.down()
 
 
-@pytest.fixture
-def named_hosts(cluster):
-    """The local cluster's node names resolve, as a real cluster's resolve to their hosts: TorchX's
-    rendezvous is on the first component's node, by name, and torchrun there serves it only if the name
-    is its own host's. The local nodes share this host (and its name), so the names resolve to this
-    host's address. Lines of this test's own, removed afterwards."""
-    mark = f"# air-test-torchx-{os.getpid()}"
-    here = socket.gethostbyname(socket.gethostname())
-    lines = [f"{here} node{i + 1:02d} {mark}\n" for i in range(cluster.nodes)]
-    with open("/etc/hosts", "a") as f:
-        f.writelines(lines)
-    try:
-        yield
-    finally:
-        with open("/etc/hosts") as f:
-            kept = [line for line in f if mark not in line]
-        with open("/etc/hosts", "w") as f:
-            f.writelines(kept)
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="names the local nodes in /etc/hosts")
-def test_torchx_dist_ddp_on_two_nodes_runs_and_its_status_and_logs_come_back(cluster, named_hosts, tmp_path):
+@pytest.mark.skipif(os.geteuid() != 0, reason="names the local nodes in a mount namespace of its own")
+def test_torchx_dist_ddp_on_two_nodes_runs_and_its_status_and_logs_come_back(cluster, tmp_path):
     env = cluster.slurm_commands(tmp_path / "bin")
     (cluster.work / "train.py").write_text(TRAIN)
-    proc = subprocess.run([sys.executable, "-c", RUN, "-j", "2x1", "--rdzv_port", str(free_port()), "--script",
-                           "train.py"], cwd=cluster.work, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([*cluster.wrap, sys.executable, "-c", RUN, "-j", "2x1", "--rdzv_port", str(free_port()),
+                           "--script", "train.py"], cwd=cluster.work, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     job_id = got["handle"].rsplit("/", 1)[-1]

@@ -179,3 +179,22 @@ def test_a_users_own_sigkill_to_stuck_steps_never_gives_up_a_run_whose_script_go
         assert job["state"] == "RUNNING" and job["restart_count"] == 0, job
     cluster.cli("aircancel", str(job_id), check=False)   # (the thawed rank died: airrun, then the script, end)
     cluster.wait_state(job_id, "CANCELLED", "COMPLETED", "FAILED")
+
+
+@pytest.mark.skipif(not _freezer_usable(), reason="needs root and the cgroup v1 freezer")
+def test_a_process_left_stuck_after_its_script_ended_drains_the_node(cluster):
+    """The common case: the script's shell dies at once, a program it started (python in a driver) is
+    stuck. The run ends as usual; what it left in its group outlives SIGKILL, and the node drains once
+    it has for unkillable_timeout_s, so that the next job does not meet a GPU still held."""
+    script = cluster.write_script("child.sh", "#!/bin/sh\nsleep 300 &\nwait\n")
+    job_id = cluster.submit(script, "-G", "1")
+    node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
+    child = wait_for(lambda: [p for p in _processes(cluster, job_id) if p.name() == "sleep"] or None,
+                     what="the script's child")
+    with _frozen(child):
+        cluster.cli("aircancel", str(job_id))
+        cluster.wait_state(job_id, "CANCELLED", timeout=20)   # the script's end is reported as usual
+        shown, text = wait_for(lambda: "DR" in (n := _node(cluster, node))[0]["State"] and n, timeout=30,
+                               what="the node to drain")
+        assert "Kill task failed" in text and f"job {job_id} (run 0) left in uninterruptible sleep" in text, text
+    cluster.cli("aircontrol", "node", "resume", node)
