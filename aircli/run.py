@@ -89,9 +89,10 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
     if het_group is not None or (os.environ.get("SLURM_HET_SIZE") and not (nodelist or nodes)):
         if nodelist:
             raise CliError("give -w or --het-group, not both")
-        group = hetstep.group_nodes(het_group or 0, dict(os.environ))   # (as srun: the first by default)
-        nodelist = hostlist.collect_hostlist(hostlist.expand_hostlist(group)[:nodes] if nodes else
-                                             hostlist.expand_hostlist(group))
+        group = hostlist.expand_hostlist(hetstep.group_nodes(het_group or 0, dict(os.environ)))   # (srun: the first)
+        if nodes and nodes > len(group):
+            raise CliError(f"-N {nodes}: het group {het_group or 0} has {len(group)} nodes")
+        nodelist = hostlist.collect_hostlist(group[:nodes] if nodes else group)
     job_id = jobid or int(os.environ.get("AIR_JOB_ID", "0") or 0)
     try:
         names = hostlist.expand_hostlist(nodelist) if nodelist else []

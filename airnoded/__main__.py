@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     threading.Thread(target=agent.run, name="agent", daemon=True).start()
     threading.Thread(target=agent.watch_lease, name="lease", daemon=True).start()
+    threading.Thread(target=agent.watch_kills, name="kills", daemon=True).start()
     logging.getLogger("airnoded").info("serving on %s with %d GPUs", node.endpoint, len(gpus.inventory()))
     notify(f"READY=1\nSTATUS=serving on {node.endpoint}")
     done = threading.Event()

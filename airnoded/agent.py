@@ -41,10 +41,19 @@ def _state(pid: int) -> str | None:
         return None
 
 
+def _all_stuck(pids: list[int]) -> bool:
+    """Whether what is left of a run is stuck: some process in uninterruptible sleep, and nothing else
+    but zombies and processes already gone."""
+    states = [_state(pid) for pid in set(pids)]
+    return psutil.STATUS_DISK_SLEEP in states and \
+        all(s in (psutil.STATUS_DISK_SLEEP, psutil.STATUS_ZOMBIE, None) for s in states)
+
+
 def lease_clock() -> float:
     """Seconds that also run while the host or the daemon is suspended (CLOCK_BOOTTIME)."""
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 MAX_HEALTH_EVENTS = 1000   # health events kept while the controller cannot be reached (the newest)
+MAX_LEFTOVERS = 1000       # ended runs' groups watched for what outlived SIGKILL (more are not drained for)
 
 
 class Agent:
@@ -69,6 +78,9 @@ class Agent:
         self.steps = StepRunner(node.name, node.address, self.cgroups, node.spool, cc.max_tasks_per_node,
                                 cc.max_steps_per_user, on_idle=self.remove_job_dir, on_kill=self.kill_watch.killed,
                                 limits=limits, batch_here=self.launcher.has_run, on_leftover=self._leftover)
+        # the launcher keeps a folder a step of the run made first, and makes the run's group under the
+        # step runner's lock for it (a step's end never removes it meanwhile)
+        self.launcher.steps_here, self.launcher.group_lock = self.steps.has_ranks, self.steps.group_lock
         self.progress = progress.ProgressReader(node.spool, cc.max_report_bytes)
         self.beat_failures = 0   # beats that failed with an error of this daemon's own (logged, counted)
         self._lease_file = fence.Lease(node.spool)   # what the fence keeper reads (an earlier daemon's, if any)
@@ -175,7 +187,7 @@ class Agent:
             self._wake.clear()
 
     def _beat(self) -> None:
-        runs = self._runs_here()   # first: a run given up now goes with its end and its drain
+        runs = self._runs_here()   # first: a run given up since goes with its end and its drain
         with self._lock:
             exits = list(self._exits.values())
             health = list(self._health)
@@ -219,64 +231,81 @@ class Agent:
     def _runs_here(self) -> list[tuple[int, int]]:
         """The runs a heartbeat reports: started or starting here, less those given up after SIGKILL."""
         alive = set(self.launcher.runs_here()) | set(self.steps.runs())
-        for key in self.kill_watch.due(alive):
-            self._maybe_give_up(*key)
-        self._watch_leftovers()
         return sorted(alive - self.kill_watch.given_up())
 
-    def _leftover(self, job_id: int, run: int, group: Path) -> None:
-        """A run ended here, and processes of it outlived SIGKILL in its group (a python stuck in a driver
-        under a shell that died)."""
-        with self._lock:
-            if len(self._leftovers) < 10_000:
-                self._leftovers[(job_id, run)] = group
-        self.leftover_watch.killed((job_id, run))
-
-    def _watch_leftovers(self) -> None:
-        """Each leftover group killed again, removed once empty; one whose processes are all still in
-        uninterruptible sleep unkillable_timeout_s on drains the node (Kill task failed), once."""
-        with self._lock:
-            leftovers = dict(self._leftovers)
-        left = {}
-        for key, group in leftovers.items():
-            if self.cgroups.empty(group, tries=1):
-                self.cgroups.remove(group)
-                with self._lock:
-                    self._leftovers.pop(key, None)
-            else:
-                left[key] = self.cgroups.pids(group)
-        for key in self.leftover_watch.due(set(left)):
-            states = [_state(pid) for pid in left[key]]
-            if not states or any(s not in (psutil.STATUS_DISK_SLEEP, psutil.STATUS_ZOMBIE, None) for s in states):
-                continue
-            self.leftover_watch.give_up(key)
-            what = f"{len(states)} processes of job {key[0]} (run {key[1]}) left in uninterruptible sleep " \
-                   f"{self.leftover_watch.since(key):.0f} s after the run ended"
-            log.error("%s; draining %s", what, self.node.name)
-            self.metrics.unkillable.inc()
-            self._health_event(pb.HealthEvent(gpu=-1, signal=signals.KILL_TASK_FAILED, critical=True,
-                                              time=time.time(), message=what))
+    def watch_kills(self) -> None:
+        """On a thread of its own (its kills and looks never hold up a heartbeat): runs that outlive
+        the daemon's SIGKILL, and what ended runs left behind (see killwatch)."""
+        while not self._stopping.wait(max(1.0, self.interval)):
+            try:
+                alive = set(self.launcher.runs_here()) | set(self.steps.runs())
+                for key in self.kill_watch.due(alive):
+                    self._maybe_give_up(*key)
+                self._watch_leftovers()
+            except Exception:
+                log.exception("the kill watch failed this round")
 
     def _maybe_give_up(self, job_id: int, run: int) -> None:
         """A run the daemon is ending has outlived its SIGKILL by unkillable_timeout_s. Everything left of
         it is killed again; if every process left is in uninterruptible sleep (a hung file system or
         driver), none of them can run its own code again, so the run is reported ended and the node
         drains: an operator looks at what is stuck before resuming it (as Slurm's "Kill task failed").
-        A process that is not (one forked past the kills) keeps the run: it is killed again next beat."""
+        A process that is not (one forked past the kills) keeps the run: it is killed again next round."""
         left = self.launcher.kill_again(job_id, run) + self.steps.kill_again(job_id, run)
-        states = [_state(pid) for pid in set(left)]
-        if not left or any(s not in (psutil.STATUS_DISK_SLEEP, psutil.STATUS_ZOMBIE, None) for s in states):
+        if not _all_stuck(left):
             return
         what = f"processes of job {job_id} (run {run}) in uninterruptible sleep " \
                f"{self.kill_watch.since((job_id, run)):.0f} s after SIGKILL"
-        if not self.launcher.abandon(job_id, run, f"{what} on {self.node.name} (Kill task failed): given up") \
-                and self.launcher.has_run(job_id, run):
+        if self.launcher.abandon(job_id, run, f"{what} on {self.node.name} (Kill task failed): given up") is False:
             return   # (its script has just ended: its watcher reports it)
-        self.kill_watch.give_up((job_id, run))
-        log.error("%s: given up; draining %s", what, self.node.name)
+        self._drain_for(what)
+        self.kill_watch.give_up((job_id, run))   # (last: a heartbeat without the run has its end and the drain)
+
+    def _drain_for(self, what: str) -> None:
+        log.error("%s; draining %s", what, self.node.name)
         self.metrics.unkillable.inc()
         self._health_event(pb.HealthEvent(gpu=-1, signal=signals.KILL_TASK_FAILED, critical=True, time=time.time(),
                                           message=what))
+
+    def _leftover(self, job_id: int, run: int, group: Path) -> None:
+        """A run ended here, and processes of it outlived SIGKILL in its group (a python stuck in a driver
+        under a shell that died)."""
+        with self._lock:
+            if len(self._leftovers) >= MAX_LEFTOVERS:
+                return
+            self._leftovers[(job_id, run)] = group
+        self.leftover_watch.killed((job_id, run))
+
+    def _watch_leftovers(self) -> None:
+        """Each leftover group killed again, and removed once empty; one whose processes have all stayed
+        in uninterruptible sleep for unkillable_timeout_s drains the node (Kill task failed), once. A
+        group a new step of the run has taken again is the step runner's again (its end sees to it)."""
+        with self._lock:
+            leftovers = dict(self._leftovers)
+        left = {}
+        for key, group in leftovers.items():
+            with self.steps.group_lock(key):   # (no step of the run starts in the group meanwhile)
+                if self.steps.streaming(*key):
+                    self._forget_leftover(key)
+                    continue
+                self.cgroups.kill(group)
+                pids = self.cgroups.pids(group)
+                if pids:
+                    left[key] = pids
+                    continue
+                self.cgroups.remove(group)
+                self._forget_leftover(key)
+                self.steps.forget_group(*key, group)
+            self.remove_job_dir(*key)
+        for key in self.leftover_watch.due(set(left)):
+            if _all_stuck(left[key]):
+                self.leftover_watch.give_up(key)
+                self._drain_for(f"{len(left[key])} processes of job {key[0]} (run {key[1]}) left in uninterruptible "
+                                f"sleep {self.leftover_watch.since(key):.0f} s after the run ended")
+
+    def _forget_leftover(self, key: tuple[int, int]) -> None:
+        with self._lock:
+            self._leftovers.pop(key, None)
 
     def _renew(self, began: float) -> None:
         """The controller answered a call that began at `began`: the lease runs from there, if the keeper

@@ -55,7 +55,7 @@ _janitors: dict[Path, "_Janitor"] = {}
 _janitors_lock = threading.Lock()
 
 
-class UnsafeFile(Exception):
+class UnsafeFile(OSError):
     """A file a job controls that the daemon refuses to read: a link, a FIFO, a device, another
     user's file, one over the size limit, one on another filesystem."""
 
@@ -97,10 +97,11 @@ def check_spool(spool: Path) -> None:
                           f"{stat.S_IMODE(st.st_mode):o})")
 
 
-def create_job_dir(spool: Path, job_id: int, run: int) -> Path:
+def create_job_dir(spool: Path, job_id: int, run: int, keep: bool = False) -> Path:
     """A fresh folder for this run of the job: whatever an earlier start of the same run left is
-    removed first."""
-    remove_job_dir(spool, job_id, run)
+    removed first, unless `keep` (a step of the run that came first is using it)."""
+    if not keep:
+        remove_job_dir(spool, job_id, run)
     return ensure_job_dir(spool, job_id, run)
 
 
@@ -307,7 +308,8 @@ def open_beneath(dir_fd: int, name: str, flags: int) -> int:
             _openat2[0] = True
             return fd
         err = ctypes.get_errno()
-        if err != errno.ENOSYS:
+        unknown = err == errno.ENOSYS or (err == errno.EPERM and _openat2[0] is None)   # (EPERM: a seccomp filter)
+        if not unknown:
             if err == errno.EXDEV:
                 raise UnsafeFile(f"{name} is on another filesystem than its folder (a mount)")
             raise OSError(err, os.strerror(err), name)

@@ -188,6 +188,8 @@ class Launcher:
                  limits: Callable[[Mapping[str, int]], list[list[int]]] = lambda wanted: [],
                  on_leftover: Callable[[int, int, Path], None] = lambda job_id, run, group: None):
         self.node = node
+        self.steps_here: Callable[[int, int], bool] = lambda job_id, run: False   # the step runner's, once made
+        self.group_lock: Callable[[tuple[int, int]], threading.Lock] = lambda key: threading.Lock()
         self.on_leftover = on_leftover   # a run's group that would not empty after its end (the leftover watch)
         self.limits = limits     # the submitter's resource limits -> those to set (config's propagation)
         self.on_kill = on_kill   # told of every run sent SIGKILL (the kill watch)
@@ -264,7 +266,9 @@ class Launcher:
     def _spawn(self, job: pb.Job) -> RunningJob:
         req = job.request
         same_user = job.uid == os.getuid()
-        jobdir = jobfiles.create_job_dir(self.spool, job.job_id, job.restart_count)   # root's, fresh for this run
+        # root's, fresh for this run, unless a step of it came first (airrun's own allocation starts one at once)
+        jobdir = jobfiles.create_job_dir(self.spool, job.job_id, job.restart_count,
+                                         keep=self.steps_here(job.job_id, job.restart_count))
         jobfiles.write_root_file(jobdir, "script", req.script.encode(), 0o700,
                                  owner=None if same_user else (job.uid, job.gid))
         jobfiles.write_root_file(jobdir, JOB_FILE, job.SerializeToString(), 0o600)   # for a daemon that adopts it
@@ -278,6 +282,12 @@ class Launcher:
         if self.cgroups.gpu_minors and here is not None and env["CUDA_VISIBLE_DEVICES"]:
             # the devices group below lets it open its job's GPUs only: CUDA numbers them from 0
             env["CUDA_VISIBLE_DEVICES"] = local_devices(env["CUDA_VISIBLE_DEVICES"], list(here.gpus))
+        with self.group_lock((job.job_id, job.restart_count)):   # (a step's end never removes the group meanwhile)
+            return self._spawn_in_group(job, here, jobdir, script, out_path, separate_err, env, kwargs, same_user)
+
+    def _spawn_in_group(self, job: pb.Job, here, jobdir: Path, script: Path, out_path: str, separate_err: str,
+                        env: dict, kwargs: dict, same_user: bool) -> RunningJob:
+        req = job.request
         group = self.cgroups.create(job.job_id, job.restart_count,
                                     memory_limit_bytes(req.mem_per_node_mb, req.mem_per_gpu_mb,
                                                        len(here.gpus) if here else 0),
@@ -495,12 +505,15 @@ class Launcher:
             self._kill_now(running)
         return running is not None
 
-    def abandon(self, job_id: int, run: int, detail: str) -> bool:
+    def abandon(self, job_id: int, run: int, detail: str) -> bool | None:
         """Give up a run whose processes outlive SIGKILL (see killwatch): report its end now, as killed,
-        and stop reporting it; its watcher stays, to clean up should it ever end."""
+        and stop reporting it; its watcher stays, to clean up should it ever end. True when given up,
+        False when its script has just ended (its watcher reports that), None when it has none here."""
         with self._lock:
             running = self.jobs.get((job_id, run))
-            if running is None or running.done.is_set():   # (it has just ended: its watcher reports that)
+            if running is None:
+                return None
+            if running.done.is_set():
                 return False
             del self.jobs[(job_id, run)]
             running.given_up = True

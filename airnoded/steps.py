@@ -89,7 +89,7 @@ class StepRunner:
         self._adopted: dict[tuple[int, int], _Stream] = {}   # (job, step) -> adopted, airrun not back yet
         self._live: set[_Stream] = set()
         # run -> its cgroup here, where no batch script runs: the steps' own, made by the first and
-        # removed (what is left in it killed) with the last; _group_lock orders the two
+        # removed (what is left in it killed) with the last; group_lock orders the two
         self._own_groups: dict[RunKey, Path] = {}
         self._group_locks = [threading.Lock() for _ in range(16)]
         self.detaching = threading.Event()
@@ -155,6 +155,17 @@ class StepRunner:
                 self.cgroups.kill(group)
         return bool(groups) or any(self.cgroups.pids(g) for g in own)
 
+    def streaming(self, job_id: int, run: int) -> bool:
+        """Whether a step of this run is starting or running here."""
+        with self._lock:
+            return self._streams.get((job_id, run), 0) > 0
+
+    def forget_group(self, job_id: int, run: int, group: Path) -> None:
+        """The run's own group here, left by its last step and now removed (by the leftover watch)."""
+        with self._lock:
+            if self._own_groups.get((job_id, run)) == group:
+                del self._own_groups[(job_id, run)]
+
     def kill_again(self, job_id: int, run: int) -> list[int]:
         """SIGKILL what is left of this run's ranks here once more; the processes still there (the ranks'
         leaders, and what is in the run's own group)."""
@@ -164,7 +175,7 @@ class StepRunner:
             own = self._own_groups.get((job_id, run))
         return leaders + (self.cgroups.pids(own) if own is not None else [])
 
-    def _group_lock(self, key: RunKey) -> threading.Lock:
+    def group_lock(self, key: RunKey) -> threading.Lock:
         """One of a few locks that order a run's group being made and removed (one user's slow cleanup
         holds up the steps of the runs that share its lock, not all)."""
         return self._group_locks[hash(key) % len(self._group_locks)]
@@ -184,7 +195,7 @@ class StepRunner:
             # the batch script's, which the launcher makes and removes: a step that comes while the script
             # is still being started makes it (the same group, with the same limits), never as its own
             return recorded or self.cgroups.create(step.job_id, step.run, here.memory_limit_bytes, gpus)
-        with self._group_lock(key):
+        with self.group_lock(key):
             with self._lock:
                 group = self._own_groups.get(key)
             if group is not None and group.is_dir():
@@ -203,7 +214,7 @@ class StepRunner:
         """The run's last step here has ended: kill what its ranks left in the run's own cgroup, and
         remove it (unless a step of the run started meanwhile). A group that will not empty stays this
         run's, so that the run's stop, a stale-run kill or a fence still reach what is in it."""
-        with self._group_lock(key):
+        with self.group_lock(key):
             with self._lock:
                 if self._streams.get(key):
                     return

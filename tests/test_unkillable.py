@@ -62,6 +62,25 @@ def test_a_run_that_ends_before_the_timeout_is_never_due():
     assert watch.due({(1, 0)}) == []     # (the same key seen again, never killed again: nothing due)
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not (FREEZER / "tasks").exists(), reason="needs root and the v1 freezer")
+def test_only_processes_in_uninterruptible_sleep_count_as_stuck():
+    import subprocess
+    from air.airnoded.agent import _all_stuck
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert not _all_stuck([]) and not _all_stuck([gone.pid])          # nothing left: nothing stuck
+    sleeping = subprocess.Popen(["sleep", "60"])
+    try:
+        assert not _all_stuck([sleeping.pid])                           # asleep, killable
+        with _frozen([psutil.Process(sleeping.pid)]):
+            sleeping.kill()
+            assert _all_stuck([sleeping.pid]) and _all_stuck([sleeping.pid, gone.pid])
+            assert not _all_stuck([sleeping.pid, os.getpid()])          # something still runs
+    finally:
+        sleeping.kill()
+        sleeping.wait()
+
+
 def _freezer_usable() -> bool:
     return os.geteuid() == 0 and (FREEZER / "tasks").exists()
 
