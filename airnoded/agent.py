@@ -81,6 +81,7 @@ class Agent:
         # the launcher keeps a folder a step of the run made first, and makes the run's group under the
         # step runner's lock for it (a step's end never removes it meanwhile)
         self.launcher.steps_here, self.launcher.group_lock = self.steps.has_ranks, self.steps.group_lock
+        self.launcher.claim_group = self._claim_group
         self.progress = progress.ProgressReader(node.spool, cc.max_report_bytes)
         self.beat_failures = 0   # beats that failed with an error of this daemon's own (logged, counted)
         self._lease_file = fence.Lease(node.spool)   # what the fence keeper reads (an earlier daemon's, if any)
@@ -236,14 +237,17 @@ class Agent:
     def watch_kills(self) -> None:
         """On a thread of its own (its kills and looks never hold up a heartbeat): runs that outlive
         the daemon's SIGKILL, and what ended runs left behind (see killwatch)."""
-        while not self._stopping.wait(max(1.0, self.interval)):
-            try:
-                alive = set(self.launcher.runs_here()) | set(self.steps.runs())
-                for key in self.kill_watch.due(alive):
+        while not self._stopping.wait(max(1.0, self.interval)) and not self.steps.detaching.is_set():
+            alive = set(self.launcher.runs_here()) | set(self.steps.runs())
+            for key in self.kill_watch.due(alive):
+                try:
                     self._maybe_give_up(*key)
+                except Exception:
+                    log.exception("job %d: run %d not looked at by the kill watch this round", *key)
+            try:
                 self._watch_leftovers()
             except Exception:
-                log.exception("the kill watch failed this round")
+                log.exception("the leftover watch failed this round")
 
     def _maybe_give_up(self, job_id: int, run: int) -> None:
         """A run the daemon is ending has outlived its SIGKILL by unkillable_timeout_s. Everything left of
@@ -256,10 +260,12 @@ class Agent:
             return
         what = f"processes of job {job_id} (run {run}) in uninterruptible sleep " \
                f"{self.kill_watch.since((job_id, run)):.0f} s after SIGKILL"
+        if (job_id, run) in self.launcher.starting():
+            return   # (a script of the run being started: never hidden from the controller)
+        self._drain_for(what)   # (first: any heartbeat that has the run's end has the drain too)
         if self.launcher.abandon(job_id, run, f"{what} on {self.node.name} (Kill task failed): given up") is False:
-            return   # (its script has just ended: its watcher reports it)
-        self._drain_for(what)
-        self.kill_watch.give_up((job_id, run))   # (last: a heartbeat without the run has its end and the drain)
+            return   # (its script has just ended: its watcher reports it; what it left drains anyway)
+        self.kill_watch.give_up((job_id, run))
 
     def _drain_for(self, what: str) -> None:
         log.error("%s; draining %s", what, self.node.name)
@@ -284,9 +290,8 @@ class Agent:
             leftovers = dict(self._leftovers)
         left = {}
         for key, group in leftovers.items():
-            with self.steps.group_lock(key):   # (no step of the run starts in the group meanwhile)
-                if self.steps.streaming(*key):
-                    self._forget_leftover(key)
+            with self.steps.group_lock(key):   # (no step of the run starts in its own group meanwhile)
+                if self.steps.streaming(*key):   # a step of the run runs in it again: not killed, looked at later
                     continue
                 self.cgroups.kill(group)
                 pids = self.cgroups.pids(group)
@@ -296,12 +301,21 @@ class Agent:
                 self.cgroups.remove(group)
                 self._forget_leftover(key)
                 self.steps.forget_group(*key, group)
-            self.remove_job_dir(*key)
+            with self._lock:
+                acknowledged = key not in self._exits   # (the record of the run's end stays until then)
+            if acknowledged:
+                self.remove_job_dir(*key)
         for key in self.leftover_watch.due(set(left)):
             if _all_stuck(left[key]):
                 self.leftover_watch.give_up(key)
                 self._drain_for(f"{len(left[key])} processes of job {key[0]} (run {key[1]}) left in uninterruptible "
                                 f"sleep {self.leftover_watch.since(key):.0f} s after the run ended")
+
+    def _claim_group(self, job_id: int, run: int, group: Path) -> None:
+        """The launcher starts the run's script in its group: a group a step of the run made first is the
+        script's now, never a step's to empty nor a leftover to kill."""
+        self.steps.forget_group(job_id, run, group)
+        self._forget_leftover((job_id, run))
 
     def _forget_leftover(self, key: tuple[int, int]) -> None:
         with self._lock:

@@ -190,6 +190,7 @@ class Launcher:
         self.node = node
         self.steps_here: Callable[[int, int], bool] = lambda job_id, run: False   # the step runner's, once made
         self.group_lock: Callable[[tuple[int, int]], threading.Lock] = lambda key: threading.Lock()
+        self.claim_group: Callable[[int, int, Path], None] = lambda job_id, run, group: None
         self.on_leftover = on_leftover   # a run's group that would not empty after its end (the leftover watch)
         self.limits = limits     # the submitter's resource limits -> those to set (config's propagation)
         self.on_kill = on_kill   # told of every run sent SIGKILL (the kill watch)
@@ -218,6 +219,11 @@ class Launcher:
         here while its launch may still start it) and whose folder stays."""
         with self._lock:
             return list(self.jobs) + [key for key in self._starting if key not in self.jobs]
+
+    def starting(self) -> set[tuple[int, int]]:
+        """Runs whose script is being started here."""
+        with self._lock:
+            return set(self._starting)
 
     def has_run(self, job_id: int, run: int) -> bool:
         """Whether this run's batch script runs here, or is being started."""
@@ -256,7 +262,8 @@ class Launcher:
             detail = f"cannot start the batch script on {self.node}: {getattr(e, 'strerror', None) or e}" + \
                      (f": {e.filename}" if getattr(e, "filename", None) else "")
             log.warning("job %d: %s", job.job_id, detail)
-            jobfiles.remove_job_dir(self.spool, job.job_id, run)
+            if not self.steps_here(job.job_id, run):   # (a step of the run that came first keeps its folder)
+                jobfiles.remove_job_dir(self.spool, job.job_id, run)
             self.on_exit(pb.JobExit(job_id=job.job_id, run=run, exit_code=1, detail=detail, launch_failed=True))
             return
         with self._lock:
@@ -282,16 +289,20 @@ class Launcher:
         if self.cgroups.gpu_minors and here is not None and env["CUDA_VISIBLE_DEVICES"]:
             # the devices group below lets it open its job's GPUs only: CUDA numbers them from 0
             env["CUDA_VISIBLE_DEVICES"] = local_devices(env["CUDA_VISIBLE_DEVICES"], list(here.gpus))
-        with self.group_lock((job.job_id, job.restart_count)):   # (a step's end never removes the group meanwhile)
-            return self._spawn_in_group(job, here, jobdir, script, out_path, separate_err, env, kwargs, same_user)
+        # the group is made (or a step's, made first, claimed) under the step runner's lock for the run: a
+        # step's end after it sees the script starting here (has_run) and leaves the group alone
+        with self.group_lock((job.job_id, job.restart_count)):
+            group = self.cgroups.create(job.job_id, job.restart_count,
+                                        memory_limit_bytes(req.mem_per_node_mb, req.mem_per_gpu_mb,
+                                                           len(here.gpus) if here else 0),
+                                        list(here.gpus) if here else None)
+            if group is not None:
+                self.claim_group(job.job_id, job.restart_count, group)
+        return self._spawn_in_group(job, here, jobdir, script, out_path, separate_err, env, kwargs, same_user, group)
 
     def _spawn_in_group(self, job: pb.Job, here, jobdir: Path, script: Path, out_path: str, separate_err: str,
-                        env: dict, kwargs: dict, same_user: bool) -> RunningJob:
+                        env: dict, kwargs: dict, same_user: bool, group: Path | None) -> RunningJob:
         req = job.request
-        group = self.cgroups.create(job.job_id, job.restart_count,
-                                    memory_limit_bytes(req.mem_per_node_mb, req.mem_per_gpu_mb,
-                                                       len(here.gpus) if here else 0),
-                                    list(here.gpus) if here else None)
         if group is not None:
             jobfiles.write_root_file(jobdir, fence.CGROUP, str(group).encode(), 0o600)
         mode = "truncate" if req.open_truncate else "append"

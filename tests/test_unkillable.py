@@ -62,6 +62,17 @@ def test_a_run_that_ends_before_the_timeout_is_never_due():
     assert watch.due({(1, 0)}) == []     # (the same key seen again, never killed again: nothing due)
 
 
+def test_what_counts_as_stuck_by_process_state(monkeypatch):
+    from air.airnoded import agent
+    states = {1: psutil.STATUS_DISK_SLEEP, 2: psutil.STATUS_ZOMBIE, 3: None, 4: psutil.STATUS_SLEEPING,
+              5: psutil.STATUS_RUNNING, 6: psutil.STATUS_STOPPED}
+    monkeypatch.setattr(agent, "_state", states.get)
+    assert agent._all_stuck([1]) and agent._all_stuck([1, 2, 3]) and agent._all_stuck([1, 1])
+    for other in (4, 5, 6):
+        assert not agent._all_stuck([1, other])   # something that may still run its code, or be woken
+    assert not agent._all_stuck([]) and not agent._all_stuck([2, 3])   # nothing in uninterruptible sleep
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not (FREEZER / "tasks").exists(), reason="needs root and the v1 freezer")
 def test_only_processes_in_uninterruptible_sleep_count_as_stuck():
     import subprocess
