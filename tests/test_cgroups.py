@@ -187,6 +187,56 @@ def test_a_step_that_comes_while_the_batch_script_starts_never_takes_its_group_f
     assert own.is_dir() and (10, 0) not in runner._own_groups   # left to the script's launcher
 
 
+@pytest.mark.skipif(MODE == "none", reason="no writable cgroup hierarchy on this host (checked by the test above)")
+def test_a_script_that_starts_after_a_step_of_its_run_keeps_the_steps_folder_and_takes_its_group():
+    """The other order, on a real cgroup tree: a step of the run reached the batch node first (its
+    folder, its own group). The launcher keeps the folder (the step's records stay), starts the script
+    in the same group and claims it: the step's end no longer empties it, and the script runs on."""
+    import pwd
+    import shutil
+    import tempfile
+    import time
+    from air.airnoded import jobfiles
+    from air.airnoded.launcher import Launcher
+    from air.airnoded.steps import StepRunner
+    from air.protos import air_pb2 as pb
+    top = Path(tempfile.mkdtemp(prefix="air-test-claim-", dir="/tmp"))   # (nobody must reach its workdir)
+    os.chmod(top, 0o755)
+    work, spool = top / "work", top / "spool"
+    work.mkdir()
+    spool.mkdir(mode=0o755)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(work, nobody.pw_uid, nobody.pw_gid)
+    groups = JobCgroups("n1", spool=spool)
+    exits = []
+    launcher = Launcher("n1", spool, exits.append, groups)
+    runner = StepRunner("n1", "127.0.0.1", groups, spool, batch_here=launcher.has_run)
+    launcher.steps_here, launcher.group_lock = runner.has_ranks, runner.group_lock   # (as the agent wires them)
+    launcher.claim_group = lambda job_id, run, group: runner.forget_group(job_id, run, group)
+    folder = jobfiles.ensure_job_dir(spool, 11, 0)
+    jobfiles.write_root_file(folder, "s0.pb", b"the step's record", 0o600)
+    own = runner.run_group(pb.Step(job_id=11, run=0, nodes=[pb.StepNode(node="n1")]), 0, folder)
+    assert runner._own_groups.get((11, 0)) == own
+    try:
+        launcher.launch(pb.Job(job_id=11, uid=nobody.pw_uid, gid=nobody.pw_gid, restart_count=0,
+                               request=pb.JobRequest(script="#!/bin/sh\necho up\nsleep 30\n", workdir=str(work),
+                                                     output="out"),
+                               allocation=[pb.NodeAlloc(node="n1")]))
+        wait_for(lambda: (work / "out").exists() and "up" in (work / "out").read_text(), timeout=30, what="the script")
+        assert (folder / "s0.pb").read_bytes() == b"the step's record"   # the step's folder was kept
+        assert (11, 0) not in runner._own_groups and groups.run_path(11, 0) == own   # the script's group now
+        pid = launcher.jobs[(11, 0)].pgid
+        assert str(pid) in (own / "cgroup.procs").read_text().split()
+        runner._end_group((11, 0))   # the step's end
+        time.sleep(0.3)
+        assert not _gone(pid) and not exits   # the script runs on
+    finally:
+        launcher.signal(11, 0, 0, 1.0)
+        wait_for(lambda: exits, timeout=30, what="the script's end")
+        groups.close()
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def _gone(pid: int) -> bool:
     """The process has ended (reaped or a zombie), also when it ends while we look."""
     try:
