@@ -229,17 +229,19 @@ class Agent:
             self.steps.signal(stale.job_id, stale.run, 0)
         self._renew(began)   # only an answer from a controller that knows this node up, once stale runs are killed
 
+    def _alive(self) -> set[tuple[int, int]]:
+        """The runs with a script or ranks here, started or starting."""
+        return set(self.launcher.runs_here()) | set(self.steps.runs())
+
     def _runs_here(self) -> list[tuple[int, int]]:
-        """The runs a heartbeat reports: started or starting here, less those given up after SIGKILL."""
-        alive = set(self.launcher.runs_here()) | set(self.steps.runs())
-        return sorted(alive - self.kill_watch.given_up())
+        """The runs a heartbeat reports: those alive here, less those given up after SIGKILL."""
+        return sorted(self._alive() - self.kill_watch.given_up())
 
     def watch_kills(self) -> None:
         """On a thread of its own (its kills and looks never hold up a heartbeat): runs that outlive
         the daemon's SIGKILL, and what ended runs left behind (see killwatch)."""
         while not self._stopping.wait(max(1.0, self.interval)) and not self.steps.detaching.is_set():
-            alive = set(self.launcher.runs_here()) | set(self.steps.runs())
-            for key in self.kill_watch.due(alive):
+            for key in self.kill_watch.due(self._alive()):
                 try:
                     self._maybe_give_up(*key)
                 except Exception:

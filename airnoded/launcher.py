@@ -298,11 +298,6 @@ class Launcher:
                                         list(here.gpus) if here else None)
             if group is not None:
                 self.claim_group(job.job_id, job.restart_count, group)
-        return self._spawn_in_group(job, here, jobdir, script, out_path, separate_err, env, kwargs, same_user, group)
-
-    def _spawn_in_group(self, job: pb.Job, here, jobdir: Path, script: Path, out_path: str, separate_err: str,
-                        env: dict, kwargs: dict, same_user: bool, group: Path | None) -> RunningJob:
-        req = job.request
         if group is not None:
             jobfiles.write_root_file(jobdir, fence.CGROUP, str(group).encode(), 0o600)
         mode = "truncate" if req.open_truncate else "append"

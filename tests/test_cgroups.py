@@ -188,25 +188,16 @@ def test_a_step_that_comes_while_the_batch_script_starts_never_takes_its_group_f
 
 
 @pytest.mark.skipif(MODE == "none", reason="no writable cgroup hierarchy on this host (checked by the test above)")
-def test_a_script_that_starts_after_a_step_of_its_run_keeps_the_steps_folder_and_takes_its_group():
+def test_a_script_that_starts_after_a_step_of_its_run_keeps_the_steps_folder_and_takes_its_group(nobody_dirs):
     """The other order, on a real cgroup tree: a step of the run reached the batch node first (its
     folder, its own group). The launcher keeps the folder (the step's records stay), starts the script
     in the same group and claims it: the step's end no longer empties it, and the script runs on."""
-    import pwd
-    import shutil
-    import tempfile
     import time
     from air.airnoded import jobfiles
     from air.airnoded.launcher import Launcher
     from air.airnoded.steps import StepRunner
     from air.protos import air_pb2 as pb
-    top = Path(tempfile.mkdtemp(prefix="air-test-claim-", dir="/tmp"))   # (nobody must reach its workdir)
-    os.chmod(top, 0o755)
-    work, spool = top / "work", top / "spool"
-    work.mkdir()
-    spool.mkdir(mode=0o755)
-    nobody = pwd.getpwnam("nobody")
-    os.chown(work, nobody.pw_uid, nobody.pw_gid)
+    work, spool, nobody = nobody_dirs.work, nobody_dirs.spool, nobody_dirs.nobody
     groups = JobCgroups("n1", spool=spool)
     exits = []
     launcher = Launcher("n1", spool, exits.append, groups)
@@ -234,7 +225,25 @@ def test_a_script_that_starts_after_a_step_of_its_run_keeps_the_steps_folder_and
         launcher.signal(11, 0, 0, 1.0)
         wait_for(lambda: exits, timeout=30, what="the script's end")
         groups.close()
-        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def nobody_dirs():
+    """A folder under /tmp that the user nobody can reach, with work/ (nobody's: a job's working
+    directory) and spool/; removed after the test."""
+    import pwd
+    import shutil
+    import tempfile
+    from types import SimpleNamespace
+    top = Path(tempfile.mkdtemp(prefix="air-test-cg-", dir="/tmp"))   # (nobody must reach its workdir)
+    os.chmod(top, 0o755)
+    work, spool = top / "work", top / "spool"
+    work.mkdir()
+    spool.mkdir(mode=0o755)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(work, nobody.pw_uid, nobody.pw_gid)
+    yield SimpleNamespace(top=top, work=work, spool=spool, nobody=nobody)
+    shutil.rmtree(top, ignore_errors=True)
 
 
 def _gone(pid: int) -> bool:
@@ -255,21 +264,13 @@ def _pids_writable() -> bool:
 
 
 @pytest.mark.skipif(not _pids_writable(), reason="no writable pids cgroup controller on this host")
-def test_a_fork_bomb_stays_within_its_runs_task_bound(tmp_path):
+def test_a_fork_bomb_stays_within_its_runs_task_bound(nobody_dirs):
     # a job (as nobody) forks 60 sleeps under a bound of 20 tasks: its forks fail beyond the bound, and
     # the node's other processes (the daemon's threads and shepherds) never feel it
-    import pwd
-    import tempfile
     from air.airnoded import cgroups
     from air.airnoded.launcher import Launcher
     from air.protos import air_pb2 as pb
-    top = Path(tempfile.mkdtemp(prefix="air-test-pids-", dir="/tmp"))   # (nobody must reach its workdir)
-    os.chmod(top, 0o755)
-    work, spool = top / "work", top / "spool"
-    work.mkdir()
-    spool.mkdir(mode=0o755)
-    nobody = pwd.getpwnam("nobody")
-    os.chown(work, nobody.pw_uid, nobody.pw_gid)
+    work, spool, nobody = nobody_dirs.work, nobody_dirs.spool, nobody_dirs.nobody
     groups = JobCgroups("n1", spool=spool, pids_max=20)
     exits = []
     launcher = Launcher("n1", spool, exits.append, groups)
@@ -299,33 +300,24 @@ def test_a_fork_bomb_stays_within_its_runs_task_bound(tmp_path):
             groups.empty(g) if g.exists() else None
         groups.remove(groups.run_path(9, 0))
         groups.close()
-        import shutil
-        shutil.rmtree(top, ignore_errors=True)
 
 
 @pytest.mark.skipif(MODE != "v1" or not Path("/sys/fs/cgroup/devices/devices.deny").exists(),
                     reason="the devices controller of cgroup v1 (v2 needs eBPF, not done)")
-def test_a_job_opens_only_its_own_gpus_device_files(tmp_path):
+def test_a_job_opens_only_its_own_gpus_device_files(nobody_dirs):
     # device files of four GPUs (NVIDIA's major); the job (as nobody) has GPUs 1 and 3 of the node and
     # unsets nothing: it tries to open all four. Its cgroup denies 0 and 2 (EPERM); 1 and 3 get past the
     # cgroup to the kernel (no driver here: ENXIO or ENODEV; on a GPU host they open)
-    import pwd
     import stat
-    import tempfile
     from air.airnoded import cgroups
     from air.airnoded.launcher import Launcher
     from air.protos import air_pb2 as pb
-    top = Path(tempfile.mkdtemp(prefix="air-test-devices-", dir="/tmp"))   # (nobody must reach its workdir)
-    os.chmod(top, 0o755)
-    work, spool, dev = top / "work", top / "spool", top / "dev"
-    work.mkdir()
-    spool.mkdir(mode=0o755)
+    work, spool, nobody = nobody_dirs.work, nobody_dirs.spool, nobody_dirs.nobody
+    dev = nobody_dirs.top / "dev"
     dev.mkdir(mode=0o755)
     for minor in range(4):
         os.mknod(dev / f"nvidia{minor}", 0o666 | stat.S_IFCHR, os.makedev(cgroups.NVIDIA_MAJOR, minor))
         os.chmod(dev / f"nvidia{minor}", 0o666)
-    nobody = pwd.getpwnam("nobody")
-    os.chown(work, nobody.pw_uid, nobody.pw_gid)
     groups = JobCgroups("n1", spool=spool, gpu_minors={i: i for i in range(4)})
     exits = []
     launcher = Launcher("n1", spool, exits.append, groups)
@@ -347,5 +339,3 @@ def test_a_job_opens_only_its_own_gpus_device_files(tmp_path):
     finally:
         groups.remove(groups.run_path(9, 0))
         groups.close()
-        import shutil
-        shutil.rmtree(top, ignore_errors=True)

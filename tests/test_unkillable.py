@@ -145,6 +145,16 @@ def _state(p: psutil.Process) -> str:
         return "gone"
 
 
+def _running_sleep(cluster, name: str, line: str) -> tuple[int, str, list[psutil.Process]]:
+    """A running job whose script runs `line` (which starts a sleep) and waits: its id, its node, and
+    its sleep processes."""
+    job_id = cluster.submit(cluster.write_script(name, f"#!/bin/sh\n{line}\nwait\n"), "-G", "1")
+    node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
+    sleeps = wait_for(lambda: [p for p in _processes(cluster, job_id) if p.name() == "sleep"] or None,
+                      what="the job's sleep")
+    return job_id, node, sleeps
+
+
 def _node(cluster, name):
     text = cluster.cli("aircontrol", "show", "node", name).stdout
     return dict(kv.split("=", 1) for kv in text.split() if "=" in kv and not kv.startswith("Gpu")), text
@@ -194,11 +204,7 @@ def test_a_users_own_sigkill_to_stuck_steps_never_gives_up_a_run_whose_script_go
     the run would be reported ended while its script still ran)."""
     from air.aircli.client import Client
     from air.protos import air_pb2 as pb
-    script = cluster.write_script("steps.sh", "#!/bin/sh\nairrun -N 1 --ntasks-per-node=1 sleep 300 &\nwait\n")
-    job_id = cluster.submit(script, "-G", "1")
-    node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
-    ranks = wait_for(lambda: [p for p in _processes(cluster, job_id) if p.name() == "sleep"] or None,
-                     what="the step's rank")
+    job_id, node, ranks = _running_sleep(cluster, "steps.sh", "airrun -N 1 --ntasks-per-node=1 sleep 300 &")
     with _frozen(ranks):
         Client(str(cluster.config)).cancel(pb.CancelRequest(filter=pb.JobFilter(job_ids=[job_id]), signal=9,
                                                             steps_only=True))
@@ -216,11 +222,7 @@ def test_a_process_left_stuck_after_its_script_ended_drains_the_node(cluster):
     """The common case: the script's shell dies at once, a program it started (python in a driver) is
     stuck. The run ends as usual; what it left in its group outlives SIGKILL, and the node drains once
     it has for unkillable_timeout_s, so that the next job does not meet a GPU still held."""
-    script = cluster.write_script("child.sh", "#!/bin/sh\nsleep 300 &\nwait\n")
-    job_id = cluster.submit(script, "-G", "1")
-    node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
-    child = wait_for(lambda: [p for p in _processes(cluster, job_id) if p.name() == "sleep"] or None,
-                     what="the script's child")
+    job_id, node, child = _running_sleep(cluster, "child.sh", "sleep 300 &")
     with _frozen(child):
         cluster.cli("aircancel", str(job_id))
         cluster.wait_state(job_id, "CANCELLED", timeout=20)   # the script's end is reported as usual
