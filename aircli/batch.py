@@ -7,8 +7,8 @@ import socket
 import click
 
 from air.aircli.client import CliError, entry
-from air.aircli.options import (FLAG_KINDS, OPTIONS, OptionError, export_environment, from_environment,
-                                merge_het, parse_directives, resolve_tasks)
+from air.aircli.options import (FLAG_KINDS, OPTIONS, SLURM_ONLY, OptionError, export_environment,
+                                from_environment, merge_het, not_supported, parse_directives, resolve_tasks)
 
 SUBMIT_LINE_CHARS = 4096   # as airctld keeps it (validate.MAX_SUBMIT_LINE)
 
@@ -62,7 +62,15 @@ def _params() -> list[click.Parameter]:
         click.Argument(["script"], required=False),
         click.Argument(["args"], nargs=-1),
     ]
+    for long, short, takes_value in SLURM_ONLY:   # each refused with its own line, not as a typo
+        params.append(click.Option([long] + ([short] if short else []), is_flag=not takes_value, default=None,
+                                   expose_value=False, hidden=True, callback=_refuse))
     return params
+
+
+def _refuse(ctx: click.Context, param: click.Parameter, value) -> None:
+    if value is not None and value is not False:
+        raise click.UsageError(not_supported(param.opts[0]))
 
 
 def submit_line() -> str:
@@ -143,7 +151,7 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
     client = Client(config)
     reply = client.submit(pb.SubmitRequest(job=req, test_only=test_only))
     if test_only:
-        click.echo(f"airbatch: job {reply.message}")
+        click.echo(f"{click.get_current_context().info_name}: job {reply.message}")   # (sbatch: as sbatch)
     elif parsable:
         click.echo(str(reply.job_id))
     else:

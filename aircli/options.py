@@ -81,6 +81,39 @@ OPTIONS: tuple[Opt, ...] = (
 )
 FLAG_KINDS = ("flag", "exclusive")
 BY_NAME = {o.long: o for o in OPTIONS} | {o.short: o for o in OPTIONS if o.short}
+
+# sbatch(1)'s other options (Slurm 24.05): each is refused with one line naming it as Slurm's, never
+# taken for a typo and never ignored. (long, short, takes a value)
+SLURM_ONLY: tuple[tuple[str, str | None, bool], ...] = (
+    ("--acctg-freq", None, True), ("--batch", None, True), ("--bb", None, True), ("--bbf", None, True),
+    ("--cluster-constraint", None, True), ("--clusters", "-M", True), ("--container", None, True),
+    ("--container-id", None, True), ("--contiguous", None, False), ("--core-spec", "-S", True),
+    ("--cores-per-socket", None, True), ("--cpu-freq", None, True), ("--cpus-per-gpu", None, True),
+    ("--deadline", None, True), ("--delay-boot", None, True), ("--distribution", "-m", True),
+    ("--export-file", None, True), ("--extra", None, True), ("--extra-node-info", "-B", True),
+    ("--get-user-env", None, False), ("--gid", None, True), ("--gpu-bind", None, True),
+    ("--gpu-freq", None, True), ("--gpus-per-socket", None, True), ("--gres-flags", None, True),
+    ("--hint", None, True), ("--ignore-pbs", None, False), ("--input", "-i", True),
+    ("--kill-on-invalid-dep", None, True), ("--licenses", "-L", True), ("--mcs-label", None, True),
+    ("--mem-bind", None, True), ("--mem-per-cpu", None, True), ("--mincpus", None, True),
+    ("--network", None, True), ("--no-kill", "-k", False), ("--nodefile", "-F", True),
+    ("--ntasks-per-core", None, True), ("--ntasks-per-gpu", None, True), ("--ntasks-per-socket", None, True),
+    ("--overcommit", "-O", False), ("--oversubscribe", "-s", False), ("--power", None, True),
+    ("--prefer", None, True), ("--priority", None, True), ("--profile", None, True), ("--propagate", None, False),
+    ("--quiet", "-Q", False), ("--reboot", None, False), ("--reservation", None, True),
+    ("--resv-ports", None, False), ("--segment", None, True), ("--sockets-per-node", None, True),
+    ("--spread-job", None, False), ("--stepmgr", None, False), ("--thread-spec", None, True),
+    ("--threads-per-core", None, True), ("--time-min", None, True), ("--tmp", None, True),
+    ("--tres-bind", None, True), ("--tres-per-task", None, True), ("--uid", None, True), ("--usage", None, False),
+    ("--use-min-nodes", None, False), ("--verbose", "-v", False), ("--version", "-V", False),
+    ("--wait-all-nodes", None, True),
+)
+SLURM_ONLY_NAMES = {long: long for long, _, _ in SLURM_ONLY} | {short: long for long, short, _ in SLURM_ONLY if short}
+
+
+def not_supported(name: str) -> str:
+    """What a Slurm option AIR does not take is told."""
+    return f"{SLURM_ONLY_NAMES.get(name, name)} is an sbatch option AIR does not support (see docs/slurm.md)"
 DIRECTIVE = re.compile(r"^#(AIR|SBATCH)(\s|$)")
 
 
@@ -282,7 +315,7 @@ def parse_tokens(tokens: list[str]) -> dict[str, object]:
             raise OptionError(f"unexpected argument {tok!r}; directives hold options only")
         opt = BY_NAME.get(name)
         if opt is None:
-            raise OptionError(f"unknown option {name}")
+            raise OptionError(not_supported(name) if name in SLURM_ONLY_NAMES else f"unknown option {name}")
         if value is None and opt.kind not in FLAG_KINDS:
             if i + 1 >= len(tokens):
                 raise OptionError(f"{opt.long} needs a value")
@@ -379,13 +412,16 @@ def from_environment(env: dict[str, str]) -> dict[str, object]:
 
 
 def export_environment(spec: str, env: dict[str, str]) -> dict[str, str]:
-    """The environment a job gets for --export: ALL (default), NONE, or [ALL,]VAR[=value],..."""
+    """The environment a job gets for --export: ALL (default), NONE, or [ALL,]VAR[=value],... Without
+    ALL, the SLURM_* variables are kept, as sbatch's and srun's manuals say."""
     parts = [p for p in (spec or "ALL").split(",") if p]
     out: dict[str, str] = {}
     if parts and parts[0] == "ALL":
         out.update(env)
         parts = parts[1:]
-    elif parts and parts[0] == "NONE":
+    else:
+        out.update((k, v) for k, v in env.items() if k.startswith("SLURM_"))
+    if parts and parts[0] == "NONE":
         parts = parts[1:]
     elif parts and "=" not in parts[0] and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", parts[0]):
         raise OptionError(f"--export={spec!r}: give ALL, NONE, or VAR[=value],...")

@@ -41,6 +41,7 @@ from air.airctld.validate import MAX_TIME_LIMIT_S, check_step
 from air.protos.limits import MAX_FILTER_ITEMS, MAX_NAMED_JOBS
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
+from air.protos.jobenv import job_variables
 from air.protos.states import ACTIVE_PHASES, REASON_NAMES, JobPhase, JobResult, NodeState, Reason, long_state
 
 log = logging.getLogger("airctld")
@@ -485,6 +486,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 raise Conflict(f"airrun of run {caller_run} of job {job.job_id}, which is on run "
                                f"{job.restart_count} now: a stale run starts no step")
             nodes, world = steps.layout(job, spec, addresses)
+            variables = job_variables(job.to_proto(), self.config.controller.cluster_name)
             if job.job_id not in self._step_ids:
                 self._step_ids[job.job_id] = self.store.last_step_id(job.job_id)
             step_id = self._step_ids[job.job_id] + 1
@@ -498,7 +500,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
             self._step_ids[job.job_id] = step_id
         step = pb.Step(job_id=job.job_id, step_id=step_id, run=job.restart_count, uid=job.uid, gid=job.gid,
                        world_size=world,
-                       master_addr=nodes[0].address.rsplit(":", 1)[0], nodes=nodes, spec=spec)
+                       master_addr=nodes[0].address.rsplit(":", 1)[0], nodes=nodes, spec=spec,
+                       job_environment=variables)
         first = self.clients.prepare_step(nodes[0].address, step)
         step.master_port = first.free_port
         for node in nodes:  # every node gets the final step, the first one again with its port

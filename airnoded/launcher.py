@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import select
 import signal
 import threading
@@ -18,10 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-import hostlist
 import psutil
 
-from air.protos import arrays, hetjob
 from air.airnoded import fence, jobfiles, progress, shepherding
 from air.airnoded.cgroups import JobCgroups, local_devices
 from air.airnoded.procs import as_owner, killpg
@@ -30,8 +27,7 @@ from air.airnoded.shepherding import BATCH, Child, Herd
 from air.protos import air_pb2 as pb
 from air.protos.limits import memory_limit_bytes
 from air.protos.outputs import output_paths
-from air.protos.stepenv import tasks_per_node
-from air.protos.states import REASON_NAMES, Reason
+from air.protos.jobenv import HET_VARIABLE, job_variables
 
 log = logging.getLogger("airnoded")
 
@@ -60,107 +56,27 @@ class StaleRun(Exception):
     """A launch of a run older than one this node has seen."""
 
 
-_HET_VARIABLE = re.compile(r"SLURM_(HET_SIZE|\w+_HET_GROUP_\d+)$")
-
-
 def job_environment(job: pb.Job, node: str, spool: Path | None = None, cluster: str = "") -> dict[str, str]:
     """The batch script's environment: the submitter's exported variables, then AIR_* and SLURM_*
-    (what sbatch sets and tools such as submitit and Lightning read; see docs/slurm.md)."""
-    req = job.request
-    nodes = [a.node for a in job.allocation]
+    (what sbatch sets and tools such as submitit and Lightning read; see docs/slurm.md): the job's
+    (jobenv), and this node's."""
     here = next((a for a in job.allocation if a.node == node), None)
     gpus = list(here.gpus) if here else []
-    nodelist = hostlist.collect_hostlist(nodes)
     # (a job submitted from a heterogeneous one must not keep that job's groups: this job's are set below)
-    env = {k: v for k, v in req.environment.items() if not _HET_VARIABLE.match(k)}
-    air = {
-        "AIR_JOB_ID": str(job.job_id),
-        "AIR_JOB_NAME": req.name or "batch",
-        "AIR_JOB_NODELIST": nodelist,
-        "AIR_NNODES": str(len(nodes)),
+    env = {k: v for k, v in job.request.environment.items() if not HET_VARIABLE.match(k)}
+    env.update(job_variables(job, cluster))
+    env.update({
         "AIR_GPUS_PER_NODE": str(len(gpus)),
-        "AIR_SUBMIT_DIR": req.workdir,
         "AIR_NODENAME": node,
-        "AIR_JOB_PARTITION": job.partition,
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
-        "SLURM_JOB_ID": str(job.job_id),
-        "SLURM_JOBID": str(job.job_id),
-        "SLURM_JOB_NAME": req.name or "batch",
-        "SLURM_JOB_NODELIST": nodelist,
-        "SLURM_NODELIST": nodelist,
-        "SLURM_NNODES": str(len(nodes)),
-        "SLURM_JOB_NUM_NODES": str(len(nodes)),
-        "SLURM_SUBMIT_DIR": req.workdir,
-        "SLURM_JOB_PARTITION": job.partition,
         "SLURMD_NODENAME": node,
         "SLURM_GPUS_ON_NODE": str(len(gpus)),
         "SLURM_JOB_GPUS": ",".join(str(g) for g in gpus),   # the node's indices, whatever CUDA numbers them
-        "AIR_RESTART_COUNT": str(job.restart_count),
-        "SLURM_RESTART_COUNT": str(job.restart_count),
-        "AIR_LAST_STOP_REASON": REASON_NAMES[Reason(job.last_stop_reason)] if job.restart_count else "",
-    }
-    air.update(slurm_job_environment(job, here, cluster))
-    if spool is not None:
-        air.update(progress.environment(spool, job.job_id, job.restart_count))
-    if job.array_job_id:
-        for prefix in ("AIR", "SLURM"):
-            air[f"{prefix}_ARRAY_JOB_ID"] = str(job.array_job_id)
-            air[f"{prefix}_ARRAY_TASK_ID"] = str(job.array_task_id)
-    env.update(air)
-    return env
-
-
-def slurm_job_environment(job: pb.Job, here: pb.NodeAlloc | None, cluster: str) -> dict[str, str]:
-    """sbatch's other variables: tasks, CPUs, account, QOS, who and where from, and the array's shape."""
-    req = job.request
-    nodes = max(1, len(job.allocation))
-    per_node = req.ntasks_per_node or 1
-    env = {
-        "SLURM_TASKS_PER_NODE": tasks_per_node([per_node] * nodes),
-        "SLURM_JOB_USER": job.user,
-        "SLURM_JOB_UID": str(job.uid),
-        "SLURM_JOB_GID": str(job.gid),
-    }
-    if req.ntasks_per_node:   # as sbatch: only when tasks were asked for (Lightning, for one, reads
-        # SLURM_NTASKS as "started by srun", and a script that runs python itself is not)
-        env.update({"SLURM_NTASKS": str(nodes * per_node), "SLURM_NPROCS": str(nodes * per_node),
-                    "SLURM_NTASKS_PER_NODE": str(per_node)})
-    if req.cpus_per_task:
-        env["SLURM_CPUS_PER_TASK"] = str(req.cpus_per_task)
-    env["SLURM_OPEN_MODE"] = "t" if req.open_truncate else "a"   # srun's files follow the job's
+    })
     if here is not None:
         env["SLURM_CPUS_ON_NODE"] = str(here.cpus)
-    for key, value in (("SLURM_JOB_ACCOUNT", req.account), ("SLURM_JOB_QOS", req.qos),
-                       ("SLURM_SUBMIT_HOST", req.submit_host), ("SLURM_CLUSTER_NAME", cluster)):
-        if value:
-            env[key] = value
-    env.update(het_environment(job))
-    if job.array_job_id and req.array:
-        try:
-            tasks, _ = arrays.parse(req.array)
-        except ValueError:
-            tasks = []
-        if tasks:
-            steps = {b - a for a, b in zip(tasks, tasks[1:])}
-            env.update({"SLURM_ARRAY_TASK_COUNT": str(len(tasks)), "SLURM_ARRAY_TASK_MIN": str(tasks[0]),
-                        "SLURM_ARRAY_TASK_MAX": str(tasks[-1]),
-                        "SLURM_ARRAY_TASK_STEP": str(steps.pop() if len(steps) == 1 else 1)})
-    return env
-
-
-def het_environment(job: pb.Job) -> dict[str, str]:
-    """A heterogeneous job's groups, as sbatch sets them: group i is the next nodes of the allocation
-    (the batch node's first), as many as component i asked for."""
-    env: dict[str, str] = {}
-    if not job.request.het:
-        return env
-    env["SLURM_HET_SIZE"] = str(len(job.request.het))
-    for i, (component, group) in enumerate(hetjob.groups(job.request, [a.node for a in job.allocation])):
-        listed = hostlist.collect_hostlist(group)
-        env.update({f"SLURM_JOB_NODELIST_HET_GROUP_{i}": listed, f"SLURM_NODELIST_HET_GROUP_{i}": listed,
-                    f"SLURM_JOB_NUM_NODES_HET_GROUP_{i}": str(len(group)),
-                    f"SLURM_NNODES_HET_GROUP_{i}": str(len(group)),
-                    f"SLURM_JOB_NAME_HET_GROUP_{i}": component.name})
+    if spool is not None:
+        env.update(progress.environment(spool, job.job_id, job.restart_count))
     return env
 
 

@@ -432,7 +432,9 @@ class _Stream:
         children, ours, theirs = [], [], []
         try:
             for local_rank, rank in enumerate(here.ranks):
-                env = rank_environment(step, index, local_rank, {**step.spec.environment, **extra_env})
+                # (the job's variables over what airrun's --export kept, as srun's: a rank always knows its job)
+                env = rank_environment(step, index, local_rank,
+                                       {**step.spec.environment, **step.job_environment, **extra_env})
                 if runner.cgroups.gpu_minors and here.HasField("allocation") and env["CUDA_VISIBLE_DEVICES"]:
                     # the run's devices group lets the rank open only its job's GPUs here: CUDA numbers them
                     env["CUDA_VISIBLE_DEVICES"] = local_devices(env["CUDA_VISIBLE_DEVICES"],

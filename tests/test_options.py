@@ -94,6 +94,12 @@ def test_export_forms():
     assert export_environment("ALL,C=3", env) == {"A": "1", "B": "2", "C": "3"}
     with pytest.raises(OptionError):
         export_environment("NONE,1BAD", env)
+    # without ALL, Slurm's own variables stay (sbatch(1), srun(1): "Only SLURM_* variables from the user
+    # environment will be defined"): srun --export=NONE inside a job still knows the job
+    job = {"SLURM_JOB_ID": "7", "SLURM_NODELIST": "n[1-2]", "HOME": "/h", "SLURMX": "no"}
+    assert export_environment("NONE", job) == {"SLURM_JOB_ID": "7", "SLURM_NODELIST": "n[1-2]"}
+    assert export_environment("HOME", job) == {"SLURM_JOB_ID": "7", "SLURM_NODELIST": "n[1-2]", "HOME": "/h"}
+    assert export_environment("ALL", job) == job
 
 
 @pytest.mark.parametrize("given, expected", [
@@ -228,3 +234,48 @@ def test_a_heterogeneous_step_puts_each_component_on_its_group():
         hetstep.run(command, "srun", ["a", ":", "b", ":", "c"], env=env)
     with pytest.raises(CliError, match="an empty component"):
         hetstep.run(command, "srun", ["a", ":"], env=env)
+
+
+# sbatch(1)'s options as its manual lists them (Slurm 24.05), written out here apart from the table in
+# aircli/options.py: every one is taken by airbatch or refused as Slurm's, none is taken for a typo.
+SBATCH_MANUAL = """
+-A --account --acctg-freq -a --array --batch --bb --bbf -b --begin -D --chdir --cluster-constraint -M --clusters
+--comment -C --constraint --container --container-id --contiguous -S --core-spec --cores-per-socket --cpu-freq
+--cpus-per-gpu -c --cpus-per-task --deadline --delay-boot -d --dependency -m --distribution -e --error -x --exclude
+--exclusive --export --export-file --extra -B --extra-node-info --get-user-env --gid --gpu-bind --gpu-freq -G --gpus
+--gpus-per-node --gpus-per-socket --gpus-per-task --gres --gres-flags -h --help --hint -H --hold --ignore-pbs -i
+--input -J --job-name --kill-on-invalid-dep -L --licenses --mail-type --mail-user --mcs-label --mem --mem-bind
+--mem-per-cpu --mem-per-gpu --mincpus --network --nice -k --no-kill --no-requeue -F --nodefile -w --nodelist -N
+--nodes -n --ntasks --ntasks-per-core --ntasks-per-gpu --ntasks-per-node --ntasks-per-socket --open-mode -o --output
+-O --overcommit -s --oversubscribe --parsable -p --partition --power --prefer --priority --profile --propagate -q
+--qos -Q --quiet --reboot --requeue --reservation --resv-ports --segment --signal --sockets-per-node --spread-job
+--stepmgr --switches --test-only --thread-spec --threads-per-core -t --time --time-min --tmp --tres-bind
+--tres-per-task --uid --usage --use-min-nodes -v --verbose -V --version -W --wait --wait-all-nodes --wckey --wrap
+""".split()
+
+
+def test_every_option_of_sbatchs_manual_is_taken_or_refused_as_slurms(tmp_path, capsys):
+    from air.aircli.batch import command
+    from air.aircli.client import run
+    from air.aircli.options import SLURM_ONLY, SLURM_ONLY_NAMES
+    takes_value = {long: value for long, _, value in SLURM_ONLY}
+    taken = {p for param in command.params for p in param.opts if not getattr(param, "hidden", False)} | {"-h", "--help"}
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\ntrue\n")
+    for name in SBATCH_MANUAL:
+        if name in taken:
+            continue
+        assert name in SLURM_ONLY_NAMES, f"{name} is neither taken nor refused as Slurm's"
+        # on the command line (with a value where it takes one: refused all the same) and in a directive
+        forms = [[name, str(script)]] + ([[f"{name}=1", str(script)] if name.startswith("--") else [name, "1"]]
+                                         if takes_value[SLURM_ONLY_NAMES[name]] else [])
+        for argv in forms:
+            assert run(command, "sbatch", argv) == 1
+            err = capsys.readouterr().err.splitlines()
+            assert len(err) == 1 and err[0].startswith("sbatch: error: ") and "AIR does not support" in err[0] \
+                and SLURM_ONLY_NAMES[name] in err[0], (argv, err)
+        with pytest.raises(OptionError, match=f"{SLURM_ONLY_NAMES[name]} is an sbatch option AIR does not support"):
+            parse_directives(f"#!/bin/sh\n#SBATCH {name}{'=1' if name.startswith('--') else ' 1'}\ntrue\n")
+    # and a typo is still a typo
+    assert run(command, "sbatch", ["--frobnicate", str(script)]) == 1
+    assert "AIR does not support" not in capsys.readouterr().err

@@ -169,6 +169,13 @@ def test_slurm_command_names_drive_the_cluster(cluster, tmp_path):
     run("scancel", str(held))
     assert run("sacct", "-j", f"{job_id},{held}", "-X", "-P", "-n", "-o", "JobID,State").splitlines() == [
         f"{job_id}|COMPLETED", f"{held}|CANCELLED by 0"]
+    # scancel by name, then by state; sbatch --test-only speaks as sbatch
+    named, other = (int(run("sbatch", "--parsable", "--hold", "-J", name, "--wrap", "true")) for name in ("aa", "bb"))
+    run("scancel", "-n", "aa")
+    assert [cluster.job(named)["state"], cluster.job(other)["state"]] == ["CANCELLED", "PENDING"]
+    run("scancel", "-t", "PD")
+    assert cluster.job(other)["state"] == "CANCELLED"
+    assert run("sbatch", "--test-only", "--wrap", "true").startswith("sbatch: job would start now on node0")
 
     # sbatch -W returns the job's exit; --open-mode=truncate starts each run's output afresh; -n and
     # --gpus-per-task become tasks and GPUs on each node; --comment is kept; an unknown option is refused
@@ -201,6 +208,29 @@ def test_slurm_command_names_drive_the_cluster(cluster, tmp_path):
     assert "OverSubscribe=NO" in run("scontrol", "show", "job", str(whole))
 
 
+def test_sbatch_signal_reaches_the_steps_tasks_and_with_b_the_batch_shell_only(cluster, tmp_path):
+    """sbatch(1): --signal=SIG@T goes to every step's tasks, not the batch shell; --signal=B:SIG@T to the
+    batch shell only. Both jobs trap USR1 in the shell and in the task, and run into their time limit."""
+    env = cluster.slurm_commands(tmp_path / "bin")
+    script = ("#!/bin/bash\ntrap 'echo batch got USR1' USR1\n"
+              "srun sh -c 'trap \"echo step got USR1\" USR1; echo step ready; "
+              "for i in $(seq 100); do sleep 0.2; done' &\n"
+              "while :; do wait; done\n")
+    path = cluster.write_script("warn.sh", script)
+    jobs = {}
+    for form in ("USR1@3", "B:USR1@3"):
+        out = subprocess.run(["sbatch", "--parsable", "--time=0:07", f"--signal={form}", "-o", "warn-%j.out",
+                              str(path)], capture_output=True, text=True, env=env, cwd=cluster.work, timeout=60)
+        assert out.returncode == 0, out.stderr
+        jobs[form] = int(out.stdout)
+    for form, job_id in jobs.items():
+        cluster.wait_state(job_id, "TIMEOUT", timeout=40)
+    steps = (cluster.work / f"warn-{jobs['USR1@3']}.out").read_text()
+    batch = (cluster.work / f"warn-{jobs['B:USR1@3']}.out").read_text()
+    assert "step ready" in steps and "step got USR1" in steps and "batch got USR1" not in steps, steps
+    assert "step ready" in batch and "batch got USR1" in batch and "step got USR1" not in batch, batch
+
+
 def test_submitit_runs_a_function_and_maps_an_array_through_the_slurm_commands(cluster, tmp_path, monkeypatch):
     """submitit (1.5, its Slurm executor, unchanged) drives AIR through sbatch, srun, sacct and scancel."""
     import submitit
@@ -225,6 +255,14 @@ def test_submitit_runs_a_function_and_maps_an_array_through_the_slurm_commands(c
     runs = [(_epoch(end) - int(elapsed), _epoch(end)) for elapsed, end in spans]   # whole seconds
     at_once = max(sum(s < t + 0.5 and t + 0.5 < e for s, e in runs) for t, _ in runs)
     assert len(runs) == 10 and at_once <= 3, f"{at_once} tasks of a %3 array ran at once: {runs}"
+    # PENDING while it waits (for its --begin time, here), CANCELLED once cancelled before it ran
+    executor.update_parameters(slurm_additional_parameters={"begin": "now+600"})
+    later = executor.submit(pow, 2, 2)
+    wait_for(lambda: later.get_info().get("State") == "PENDING", timeout=20, interval=0.5, what="PENDING")
+    later.cancel()
+    wait_for(lambda: later.get_info().get("State", "").startswith("CANCELLED"), timeout=20, interval=0.5,
+             what="the pending job CANCELLED")
+    executor.update_parameters(slurm_additional_parameters={})
     slow = executor.submit(time.sleep, 60)
     wait_for(lambda: slow.get_info().get("State") == "RUNNING", timeout=30, interval=0.5, what="the job to run")
     slow.cancel()

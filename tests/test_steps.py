@@ -86,6 +86,26 @@ def test_airrun_outside_a_job_allocates_runs_the_step_and_gives_the_nodes_back(c
     # the step's own outcome, as sacct shows it; the allocation's shell ended as the step did
     rows = cluster.cli("airacct", "-j", str(job_id), "-P", "-n", "-o", "JobID,JobName,State,ExitCode").stdout.split()
     assert rows == [f"{job_id}|probe2|FAILED|1:0", f"{job_id}.batch|batch|FAILED|1:0", f"{job_id}.0|sh|FAILED|3:0"]
+    # its ranks know their job as srun's do, whatever --export kept (a step's SLURM_NNODES and
+    # SLURM_NODELIST are the step's; the job's are SLURM_JOB_*)
+    names = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES",
+             "SLURM_JOB_PARTITION", "SLURM_SUBMIT_DIR", "SLURM_CLUSTER_NAME", "SLURM_JOB_USER", "SLURM_STEPID",
+             "SLURM_NPROCS", "SLURM_NNODES", "SLURM_NODELIST")
+    probe = cluster.cli("airrun", "-N", "2", "-J", "probe3", "--export=NONE", "--label", "/usr/bin/env",
+                        env={"AIR_JOB_ID": ""})
+    seen: dict[str, dict[str, str]] = {}
+    for line in probe.stdout.splitlines():   # "RANK: NAME=VALUE"
+        rank, _, variable = line.partition(": ")
+        name, _, value = variable.partition("=")
+        if name in names:
+            seen.setdefault(rank.strip(), {})[name] = value
+    job_id = cluster.queue("-n", "probe3")[0]["job_id"]
+    assert sorted(seen) == ["0", "1"] and all(s == {
+        "SLURM_JOB_ID": str(job_id), "SLURM_JOBID": str(job_id), "SLURM_JOB_NAME": "probe3",
+        "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_PARTITION": "gpu",
+        "SLURM_SUBMIT_DIR": str(cluster.work), "SLURM_CLUSTER_NAME": "air", "SLURM_JOB_USER": "root",
+        "SLURM_STEPID": "0", "SLURM_NPROCS": "2", "SLURM_NNODES": "2", "SLURM_NODELIST": "node[01-02]"}
+        for s in seen.values()), probe.stdout
     wait_for(lambda: not any(j["state"] == "RUNNING" for j in cluster.queue()), timeout=20,
              what="the allocations given back")
 
