@@ -368,16 +368,21 @@ class Launcher:
             log.warning("job %d: killed process group %d left by an earlier airnoded", job_id, pgid)
 
     def kill_leftover_cgroups(self, keep: set[tuple[int, int]]) -> None:
-        """Kill and remove the cgroups of runs no one watches (neither adopted nor with steps here)."""
+        """Kill and remove the cgroups of runs no one watches (neither adopted nor with steps here). One
+        whose processes outlive the kill (an earlier daemon's leftover watch was on it) goes to this
+        daemon's leftover watch (on_leftover), which drains the node if they stay stuck."""
         if not self.cgroups.enabled:
             return
         for group in self.cgroups.leftovers():
-            if jobfiles.parse_job_dir(group.name) in keep:
+            key = jobfiles.parse_job_dir(group.name)
+            if key in keep:
                 continue
             if self.cgroups.kill(group):
                 log.warning("%s: killed processes left in the cgroup by an earlier airnoded", group.name)
                 time.sleep(0.1)
             self.cgroups.remove(group)
+            if key is not None and group.exists():
+                self.on_leftover(key[0], key[1], group)
 
     def signal(self, job_id: int, run: int, sig: int, grace_s: float, batch_only: bool = False) -> bool:
         """Send `sig` to this run's process group (or only its batch shell); sig 0 terminates: SIGTERM,

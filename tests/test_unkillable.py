@@ -230,3 +230,22 @@ def test_a_process_left_stuck_after_its_script_ended_drains_the_node(cluster):
                                what="the node to drain")
         assert "Kill task failed" in text and f"job {job_id} (run 0) left in uninterruptible sleep" in text, text
     cluster.cli("aircontrol", "node", "resume", node)
+
+
+@pytest.mark.skipif(not _freezer_usable(), reason="needs root and the cgroup v1 freezer")
+def test_a_restarted_daemon_still_drains_for_a_stuck_process_an_ended_run_left(cluster):
+    """As above, with the node daemon killed and started again before the timeout: the new daemon finds
+    the group it cannot empty and watches it as the earlier one did (it used to kill it once and
+    forget it, and the node took jobs beside a process that may hold a GPU)."""
+    job_id, node, child = _running_sleep(cluster, "left.sh", "sleep 300 &")
+    index = int(node.removeprefix("node")) - 1
+    with _frozen(child):
+        cluster.cli("aircancel", str(job_id))
+        cluster.wait_state(job_id, "CANCELLED", timeout=20)
+        cluster.kill_node(index)
+        cluster.start_node(index)
+        shown, text = wait_for(lambda: "DR" in (n := _node(cluster, node))[0]["State"] and n, timeout=30,
+                               what="the node to drain")
+        assert "Kill task failed" in text and f"job {job_id} (run 0) left in uninterruptible sleep" in text, text
+    cluster.cli("aircontrol", "node", "resume", node)
+    wait_for(lambda: "DR" not in _node(cluster, node)[0]["State"], timeout=20, what="the node back in service")
