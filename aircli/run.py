@@ -86,6 +86,8 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
         environment = export_environment(export, dict(os.environ)) if export else dict(os.environ)
     except OptionError as e:
         raise CliError(str(e)) from None
+    if "AIR_RESTART_COUNT" in os.environ:   # the run this srun belongs to, whatever --export keeps: the
+        environment["AIR_RESTART_COUNT"] = os.environ["AIR_RESTART_COUNT"]   # controller refuses a stale run's step
     if het_group is not None or (os.environ.get("SLURM_HET_SIZE") and not (nodelist or nodes)):
         if nodelist:
             raise CliError("give -w or --het-group, not both")

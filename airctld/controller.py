@@ -486,7 +486,6 @@ class Controller(NodeReports, SchedulingPass, Launching):
                 raise Conflict(f"airrun of run {caller_run} of job {job.job_id}, which is on run "
                                f"{job.restart_count} now: a stale run starts no step")
             nodes, world = steps.layout(job, spec, addresses)
-            variables = job_variables(job.to_proto(), self.config.controller.cluster_name)
             if job.job_id not in self._step_ids:
                 self._step_ids[job.job_id] = self.store.last_step_id(job.job_id)
             step_id = self._step_ids[job.job_id] + 1
@@ -498,6 +497,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
                                     hostlist.collect_hostlist([n.node for n in nodes]), world,
                                     shlex.join(spec.argv)[:1024])
             self._step_ids[job.job_id] = step_id
+        # (outside the lock: `job` is the version the step was numbered for, and its request may be MiBs)
+        variables = job_variables(job.to_proto(), self.config.controller.cluster_name)
         step = pb.Step(job_id=job.job_id, step_id=step_id, run=job.restart_count, uid=job.uid, gid=job.gid,
                        world_size=world,
                        master_addr=nodes[0].address.rsplit(":", 1)[0], nodes=nodes, spec=spec,

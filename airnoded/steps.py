@@ -26,7 +26,7 @@ from air.airnoded.procs import as_owner, killpg
 from air.airnoded.shepherding import Child, Herd
 from air.airnoded.shepherd import start_time
 from air.protos import air_pb2 as pb
-from air.protos.stepenv import rank_environment
+from air.protos.stepenv import rank_base, rank_environment
 
 log = logging.getLogger("airnoded")
 
@@ -432,9 +432,7 @@ class _Stream:
         children, ours, theirs = [], [], []
         try:
             for local_rank, rank in enumerate(here.ranks):
-                # (the job's variables over what airrun's --export kept, as srun's: a rank always knows its job)
-                env = rank_environment(step, index, local_rank,
-                                       {**step.spec.environment, **step.job_environment, **extra_env})
+                env = rank_environment(step, index, local_rank, rank_base(step, extra_env))
                 if runner.cgroups.gpu_minors and here.HasField("allocation") and env["CUDA_VISIBLE_DEVICES"]:
                     # the run's devices group lets the rank open only its job's GPUs here: CUDA numbers them
                     env["CUDA_VISIBLE_DEVICES"] = local_devices(env["CUDA_VISIBLE_DEVICES"],

@@ -13,7 +13,14 @@ from air.protos import arrays, hetjob
 from air.protos.states import REASON_NAMES, Reason
 from air.protos.stepenv import tasks_per_node
 
-HET_VARIABLE = re.compile(r"SLURM_(HET_SIZE|\w+_HET_GROUP_\d+)$")   # a heterogeneous job's own
+# What describes one job, one step or one task: a job submitted from inside another (sbatch in a
+# rank of an srun, as submitit and pipelines do) must not keep that job's, whatever its --export
+# kept (a stale SLURM_NTASKS_PER_NODE would make its srun start that many tasks a node). The new
+# job's own are set from job_variables; variables that are a user's settings (SLURM_MPI_TYPE, ...) stay.
+SCOPED_VARIABLE = re.compile(
+    r"SLURM_(JOB_\w+|JOBID|NODELIST|NNODES|NTASKS|NTASKS_PER_\w+|NPROCS|TASKS_PER_NODE|CPUS_PER_TASK|"
+    r"CPUS_ON_NODE|GPUS_ON_NODE|ARRAY_\w+|STEP_\w+|STEPID|PROCID|LOCALID|NODEID|RESTART_COUNT|SUBMIT_DIR|"
+    r"SUBMIT_HOST|CLUSTER_NAME|OPEN_MODE|HET_SIZE|\w+_HET_GROUP_\d+)$|SLURMD_NODENAME$|AIR_(ARRAY_\w+|STEP_ID)$")
 
 
 def job_variables(job: pb.Job, cluster: str = "") -> dict[str, str]:

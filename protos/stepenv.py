@@ -18,6 +18,13 @@ def tasks_per_node(counts: list[int]) -> str:
     return ",".join(f"{c}(x{n})" if n > 1 else str(c) for c, n in out)
 
 
+def rank_base(step: pb.Step, node_own: dict[str, str]) -> dict[str, str]:
+    """What a rank's environment is built on: what srun's --export kept, then its job's variables (as
+    srun's, a rank always knows its job), then the node's own for the run (its owner, its progress
+    files), which nothing a user sends overrides."""
+    return {**step.spec.environment, **step.job_environment, **node_own}
+
+
 def rank_environment(step: pb.Step, node_index: int, local_rank: int, base: dict[str, str]) -> dict[str, str]:
     """What torch.distributed (and srun-style scripts) expect in every rank."""
     here = step.nodes[node_index]

@@ -124,3 +124,24 @@ def test_airrun_output_patterns_name_each_ranks_file_as_srun():
     assert expand("%x-%J-%N-%n-%t-%u-%A_%a-100%%-%q.log", step, 3, env) == \
         "train-42.3-gpu02-1-3-alice-40_2-100%-%q.log"
     assert expand("%j.%s.%t", step, 0, {}) == "42.3.0"
+
+
+def test_a_job_submitted_from_a_rank_of_another_keeps_none_of_that_jobs_variables():
+    """sbatch run inside a task of a 4-node srun step of an array job: the new job (one node, no task
+    count) sees its own, and none of the outer job's, step's or task's; a user's own settings stay."""
+    outer = {"SLURM_JOB_ID": "99", "SLURM_JOBID": "99", "SLURM_NTASKS": "32", "SLURM_NTASKS_PER_NODE": "8",
+             "SLURM_NPROCS": "32", "SLURM_PROCID": "3", "SLURM_LOCALID": "3", "SLURM_NODEID": "0",
+             "SLURM_STEP_ID": "0", "SLURM_STEPID": "0", "SLURM_STEP_NUM_TASKS": "32", "SLURM_ARRAY_JOB_ID": "98",
+             "SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "9", "SLURM_CPUS_PER_TASK": "6",
+             "SLURM_TASKS_PER_NODE": "8(x4)", "SLURMD_NODENAME": "far", "AIR_STEP_ID": "0", "AIR_ARRAY_TASK_ID": "5",
+             "SLURM_MPI_TYPE": "pmix", "SLURM_EXPORT_ENV": "ALL", "MY_SETTING": "1"}
+    job = _job()
+    job.request.environment.update(outer)
+    env = job_environment(job, "node03")
+    assert {k: env.get(k) for k in outer} == {
+        "SLURM_JOB_ID": "42", "SLURM_JOBID": "42", "SLURM_NTASKS": None, "SLURM_NTASKS_PER_NODE": None,
+        "SLURM_NPROCS": None, "SLURM_PROCID": None, "SLURM_LOCALID": None, "SLURM_NODEID": None,
+        "SLURM_STEP_ID": None, "SLURM_STEPID": None, "SLURM_STEP_NUM_TASKS": None, "SLURM_ARRAY_JOB_ID": None,
+        "SLURM_ARRAY_TASK_ID": None, "SLURM_ARRAY_TASK_COUNT": None, "SLURM_CPUS_PER_TASK": None,
+        "SLURM_TASKS_PER_NODE": "1(x3)", "SLURMD_NODENAME": "node03", "AIR_STEP_ID": None, "AIR_ARRAY_TASK_ID": None,
+        "SLURM_MPI_TYPE": "pmix", "SLURM_EXPORT_ENV": "ALL", "MY_SETTING": "1"}

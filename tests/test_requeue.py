@@ -218,15 +218,15 @@ def test_sbatch_signal_reaches_the_steps_tasks_and_with_b_the_batch_shell_only(c
               "while :; do wait; done\n")
     path = cluster.write_script("warn.sh", script)
     jobs = {}
-    for form in ("USR1@3", "B:USR1@3"):
-        out = subprocess.run(["sbatch", "--parsable", "--time=0:07", f"--signal={form}", "-o", "warn-%j.out",
+    for form in ("USR1@5", "B:USR1@5"):
+        out = subprocess.run(["sbatch", "--parsable", "--time=0:10", f"--signal={form}", "-o", "warn-%j.out",
                               str(path)], capture_output=True, text=True, env=env, cwd=cluster.work, timeout=60)
         assert out.returncode == 0, out.stderr
         jobs[form] = int(out.stdout)
     for form, job_id in jobs.items():
         cluster.wait_state(job_id, "TIMEOUT", timeout=40)
-    steps = (cluster.work / f"warn-{jobs['USR1@3']}.out").read_text()
-    batch = (cluster.work / f"warn-{jobs['B:USR1@3']}.out").read_text()
+    steps = (cluster.work / f"warn-{jobs['USR1@5']}.out").read_text()
+    batch = (cluster.work / f"warn-{jobs['B:USR1@5']}.out").read_text()
     assert "step ready" in steps and "step got USR1" in steps and "batch got USR1" not in steps, steps
     assert "step ready" in batch and "batch got USR1" in batch and "step got USR1" not in batch, batch
 

@@ -3,7 +3,7 @@ import psutil
 
 from air.airctld.model import Job, NodeAlloc
 from air.airctld.steps import layout
-from air.protos.stepenv import rank_environment
+from air.protos.stepenv import rank_base, rank_environment
 from cluster import devices_cgroup, wait_for
 from air.protos import air_pb2 as pb
 
@@ -229,3 +229,20 @@ def test_layout_and_rank_environment():
         "SLURM_TASKS_PER_NODE": "2(x2)", "PATH": "/bin"}
     nodes, world = layout(_job([NodeAlloc("a", (), 1)]), pb.StepSpec(), {"a": "x:1"})
     assert world == 1 and list(nodes[0].gpu_sets) == [""]
+
+
+def test_a_ranks_job_variables_win_over_what_srun_sent_and_the_nodes_own_over_both():
+    """srun's environment (a user's: anything), then the job's variables from the controller, then
+    what the node daemon sets for the run (its progress files, the owner): a user cannot point a rank
+    at another job or at another run's files."""
+    step = pb.Step(job_id=5, step_id=0, world_size=1, master_addr="a", master_port=1,
+                   nodes=[pb.StepNode(node="a", ranks=[0], gpu_sets=[""])],
+                   spec=pb.StepSpec(environment={"SLURM_JOB_ID": "1", "AIR_JOB_ID": "1", "HOME": "/evil",
+                                                 "AIR_STOP_REASON_FILE": "/tmp/evil", "MINE": "kept"}),
+                   job_environment={"SLURM_JOB_ID": "5", "AIR_JOB_ID": "5", "SLURM_JOB_NAME": "train",
+                                    "AIR_STOP_REASON_FILE": "/tmp/also-not"})
+    env = rank_environment(step, 0, 0, rank_base(step, {"AIR_STOP_REASON_FILE": "/spool/job5.0/stop", "HOME": "/home/u"}))
+    assert {k: env[k] for k in ("SLURM_JOB_ID", "AIR_JOB_ID", "SLURM_JOB_NAME", "AIR_STOP_REASON_FILE", "HOME",
+                                "MINE")} == {
+        "SLURM_JOB_ID": "5", "AIR_JOB_ID": "5", "SLURM_JOB_NAME": "train", "AIR_STOP_REASON_FILE": "/spool/job5.0/stop",
+        "HOME": "/home/u", "MINE": "kept"}

@@ -233,19 +233,27 @@ def test_a_process_left_stuck_after_its_script_ended_drains_the_node(cluster):
 
 
 @pytest.mark.skipif(not _freezer_usable(), reason="needs root and the cgroup v1 freezer")
-def test_a_restarted_daemon_still_drains_for_a_stuck_process_an_ended_run_left(cluster):
+def test_a_restarted_daemon_still_drains_for_a_stuck_process_an_ended_run_left():
     """As above, with the node daemon killed and started again before the timeout: the new daemon finds
     the group it cannot empty and watches it as the earlier one did (it used to kill it once and
-    forget it, and the node took jobs beside a process that may hold a GPU)."""
-    job_id, node, child = _running_sleep(cluster, "left.sh", "sleep 300 &")
-    index = int(node.removeprefix("node")) - 1
-    with _frozen(child):
-        cluster.cli("aircancel", str(job_id))
-        cluster.wait_state(job_id, "CANCELLED", timeout=20)
-        cluster.kill_node(index)
-        cluster.start_node(index)
-        shown, text = wait_for(lambda: "DR" in (n := _node(cluster, node))[0]["State"] and n, timeout=30,
-                               what="the node to drain")
-        assert "Kill task failed" in text and f"job {job_id} (run 0) left in uninterruptible sleep" in text, text
-    cluster.cli("aircontrol", "node", "resume", node)
-    wait_for(lambda: "DR" not in _node(cluster, node)[0]["State"], timeout=20, what="the node back in service")
+    forget it, and the node took jobs beside a process that may hold a GPU). A cluster of its own, with
+    a timeout long enough that the earlier daemon surely dies before its watch would drain the node."""
+    cluster = LocalCluster(nodes=1, gpus_per_node=4, options=("--unkillable-timeout", "10")).up()
+    try:
+        job_id, node, child = _running_sleep(cluster, "left.sh", "sleep 300 &")
+        with _frozen(child):
+            cluster.cli("aircancel", str(job_id))
+            cluster.wait_state(job_id, "CANCELLED", timeout=20)
+            # the run has ended here (its folder gone: a new daemon adopts nothing), and is not drained yet
+            wait_for(lambda: not (cluster.dir / "spool" / node / f"job{job_id}.0").exists(), timeout=10,
+                     what="the run's folder to go")
+            assert "DR" not in _node(cluster, node)[0]["State"]
+            cluster.kill_node(0)
+            cluster.start_node(0)
+            shown, text = wait_for(lambda: "DR" in (n := _node(cluster, node))[0]["State"] and n, timeout=40,
+                                   what="the node to drain")
+            assert "Kill task failed" in text and f"job {job_id} (run 0) left in uninterruptible sleep" in text, text
+            log = (cluster.dir / "log" / f"{node}.log").read_text()
+            assert log.count(f"job{job_id}.0: killed processes left in the cgroup by an earlier airnoded") == 1, log
+    finally:
+        cluster.down()
