@@ -102,7 +102,7 @@ def _cgroup_pids(folder: Path) -> list[int]:
 def stop_runs(spool: Path, sig: int, only: set[str] | None = None) -> list[str]:
     """Send `sig` to every run folder's process groups and cgroup; the names of the runs signalled."""
     done = []
-    for entry in os.scandir(spool):
+    for entry in _entries(spool):
         if jobfiles.parse_job_dir(entry.name) is None or (only is not None and entry.name not in only):
             continue
         folder = Path(entry.path)
@@ -122,6 +122,14 @@ def stop_runs(spool: Path, sig: int, only: set[str] | None = None) -> list[str]:
     return done
 
 
+def _entries(spool: Path) -> list[os.DirEntry]:
+    """The spool's entries; none once it is gone (a local cluster removed while its keeper looked)."""
+    try:
+        return list(os.scandir(spool))
+    except FileNotFoundError:
+        return []
+
+
 def keep(spool: Path, after: float, grace: float) -> None:
     """The keeper's loop. SIGTERM once the lease is `after` old, SIGKILL once it is `after + grace`
     old, both counted from the lease: a keeper that was itself frozen or started late kills at once."""
@@ -135,7 +143,7 @@ def keep(spool: Path, after: float, grace: float) -> None:
             kills.clear()
             continue
         silent = now() - began
-        runs = {e.name for e in os.scandir(spool) if jobfiles.parse_job_dir(e.name) is not None}
+        runs = {e.name for e in _entries(spool) if jobfiles.parse_job_dir(e.name) is not None}
         if silent >= after + grace:
             due = {name for name in runs if kills.get(name, 0) < KILLS}
             for name in stop_runs(spool, signal.SIGKILL, only=due):

@@ -227,3 +227,10 @@ def test_a_local_cluster_taken_down_leaves_no_job_running():
     finally:
         c.down()
     wait_for(lambda: not alive(), timeout=5, what="the job's processes to be gone")
+
+
+def test_the_keeper_finds_nothing_to_stop_in_a_spool_that_is_gone(tmp_path):
+    """A local cluster removed while its keeper looks (or `--kill-runs` after it): no traceback."""
+    from air.airnoded import fence
+    assert fence.stop_runs(tmp_path / "gone", signal.SIGKILL) == []
+    assert fence.main(["--kill-runs", str(tmp_path / "gone")]) == 0
