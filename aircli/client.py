@@ -48,96 +48,105 @@ def entry(command: click.Command, prog: str) -> Callable[[], None]:
 
 
 class Client:
-    """The Controller service at the configured address: one typed method per RPC (the generated stub's,
-    with the credential attached), every failure a CliError."""
+    """The Controller service at the configured address: one typed method per RPC (signed with the
+    caller's credential, sent over aircli.wire), every failure a CliError."""
+
+    SERVICE = "/air.v1.Controller/"
 
     def __init__(self, config_path: str | None = None):
         from air.protos import config as configuration
-        import grpc
-        from air.protos import air_pb2_grpc as rpc
-        from air.protos.credential import signed
+        from air.aircli.wire import Channel
         try:
             self.config = configuration.load(config_path)
         except configuration.ConfigError as e:
             raise CliError(str(e)) from None
         self.address = self.config.controller.address
-        limit = self.config.controller.max_message_bytes
-        channel = grpc.insecure_channel(self.address, options=[
-            ("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", -1)])
         self._auth = self.config.controller.authenticator()
-        self._stub = rpc.ControllerStub(signed(channel, self._auth, self.address))
-        self._grpc = grpc
+        self._channel = Channel(self.address, self.config.controller.max_message_bytes)
 
     def submit(self, request: pb.SubmitRequest, timeout: float = 30.0) -> pb.SubmitReply:
-        return self._call(self._stub.Submit, request, timeout)
+        return self._call("Submit", request, timeout)
 
     def cancel(self, request: pb.CancelRequest, timeout: float = 30.0) -> pb.CancelReply:
-        return self._call(self._stub.Cancel, request, timeout)
+        return self._call("Cancel", request, timeout)
 
     def hold(self, request: pb.HoldRequest, timeout: float = 30.0) -> pb.CancelReply:
-        return self._call(self._stub.Hold, request, timeout)
+        return self._call("Hold", request, timeout)
 
     def requeue(self, request: pb.JobFilter, timeout: float = 30.0) -> pb.CancelReply:
-        return self._call(self._stub.Requeue, request, timeout)
+        return self._call("Requeue", request, timeout)
 
     def update_job(self, request: pb.UpdateJobRequest, timeout: float = 30.0) -> pb.CancelReply:
-        return self._call(self._stub.UpdateJob, request, timeout)
+        return self._call("UpdateJob", request, timeout)
 
     def list_jobs(self, request: pb.JobFilter, timeout: float = 30.0) -> pb.ListJobsReply:
-        return self._call(self._stub.ListJobs, request, timeout)
+        return self._call("ListJobs", request, timeout)
 
     def get_job(self, request: pb.GetJobRequest, timeout: float = 30.0) -> pb.Job:
-        return self._call(self._stub.GetJob, request, timeout)
+        return self._call("GetJob", request, timeout)
 
     def list_nodes(self, request: pb.ListNodesRequest, timeout: float = 30.0) -> pb.ListNodesReply:
-        return self._call(self._stub.ListNodes, request, timeout)
+        return self._call("ListNodes", request, timeout)
 
     def get_node(self, request: pb.GetNodeRequest, timeout: float = 30.0) -> pb.Node:
-        return self._call(self._stub.GetNode, request, timeout)
+        return self._call("GetNode", request, timeout)
 
     def create_step(self, request: pb.StepSpec, timeout: float = 30.0) -> pb.Step:
-        return self._call(self._stub.CreateStep, request, timeout)
+        return self._call("CreateStep", request, timeout)
 
     def end_step(self, request: pb.StepEnd, timeout: float = 30.0) -> pb.CancelReply:
-        return self._call(self._stub.EndStep, request, timeout)
+        return self._call("EndStep", request, timeout)
 
     def keep_alive(self, request: pb.JobFilter, timeout: float = 30.0) -> pb.KeepAliveReply:
-        return self._call(self._stub.KeepAlive, request, timeout)
+        return self._call("KeepAlive", request, timeout)
 
     def update_node(self, request: pb.UpdateNodeRequest, timeout: float = 30.0) -> pb.Node:
-        return self._call(self._stub.UpdateNode, request, timeout)
+        return self._call("UpdateNode", request, timeout)
 
     def inject_fault(self, request: pb.FaultRequest, timeout: float = 30.0) -> pb.FaultReply:
-        return self._call(self._stub.InjectFault, request, timeout)
+        return self._call("InjectFault", request, timeout)
 
     def pending(self, request: pb.JobFilter, timeout: float = 30.0) -> pb.PendingReply:
-        return self._call(self._stub.Pending, request, timeout)
+        return self._call("Pending", request, timeout)
 
     def shares(self, request: pb.SharesRequest, timeout: float = 30.0) -> pb.SharesReply:
-        return self._call(self._stub.Shares, request, timeout)
+        return self._call("Shares", request, timeout)
 
     def update_account(self, request: pb.AccountRequest, timeout: float = 30.0) -> pb.SharesReply:
-        return self._call(self._stub.UpdateAccount, request, timeout)
+        return self._call("UpdateAccount", request, timeout)
 
     def reports(self, request: pb.ReportsRequest, timeout: float = 30.0) -> pb.ReportsReply:
-        return self._call(self._stub.Reports, request, timeout)
+        return self._call("Reports", request, timeout)
 
     def history(self, request: pb.HistoryRequest, timeout: float = 30.0) -> pb.HistoryReply:
-        return self._call(self._stub.History, request, timeout)
+        return self._call("History", request, timeout)
 
-    def _call(self, method, request, timeout: float):
-        from air.protos.credential import CredentialError
-        grpc = self._grpc
+    def _call(self, name: str, request, timeout: float):
+        from air.aircli.wire import WireError
+        from air.protos import air_pb2
+        from air.protos.credential import CredentialError, request_bytes
+        rpc = air_pb2.DESCRIPTOR.services_by_name["Controller"].methods_by_name[name]   # (a name it lacks: KeyError)
+        if request.DESCRIPTOR is not rpc.input_type:
+            raise TypeError(f"{name} takes a {rpc.input_type.name}, not a {request.DESCRIPTOR.name}")
+        method = self.SERVICE + name
+        data = request_bytes(request)   # (the bytes the credential is bound to are the bytes sent)
         try:
-            return method(request, timeout=timeout)
+            metadata = self._auth.metadata(method, self.address, data)
+            reply = self._channel.call(method, data, metadata, timeout)
         except CredentialError as e:
             raise CliError(str(e)) from None
-        except grpc.RpcError as e:
-            code = e.code()
-            if code == grpc.StatusCode.UNAVAILABLE:
+        except WireError as e:
+            if e.code == "UNAVAILABLE":
                 raise CliError(f"cannot reach airctld at {self.address}: is it running? "
-                               f"({_one_line(e.details() or 'unavailable')})", "UNAVAILABLE") from None
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                               f"({_one_line(e.details or 'unavailable')})", "UNAVAILABLE") from None
+            if e.code == "DEADLINE_EXCEEDED":
                 raise CliError(f"airctld at {self.address} did not answer within {timeout:g} s",
                                "UNAVAILABLE") from None
-            raise CliError(e.details() or code.name, code.name) from None
+            raise CliError(e.details or e.code, e.code) from None
+        reply_type = getattr(air_pb2, rpc.output_type.name)
+        try:
+            return reply_type.FromString(reply)
+        except Exception:   # (a DecodeError: a reply that is not the message it should be)
+            raise CliError(f"airctld at {self.address} sent a reply that is not a {reply_type.__name__}",
+                           "INTERNAL") from None
+

@@ -17,12 +17,13 @@ user *name* sent by a client.
 """
 from __future__ import annotations
 
-import collections
 import hashlib
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import grpc
+if TYPE_CHECKING:   # (grpc is imported where a channel is signed or a call identified: the tools' calls
+    import grpc     # go without it, see aircli/wire.py)
 
 UID_KEY = "air-uid"
 GID_KEY = "air-gid"
@@ -57,6 +58,7 @@ class StatedIds:
         return ((UID_KEY, str(os.getuid())), (GID_KEY, str(os.getgid())))
 
     def identify(self, context: grpc.ServicerContext, method: str = "", request=None, target: str = "") -> Identity:
+        import grpc
         md = dict(context.invocation_metadata())
         try:
             return Identity(int(md[UID_KEY]), int(md[GID_KEY]))
@@ -80,6 +82,7 @@ class MungeCredentials:
             raise CredentialError(f"cannot get a MUNGE credential: {e}") from None
 
     def identify(self, context: grpc.ServicerContext, method: str, request, target: str) -> Identity:
+        import grpc
         from air.protos import munge
         cred = dict(context.invocation_metadata()).get(CRED_KEY)
         if not cred:
@@ -115,36 +118,50 @@ def _mismatch(got: bytes, expected: bytes) -> str:
     return "another request (its hash differs from this request's)"
 
 
-class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
-                                                            "wait_for_ready", "compression")),
-                   grpc.ClientCallDetails):
-    pass
-
-
-class _Signer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
-    """Adds a credential bound to each call's method, receiver and request."""
-
-    def __init__(self, auth, target: str):
-        self.auth = auth
-        self.target = target
-
-    def _details(self, details, request):
-        method = details.method.decode() if isinstance(details.method, bytes) else details.method
-        metadata = list(details.metadata or ()) + list(self.auth.metadata(method, self.target,
-                                                                          request_bytes(request)))
-        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
-                            details.wait_for_ready, details.compression)
-
-    def intercept_unary_unary(self, continuation, details, request):
-        return continuation(self._details(details, request), request)
-
-    def intercept_unary_stream(self, continuation, details, request):
-        return continuation(self._details(details, request), request)
-
-
 def signed(channel: grpc.Channel, auth, target: str) -> grpc.Channel:
     """A channel whose every call carries `auth`'s credential, bound to the call and to `target`."""
-    return grpc.intercept_channel(channel, _Signer(auth, target))
+    import grpc
+    return grpc.intercept_channel(channel, _signer_class()(auth, target))
+
+
+_SIGNER = None
+
+
+def _signer_class():
+    """The interceptor's class, made at first use (its bases are grpc's)."""
+    global _SIGNER
+    if _SIGNER is not None:
+        return _SIGNER
+    import collections
+    import grpc
+
+    class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                                "wait_for_ready", "compression")),
+                       grpc.ClientCallDetails):
+        pass
+
+    class _Signer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+        """Adds a credential bound to each call's method, receiver and request."""
+
+        def __init__(self, auth, target: str):
+            self.auth = auth
+            self.target = target
+
+        def _details(self, details, request):
+            method = details.method.decode() if isinstance(details.method, bytes) else details.method
+            metadata = list(details.metadata or ()) + list(self.auth.metadata(method, self.target,
+                                                                              request_bytes(request)))
+            return _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                                details.wait_for_ready, details.compression)
+
+        def intercept_unary_unary(self, continuation, details, request):
+            return continuation(self._details(details, request), request)
+
+        def intercept_unary_stream(self, continuation, details, request):
+            return continuation(self._details(details, request), request)
+
+    _SIGNER = _Signer
+    return _SIGNER
 
 
 class CredentialError(Exception):

@@ -1,0 +1,253 @@
+"""The tools' unary calls to airctld: gRPC's wire format over HTTP/2, spoken with the h2 library.
+
+A short command (airbatch, airq, aircancel) spent about a third of its time importing grpcio
+(`python -X importtime`: 35 to 50 ms of its C core and asyncio); h2 imports in a fraction of that.
+This speaks the part of gRPC a unary call needs (PROTOCOL-HTTP2.md in grpc's repository): one POST
+per call on a connection kept per thread, the message framed as a compressed flag and a 4-byte
+length, and the status in the trailers (or in a trailers-only response). airrun's streams and the
+daemons keep grpcio. Pure of the tools' vocabulary: bytes in, bytes out, a `WireError` with gRPC's
+status name for any failure.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+import urllib.parse
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
+
+# gRPC's status codes, by number (grpc/doc/statuscodes.md)
+STATUS = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+          "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+          "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
+WINDOW = 1 << 30          # what the server may send before we say we took it (we take everything at once)
+READ_BYTES = 1 << 20
+
+
+class WireError(Exception):
+    def __init__(self, code: str, details: str, unprocessed: bool = False):
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details
+        self.unprocessed = unprocessed   # the server said it did not take the call (GOAWAY before it)
+
+
+class Channel:
+    """Unary calls to one `host:port`, on an HTTP/2 connection of each thread's own, opened at its
+    first call and opened again when the server has closed it. A call that fails after its request
+    was sent is never sent again (a submission could be taken twice)."""
+
+    def __init__(self, address: str, max_send_bytes: int):
+        self.address = address
+        self.max_send_bytes = max_send_bytes
+        self._host, self._port = _split(address)
+        self._local = threading.local()
+
+    def call(self, method: str, request: bytes, metadata: tuple[tuple[str, str], ...], timeout: float) -> bytes:
+        """The reply's bytes for `request` sent to `method` ("/package.Service/Method")."""
+        if len(request) > self.max_send_bytes:
+            raise WireError("RESOURCE_EXHAUSTED", f"the request is {len(request)} bytes, larger than "
+                                                  f"max_message_bytes ({self.max_send_bytes})")
+        deadline = time.monotonic() + timeout
+        for attempt in (1, 2):
+            link = getattr(self._local, "link", None)
+            if link is None or not link.usable():   # (closed by the server since the last call: a new one)
+                link = self._local.link = _Link(self._host, self._port, deadline)
+            try:
+                return link.call(self.address, method, request, metadata, deadline)
+            except WireError as e:
+                self._drop(link)
+                if not (e.unprocessed and attempt == 1):   # only a call the server never took is sent again
+                    raise
+            except BaseException:
+                self._drop(link)
+                raise
+        raise AssertionError("unreachable")
+
+    def _drop(self, link: _Link) -> None:
+        self._local.link = None   # (whatever the connection's state now, the next call starts afresh)
+        link.close()
+
+    def close(self) -> None:
+        link = getattr(self._local, "link", None)
+        if link is not None:
+            link.close()
+            self._local.link = None
+
+
+class _Link:
+    """One HTTP/2 connection."""
+
+    def __init__(self, host: str, port: int, deadline: float):
+        try:
+            self.sock = socket.create_connection((host, port), timeout=max(0.001, deadline - time.monotonic()))
+        except socket.timeout:
+            raise WireError("UNAVAILABLE", f"failed to connect to {host}:{port}: timed out") from None
+        except OSError as e:
+            raise WireError("UNAVAILABLE", f"failed to connect to {host}:{port}: "
+                                           f"{e.strerror or type(e).__name__}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        self.conn.initiate_connection()
+        self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW})
+        self.conn.increment_flow_control_window(WINDOW - 65535)
+        self.closed = False
+
+    def usable(self) -> bool:
+        """Whether the connection is still open, after taking in what arrived since the last call (a
+        GOAWAY of a server that stopped or restarted, a PING)."""
+        if self.closed:
+            return False
+        try:
+            self.sock.setblocking(False)
+            try:
+                data = self.sock.recv(READ_BYTES)
+            except BlockingIOError:
+                data = None
+            if data == b"":
+                return False
+            if data:
+                self.conn.receive_data(data)
+                out = self.conn.data_to_send()
+                if out:
+                    self.sock.sendall(out)
+        except (OSError, h2.exceptions.H2Error):
+            return False
+        return self.conn.state_machine.state != h2.connection.ConnectionState.CLOSED
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def call(self, authority: str, method: str, request: bytes, metadata, deadline: float) -> bytes:
+        conn = self.conn
+        stream = conn.get_next_available_stream_id()
+        left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        conn.send_headers(stream, [
+            (":method", "POST"), (":scheme", "http"), (":path", method), (":authority", authority),
+            ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-accept-encoding", "identity"),
+            ("grpc-timeout", f"{min(left_ms, 99_999_999)}m"), ("user-agent", "air-cli"), *metadata])
+        body = memoryview(b"\0" + struct.pack(">I", len(request)) + request)
+        reply = _Reply()
+        while body or not reply.ended:
+            while body:   # as much as the flow control windows let through; the rest once they open
+                room = min(conn.local_flow_control_window(stream), conn.max_outbound_frame_size, len(body))
+                if room <= 0:
+                    break
+                conn.send_data(stream, body[:room].tobytes(), end_stream=room == len(body))
+                body = body[room:]
+            self._flush(deadline)
+            if reply.ended:
+                break
+            try:
+                events = conn.receive_data(self._read(deadline))
+            except h2.exceptions.H2Error as e:
+                raise WireError("UNAVAILABLE", f"connection error: {e}") from None
+            for event in events:
+                reply.take(event, stream, conn)
+            if reply.ended and body:   # answered before it had the whole request: a trailers-only error
+                break
+        self._flush(deadline)
+        return reply.result()
+
+    def _flush(self, deadline: float) -> None:
+        out = self.conn.data_to_send()
+        if out:
+            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+            try:
+                self.sock.sendall(out)
+            except socket.timeout:
+                raise WireError("DEADLINE_EXCEEDED", "deadline exceeded while sending") from None
+            except OSError as e:
+                raise WireError("UNAVAILABLE", f"connection lost: {e.strerror or type(e).__name__}") from None
+
+    def _read(self, deadline: float) -> bytes:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise WireError("DEADLINE_EXCEEDED", "deadline exceeded")
+        self.sock.settimeout(left)
+        try:
+            data = self.sock.recv(READ_BYTES)
+        except socket.timeout:
+            raise WireError("DEADLINE_EXCEEDED", "deadline exceeded") from None
+        except OSError as e:
+            raise WireError("UNAVAILABLE", f"connection lost: {e.strerror or type(e).__name__}") from None
+        if not data:
+            raise WireError("UNAVAILABLE", "the server closed the connection")
+        return data
+
+
+class _Reply:
+    """One call's reply as its events arrive: the message's bytes and the status."""
+
+    def __init__(self):
+        self.data = bytearray()
+        self.status: dict[str, str] = {}
+        self.http_status = ""
+        self.ended = False
+        self.failure: WireError | None = None
+
+    def take(self, event, stream: int, conn: h2.connection.H2Connection) -> None:
+        if isinstance(event, h2.events.ConnectionTerminated):
+            if self.ended:   # (after this call's end: for the next call to find)
+                return
+            self.ended = True
+            taken = event.last_stream_id is None or event.last_stream_id >= stream
+            self.failure = WireError("UNAVAILABLE", f"the server closed the connection (GOAWAY, error "
+                                                    f"{event.error_code})", unprocessed=not taken)
+            return
+        if getattr(event, "stream_id", stream) != stream:
+            return
+        if isinstance(event, h2.events.ResponseReceived):
+            headers = dict(event.headers)
+            self.http_status = headers.get(":status", "")
+            self.status.update(headers)   # (a trailers-only response has its status here)
+        elif isinstance(event, h2.events.DataReceived):
+            self.data += event.data
+            if event.flow_controlled_length:
+                conn.acknowledge_received_data(event.flow_controlled_length, stream)
+        elif isinstance(event, h2.events.TrailersReceived):
+            self.status.update(dict(event.headers))
+        elif isinstance(event, h2.events.StreamEnded):
+            self.ended = True
+        elif isinstance(event, h2.events.StreamReset):
+            self.ended = True
+            self.failure = WireError("UNAVAILABLE" if event.error_code == 7 else "INTERNAL",   # 7: REFUSED_STREAM
+                                     f"the server reset the call (error {event.error_code})")
+
+    def result(self) -> bytes:
+        if self.failure is not None:
+            raise self.failure
+        code = self.status.get("grpc-status")
+        if code is None:
+            raise WireError("UNKNOWN" if self.http_status == "200" else "UNAVAILABLE",
+                            f"no gRPC status in the reply (HTTP {self.http_status or 'none'})")
+        number = int(code) if code.isdigit() else 2
+        if number != 0:
+            name = STATUS[number] if number < len(STATUS) else "UNKNOWN"
+            raise WireError(name, urllib.parse.unquote(self.status.get("grpc-message", "")))
+        data = bytes(self.data)
+        if len(data) < 5 or data[0] != 0:
+            raise WireError("INTERNAL", "the reply is not one uncompressed message")
+        size = struct.unpack(">I", data[1:5])[0]
+        if size != len(data) - 5:
+            raise WireError("INTERNAL", f"the reply's message says {size} bytes and has {len(data) - 5}")
+        return data[5:]
+
+
+def _split(address: str) -> tuple[str, int]:
+    """host and port of `host:port`, `[v6]:port` or `dns:///host:port`."""
+    text = address.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:")
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise WireError("UNAVAILABLE", f"{address!r} is not host:port")
+    return host.strip("[]"), int(port)

@@ -1,0 +1,115 @@
+"""The tools' HTTP/2 calls (aircli/wire.py) against a real grpcio server: what arrives, both ways,
+byte for byte; statuses and their messages; flow control both ways; deadlines; a server away."""
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from air.aircli.wire import Channel, WireError
+from cluster import free_port
+
+SENT: list[tuple[bytes, dict]] = []
+
+
+def _echo(request: bytes, context) -> bytes:
+    SENT.append((request, dict(context.invocation_metadata())))
+    if request.startswith(b"fail:"):
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, request[5:].decode())
+    if request.startswith(b"sleep:"):
+        time.sleep(float(request[6:]))
+    if request.startswith(b"big:"):
+        return bytes(range(256)) * (int(request[4:]) // 256)
+    return b"got " + request[:64] + b" of %d" % len(request)
+
+
+def _server(port: int) -> grpc.Server:
+    server = grpc.server(futures.ThreadPoolExecutor(4), options=[("grpc.max_receive_message_length", 64 << 20),
+                                                                 ("grpc.max_send_message_length", 64 << 20)])
+    handler = grpc.unary_unary_rpc_method_handler(_echo, request_deserializer=None, response_serializer=None)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("t.T", {"Echo": handler})])
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server
+
+
+@pytest.fixture()
+def served():
+    port = free_port()
+    server = _server(port)
+    yield port, server
+    server.stop(0)
+
+
+def test_a_call_carries_its_bytes_and_metadata_and_returns_the_reply(served):
+    port, _ = served
+    ch = Channel(f"127.0.0.1:{port}", 32 << 20)
+    assert ch.call("/t.T/Echo", b"hello", (("air-uid", "7"), ("air-cred", "x" * 300)), 5) == b"got hello of 5"
+    request, metadata = SENT[-1]
+    assert request == b"hello" and metadata["air-uid"] == "7" and metadata["air-cred"] == "x" * 300
+    assert ch.call("/t.T/Echo", b"", (), 5) == b"got  of 0"   # an empty message is a message
+    # a request and a reply larger than every initial flow control window, each byte where it was
+    payload = bytes(range(251)) * 20_000
+    assert ch.call("/t.T/Echo", payload, (), 10) == b"got " + payload[:64] + b" of %d" % len(payload)
+    assert SENT[-1][0] == payload
+    assert ch.call("/t.T/Echo", b"big:%d" % (8 << 20), (), 10) == bytes(range(256)) * ((8 << 20) // 256)
+
+
+def test_statuses_come_back_with_their_code_and_message(served):
+    port, _ = served
+    ch = Channel(f"127.0.0.1:{port}", 32 << 20)
+    with pytest.raises(WireError) as e:
+        ch.call("/t.T/Echo", "fail:job 5 is done; ü ünïcode 100%".encode(), (), 5)
+    assert (e.value.code, e.value.details) == ("FAILED_PRECONDITION", "job 5 is done; ü ünïcode 100%")
+    with pytest.raises(WireError) as e:
+        ch.call("/t.T/Nothing", b"x", (), 5)
+    assert e.value.code == "UNIMPLEMENTED"
+    assert ch.call("/t.T/Echo", b"after", (), 5) == b"got after of 5"   # the channel goes on
+
+
+def test_deadlines_a_refused_size_and_a_server_that_is_away_or_comes_back():
+    port = free_port()
+    ch = Channel(f"127.0.0.1:{port}", 1000)
+    with pytest.raises(WireError) as e:
+        ch.call("/t.T/Echo", b"x", (), 2)
+    assert e.value.code == "UNAVAILABLE" and "failed to connect" in e.value.details
+    with pytest.raises(WireError) as e:
+        ch.call("/t.T/Echo", b"x" * 1001, (), 2)
+    assert e.value.code == "RESOURCE_EXHAUSTED"
+    server = _server(port)
+    try:
+        assert ch.call("/t.T/Echo", b"up", (), 5) == b"got up of 2"
+        t = time.monotonic()
+        with pytest.raises(WireError) as e:
+            ch.call("/t.T/Echo", b"sleep:3", (), 0.5)
+        assert e.value.code == "DEADLINE_EXCEEDED" and time.monotonic() - t < 2
+        assert ch.call("/t.T/Echo", b"again", (), 5) == b"got again of 5"
+    finally:
+        server.stop(0)
+    with pytest.raises(WireError) as e:
+        ch.call("/t.T/Echo", b"x", (), 2)
+    assert e.value.code == "UNAVAILABLE"
+    server = _server(port)   # a server started again: the next call connects anew
+    try:
+        assert ch.call("/t.T/Echo", b"back", (), 5) == b"got back of 4"
+    finally:
+        server.stop(0)
+
+
+def test_threads_each_call_on_a_connection_of_their_own(served):
+    port, _ = served
+    ch = Channel(f"127.0.0.1:{port}", 32 << 20)
+    results: dict[int, bytes] = {}
+
+    def caller(i: int) -> None:
+        results[i] = ch.call("/t.T/Echo", b"sleep:0.3" if i == 0 else b"n%d" % i, (), 5)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(6)]
+    t = time.monotonic()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert results == {0: b"got sleep:0.3 of 9", **{i: b"got n%d of 2" % i for i in range(1, 6)}}
+    assert time.monotonic() - t < 2
