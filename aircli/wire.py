@@ -18,6 +18,7 @@ import urllib.parse
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
@@ -28,6 +29,7 @@ STATUS = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
           "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
 WINDOW = 1 << 30          # what the server may send before we say we took it (we take everything at once)
 READ_BYTES = 1 << 20
+MAX_FRAME = (1 << 24) - 1   # HTTP/2's largest frame
 
 
 class WireError(Exception):
@@ -47,6 +49,7 @@ class Channel:
         self.address = address
         self.max_send_bytes = max_send_bytes
         self._host, self._port = _split(address)
+        self._authority = f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
         self._local = threading.local()
 
     def call(self, method: str, request: bytes, metadata: tuple[tuple[str, str], ...], timeout: float) -> bytes:
@@ -56,11 +59,13 @@ class Channel:
                                                   f"max_message_bytes ({self.max_send_bytes})")
         deadline = time.monotonic() + timeout
         for attempt in (1, 2):
+            if time.monotonic() >= deadline:   # (never sent once the caller has been told it timed out)
+                raise WireError("DEADLINE_EXCEEDED", "deadline exceeded")
             link = getattr(self._local, "link", None)
             if link is None or not link.usable():   # (closed by the server since the last call: a new one)
                 link = self._local.link = _Link(self._host, self._port, deadline)
             try:
-                return link.call(self.address, method, request, metadata, deadline)
+                return link.call(self._authority, method, request, metadata, deadline)
             except WireError as e:
                 self._drop(link)
                 if not (e.unprocessed and attempt == 1):   # only a call the server never took is sent again
@@ -81,6 +86,27 @@ class Channel:
             self._local.link = None
 
 
+class _Connection(h2.connection.H2Connection):
+    """h2's connection, except that a GOAWAY does not close it at once (h2 does, python-hyper/h2#1181):
+    a server that stops gracefully sends one and finishes the calls it has taken (RFC 9113 6.8), so a
+    call in flight then gets its reply. `goaway` keeps the last stream the server said it takes; no
+    new call starts on the connection after one."""
+
+    goaway: int | None = None
+
+    def _receive_goaway_frame(self, frame):
+        last = frame.last_stream_id
+        self.goaway = last if self.goaway is None else min(self.goaway, last)
+        event = h2.events.ConnectionTerminated()
+        try:
+            event.error_code = h2.errors.ErrorCodes(frame.error_code)
+        except ValueError:
+            event.error_code = frame.error_code
+        event.last_stream_id = last
+        event.additional_data = frame.additional_data or None
+        return [], [event]
+
+
 class _Link:
     """One HTTP/2 connection."""
 
@@ -93,9 +119,13 @@ class _Link:
             raise WireError("UNAVAILABLE", f"failed to connect to {host}:{port}: "
                                            f"{e.strerror or type(e).__name__}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        # (headers arrive as bytes: a value that is not UTF-8 is decoded with replacement, not raised on)
+        self.conn = _Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
         self.conn.initiate_connection()
-        self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW})
+        self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW,
+                                   # (a large reply in frames of up to 16 MiB, not 16 KiB: each frame is
+                                   # handled in Python, and an 8 MB airq took 30 ms more in small ones)
+                                   h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME})
         self.conn.increment_flow_control_window(WINDOW - 65535)
         self.closed = False
 
@@ -117,9 +147,9 @@ class _Link:
                 out = self.conn.data_to_send()
                 if out:
                     self.sock.sendall(out)
-        except (OSError, h2.exceptions.H2Error):
+        except (OSError, ValueError, h2.exceptions.H2Error):
             return False
-        return self.conn.state_machine.state != h2.connection.ConnectionState.CLOSED
+        return self.conn.goaway is None and self.conn.state_machine.state != h2.connection.ConnectionState.CLOSED
 
     def close(self) -> None:
         self.closed = True
@@ -129,9 +159,17 @@ class _Link:
             pass
 
     def call(self, authority: str, method: str, request: bytes, metadata, deadline: float) -> bytes:
+        try:
+            return self._call(authority, method, request, metadata, deadline)
+        except (h2.exceptions.H2Error, ValueError) as e:   # (a server that breaks HTTP/2: one line, not a trace)
+            raise WireError("INTERNAL", f"HTTP/2 error: {e or type(e).__name__}") from None
+
+    def _call(self, authority: str, method: str, request: bytes, metadata, deadline: float) -> bytes:
         conn = self.conn
         stream = conn.get_next_available_stream_id()
-        left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            raise WireError("DEADLINE_EXCEEDED", "deadline exceeded")
         conn.send_headers(stream, [
             (":method", "POST"), (":scheme", "http"), (":path", method), (":authority", authority),
             ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-accept-encoding", "identity"),
@@ -148,11 +186,7 @@ class _Link:
             self._flush(deadline)
             if reply.ended:
                 break
-            try:
-                events = conn.receive_data(self._read(deadline))
-            except h2.exceptions.H2Error as e:
-                raise WireError("UNAVAILABLE", f"connection error: {e}") from None
-            for event in events:
+            for event in conn.receive_data(self._read(deadline)):
                 reply.take(event, stream, conn)
             if reply.ended and body:   # answered before it had the whole request: a trailers-only error
                 break
@@ -198,17 +232,16 @@ class _Reply:
 
     def take(self, event, stream: int, conn: h2.connection.H2Connection) -> None:
         if isinstance(event, h2.events.ConnectionTerminated):
-            if self.ended:   # (after this call's end: for the next call to find)
-                return
+            if self.ended or (event.last_stream_id is not None and event.last_stream_id >= stream):
+                return   # (a call the server took goes on to its reply; the next call opens a new connection)
             self.ended = True
-            taken = event.last_stream_id is None or event.last_stream_id >= stream
             self.failure = WireError("UNAVAILABLE", f"the server closed the connection (GOAWAY, error "
-                                                    f"{event.error_code})", unprocessed=not taken)
+                                                    f"{event.error_code})", unprocessed=True)
             return
         if getattr(event, "stream_id", stream) != stream:
             return
         if isinstance(event, h2.events.ResponseReceived):
-            headers = dict(event.headers)
+            headers = _decoded(event.headers)
             self.http_status = headers.get(":status", "")
             self.status.update(headers)   # (a trailers-only response has its status here)
         elif isinstance(event, h2.events.DataReceived):
@@ -216,10 +249,12 @@ class _Reply:
             if event.flow_controlled_length:
                 conn.acknowledge_received_data(event.flow_controlled_length, stream)
         elif isinstance(event, h2.events.TrailersReceived):
-            self.status.update(dict(event.headers))
+            self.status.update(_decoded(event.headers))
         elif isinstance(event, h2.events.StreamEnded):
             self.ended = True
         elif isinstance(event, h2.events.StreamReset):
+            if self.ended and "grpc-status" in self.status:
+                return   # (after a complete answer, often a trailers-only error to a request not all read)
             self.ended = True
             self.failure = WireError("UNAVAILABLE" if event.error_code == 7 else "INTERNAL",   # 7: REFUSED_STREAM
                                      f"the server reset the call (error {event.error_code})")
@@ -231,7 +266,7 @@ class _Reply:
         if code is None:
             raise WireError("UNKNOWN" if self.http_status == "200" else "UNAVAILABLE",
                             f"no gRPC status in the reply (HTTP {self.http_status or 'none'})")
-        number = int(code) if code.isdigit() else 2
+        number = int(code) if code.isascii() and code.isdigit() else 2
         if number != 0:
             name = STATUS[number] if number < len(STATUS) else "UNKNOWN"
             raise WireError(name, urllib.parse.unquote(self.status.get("grpc-message", "")))
@@ -242,6 +277,11 @@ class _Reply:
         if size != len(data) - 5:
             raise WireError("INTERNAL", f"the reply's message says {size} bytes and has {len(data) - 5}")
         return data[5:]
+
+
+def _decoded(headers) -> dict[str, str]:
+    return {(k.decode("latin-1") if isinstance(k, bytes) else k): (v.decode("utf-8", "replace") if isinstance(v, bytes)
+                                                                   else v) for k, v in headers}
 
 
 def _split(address: str) -> tuple[str, int]:

@@ -113,3 +113,96 @@ def test_threads_each_call_on_a_connection_of_their_own(served):
         th.join()
     assert results == {0: b"got sleep:0.3 of 9", **{i: b"got n%d of 2" % i for i in range(1, 6)}}
     assert time.monotonic() - t < 2
+
+
+def test_a_call_in_flight_when_the_server_stops_gracefully_gets_its_reply():
+    """A server that stops (airctld's stop: grace 2 s) sends a GOAWAY and finishes the calls it took:
+    such a call's reply arrives, and the next call connects anew, never on the closing connection."""
+    port = free_port()
+    server = _server(port)
+    ch = Channel(f"127.0.0.1:{port}", 32 << 20)
+    assert ch.call("/t.T/Echo", b"warm", (), 5) == b"got warm of 4"   # (the connection is open)
+    threading.Timer(0.3, lambda: server.stop(grace=2)).start()
+    assert ch.call("/t.T/Echo", b"sleep:1", (), 5) == b"got sleep:1 of 7"
+    server.wait_for_termination(5)
+    server = _server(port)
+    try:
+        assert ch.call("/t.T/Echo", b"next", (), 5) == b"got next of 4"
+    finally:
+        server.stop(0)
+
+
+def test_an_answer_before_the_whole_request_is_that_answer_every_time():
+    """A server that refuses a request before reading all of it answers (trailers only) and resets the
+    stream: the answer is what the caller gets, not the reset."""
+    port = free_port()
+    server = grpc.server(futures.ThreadPoolExecutor(2), options=[("grpc.max_receive_message_length", 1 << 20)])
+    handler = grpc.unary_unary_rpc_method_handler(_echo, request_deserializer=None, response_serializer=None)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("t.T", {"Echo": handler})])
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    try:
+        ch = Channel(f"127.0.0.1:{port}", 32 << 20)
+        codes = []
+        for method in ["/t.T/Echo"] * 6 + ["/t.T/Nothing"] * 3:
+            with pytest.raises(WireError) as e:
+                ch.call(method, b"x" * (5 << 20), (), 10)
+            codes.append(e.value.code)
+        assert codes == ["RESOURCE_EXHAUSTED"] * 6 + ["UNIMPLEMENTED"] * 3
+    finally:
+        server.stop(0)
+
+
+def _misbehaving(port: int, headers: list, trailers: list | None, body: bytes = b"") -> threading.Thread:
+    """A one-call HTTP/2 server (h2, server side) that answers with what it is given."""
+    import socket
+    import h2.config
+    import h2.connection
+    import h2.events
+    listener = socket.create_server(("127.0.0.1", port))
+
+    def serve():
+        sock, _ = listener.accept()
+        listener.close()
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None,
+                                                                    validate_outbound_headers=False))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        with sock:
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.StreamEnded):
+                        conn.send_headers(event.stream_id, headers, end_stream=trailers is None)
+                        if trailers is not None:
+                            if body:
+                                conn.send_data(event.stream_id, body)
+                            conn.send_headers(event.stream_id, trailers, end_stream=True)
+                sock.sendall(conn.data_to_send())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("headers, trailers, body, code", [
+    ([(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-status", "²".encode())], None, b"",
+     "UNKNOWN"),
+    ([(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-status", b"9"),
+      (b"grpc-message", b"bad \xff byte")], None, b"", "FAILED_PRECONDITION"),
+    ([(b":status", b"200"), (b"content-type", b"application/grpc")], [(b"grpc-status", b"0")], b"\x01\0\0\0\x01x",
+     "INTERNAL"),   # a compressed message, which was not asked for
+    ([(b":status", b"200"), (b"content-type", b"application/grpc")], [(b"grpc-status", b"0")], b"\0\0\0\0\x09xy",
+     "INTERNAL"),   # a length that lies
+    ([(b":status", b"200"), (b"content-type", b"application/grpc")], [(b"other", b"1")], b"", "UNKNOWN"),
+    ([(b":status", b"404")], None, b"", "UNAVAILABLE"),
+])
+def test_a_server_that_answers_badly_gives_one_error_never_a_traceback(headers, trailers, body, code):
+    port = free_port()
+    thread = _misbehaving(port, headers, trailers, body)
+    with pytest.raises(WireError) as e:
+        Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"hi", (), 5)
+    assert e.value.code == code, e.value
+    thread.join(5)
