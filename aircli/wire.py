@@ -22,14 +22,22 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import hyperframe.frame
 
 # gRPC's status codes, by number (grpc/doc/statuscodes.md)
 STATUS = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
           "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
           "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
 WINDOW = 1 << 30          # what the server may send before we say we took it (we take everything at once)
-READ_BYTES = 1 << 20
-MAX_FRAME = (1 << 24) - 1   # HTTP/2's largest frame
+READ_BYTES = 1 << 22
+MAX_FRAME = 1 << 20       # frames of up to 1 MiB: fewer to handle in Python than 16 KiB ones, and h2
+#                           reassembles each by concatenation (larger ones cost more than they save)
+
+
+# h2 builds repr(frame) of every frame it receives, for a trace log that is off: for a DATA frame
+# that copies and hex-encodes the whole body (an 8 MB airq took 40 ms more). A DATA frame's repr
+# says its size instead. (Only in processes that import this module: the tools.)
+hyperframe.frame.DataFrame._body_repr = lambda self: f"<{len(self.data)} bytes>"
 
 
 class WireError(Exception):
@@ -52,7 +60,7 @@ class Channel:
         self._authority = f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
         self._local = threading.local()
 
-    def call(self, method: str, request: bytes, metadata: tuple[tuple[str, str], ...], timeout: float) -> bytes:
+    def call(self, method: str, request: bytes, metadata: tuple[tuple[str, str], ...], timeout: float) -> memoryview:
         """The reply's bytes for `request` sent to `method` ("/package.Service/Method")."""
         if len(request) > self.max_send_bytes:
             raise WireError("RESOURCE_EXHAUSTED", f"the request is {len(request)} bytes, larger than "
@@ -112,7 +120,7 @@ class _Link:
 
     def __init__(self, host: str, port: int, deadline: float):
         try:
-            self.sock = socket.create_connection((host, port), timeout=max(0.001, deadline - time.monotonic()))
+            self.sock = _connect(host, port, max(0.001, deadline - time.monotonic()))
         except socket.timeout:
             raise WireError("UNAVAILABLE", f"failed to connect to {host}:{port}: timed out") from None
         except OSError as e:
@@ -123,8 +131,6 @@ class _Link:
         self.conn = _Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
         self.conn.initiate_connection()
         self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW,
-                                   # (a large reply in frames of up to 16 MiB, not 16 KiB: each frame is
-                                   # handled in Python, and an 8 MB airq took 30 ms more in small ones)
                                    h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME})
         self.conn.increment_flow_control_window(WINDOW - 65535)
         self.closed = False
@@ -158,13 +164,13 @@ class _Link:
         except OSError:
             pass
 
-    def call(self, authority: str, method: str, request: bytes, metadata, deadline: float) -> bytes:
+    def call(self, authority: str, method: str, request: bytes, metadata, deadline: float) -> memoryview:
         try:
             return self._call(authority, method, request, metadata, deadline)
         except (h2.exceptions.H2Error, ValueError) as e:   # (a server that breaks HTTP/2: one line, not a trace)
             raise WireError("INTERNAL", f"HTTP/2 error: {e or type(e).__name__}") from None
 
-    def _call(self, authority: str, method: str, request: bytes, metadata, deadline: float) -> bytes:
+    def _call(self, authority: str, method: str, request: bytes, metadata, deadline: float) -> memoryview:
         conn = self.conn
         stream = conn.get_next_available_stream_id()
         left_ms = int((deadline - time.monotonic()) * 1000)
@@ -224,7 +230,7 @@ class _Reply:
     """One call's reply as its events arrive: the message's bytes and the status."""
 
     def __init__(self):
-        self.data = bytearray()
+        self.chunks: list[bytes] = []
         self.status: dict[str, str] = {}
         self.http_status = ""
         self.ended = False
@@ -245,7 +251,7 @@ class _Reply:
             self.http_status = headers.get(":status", "")
             self.status.update(headers)   # (a trailers-only response has its status here)
         elif isinstance(event, h2.events.DataReceived):
-            self.data += event.data
+            self.chunks.append(event.data)
             if event.flow_controlled_length:
                 conn.acknowledge_received_data(event.flow_controlled_length, stream)
         elif isinstance(event, h2.events.TrailersReceived):
@@ -259,7 +265,7 @@ class _Reply:
             self.failure = WireError("UNAVAILABLE" if event.error_code == 7 else "INTERNAL",   # 7: REFUSED_STREAM
                                      f"the server reset the call (error {event.error_code})")
 
-    def result(self) -> bytes:
+    def result(self) -> memoryview:
         if self.failure is not None:
             raise self.failure
         code = self.status.get("grpc-status")
@@ -270,13 +276,32 @@ class _Reply:
         if number != 0:
             name = STATUS[number] if number < len(STATUS) else "UNKNOWN"
             raise WireError(name, urllib.parse.unquote(self.status.get("grpc-message", "")))
-        data = bytes(self.data)
+        data = memoryview(b"".join(self.chunks))   # (one copy of a reply of MBs, and no other)
         if len(data) < 5 or data[0] != 0:
             raise WireError("INTERNAL", "the reply is not one uncompressed message")
         size = struct.unpack(">I", data[1:5])[0]
         if size != len(data) - 5:
             raise WireError("INTERNAL", f"the reply's message says {size} bytes and has {len(data) - 5}")
         return data[5:]
+
+
+def _connect(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection; to an address as such without a name lookup (getaddrinfo of a str imports
+    Python's IDNA codec first: 10 ms of a 100 ms command)."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect((host, port))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    return socket.create_connection((host, port), timeout=timeout)
 
 
 def _decoded(headers) -> dict[str, str]:

@@ -27,7 +27,7 @@ from air.airctld.admission import Admission
 from air.protos.config import Config
 from air.airctld.fairshare import Assoc
 from air.airctld.jobtable import JobTable
-from air.airctld.launching import Launching
+from air.airctld.launching import Launcher
 from air.airctld.metrics import ControllerMetrics
 from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound, StoreFailed
 from air.airctld.model import Job, Node, evolve
@@ -48,7 +48,7 @@ log = logging.getLogger("airctld")
 
 
 
-class Controller(NodeReports, SchedulingPass, Launching):
+class Controller(NodeReports, SchedulingPass):
     def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.time,
                  clients: NodeClients | None = None, monotonic: Callable[[], float] = time.monotonic):
         self.config = config
@@ -129,6 +129,8 @@ class Controller(NodeReports, SchedulingPass, Launching):
         self._pass_seconds = 0.0
         self.metrics = ControllerMetrics(config.controller.metrics_user_labels)
         store.on_commit_time = self.metrics.commit_seconds.observe
+        self.launcher = Launcher(self._lock, self.jobs, self.nodes, lambda: self.clients, self.clock, self._commit,
+                                 self._send_signal, self._wake, self._stopping, self._launching)
 
     # ------------------------------------------------------------ the loop
 
@@ -351,7 +353,7 @@ class Controller(NodeReports, SchedulingPass, Launching):
 
     def _terminate(self, changed: list[Job], launching: set[tuple[int, int]]) -> None:
         """Terminate the jobs just set COMPLETING; one still being launched is signalled once its
-        launch returns (see _launch)."""
+        launch returns (see Launcher.launch)."""
         for job in changed:
             if job.phase == JobPhase.COMPLETING and (job.job_id, job.restart_count) not in launching:
                 self._send_signal(job, 0)

@@ -9,11 +9,14 @@ the node's next heartbeat reports it as stale and the node kills it: the job nev
 from __future__ import annotations
 
 import logging
+import threading
+from typing import Callable, Mapping
 
 import grpc
 
 from air.airctld import events
-from air.airctld.model import Job
+from air.airctld.jobtable import JobTable
+from air.airctld.model import Job, Node
 from air.airctld.node_reports import CONTROLLER_UID
 from air.protos.states import ACTIVE_PHASES, JobPhase
 
@@ -22,31 +25,53 @@ log = logging.getLogger("airctld")
 UNANSWERED = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
 
 
-class Launching:
-    """Mixed into Controller; uses its jobs, nodes, clients, store and lock."""
+class Launcher:
+    """Sends each run's Launch to its batch node (on a thread of the controller's pool), and settles
+    a launch that fails. A collaborator of the controller: what it reads and changes is given to it.
 
-    launch_tries = 3
-    launch_backoff_s = (1.0, 2.0)   # the waits before the second and the third try
+    lock, jobs, nodes: the controller's lock, its job table and its nodes (read under the lock);
+    clients: the node clients now (tests swap them); commit: the controller's way to record a job's
+    change; signal: to stop a run that was cancelled while its launch was in flight; wake: a pass is
+    due; stopping: the controller is shutting down; launching: (job, run) whose launch has not
+    returned, shared with the passes and node reports."""
 
-    def _launch(self, job: Job) -> None:
+    tries = 3
+    backoff_s = (1.0, 2.0)   # the waits before the second and the third try
+
+    def __init__(self, lock, jobs: JobTable, nodes: Mapping[str, Node], clients: Callable[[], object],
+                 clock: Callable[[], float], commit: Callable[[list[tuple[Job, Job]], float, int], list[Job]],
+                 signal: Callable[[Job, int], None], wake: threading.Event, stopping: threading.Event,
+                 launching: set[tuple[int, int]]):
+        self._lock = lock
+        self.jobs = jobs
+        self.nodes = nodes
+        self.clients = clients
+        self.clock = clock
+        self._commit = commit
+        self._signal = signal
+        self._wake = wake
+        self._stopping = stopping
+        self._launching = launching
+
+    def launch(self, job: Job) -> None:
         node, run = job.batch_node, job.restart_count
         try:
             if not self._still_launching(job):
                 return   # cancelled, requeued or its node lost while the launch waited for a thread
-            for attempt in range(1, self.launch_tries + 1):
+            for attempt in range(1, self.tries + 1):
                 try:
-                    self.clients.launch(self.nodes[node].address, job.to_proto())
+                    self.clients().launch(self.nodes[node].address, job.to_proto())
                     return
                 except grpc.RpcError as e:
                     if e.code() not in UNANSWERED:
                         raise
                     log.warning("job %d: launch of run %d on %s not answered (try %d of %d): %s", job.job_id, run,
-                                node, attempt, self.launch_tries, _describe(e))
-                if attempt < self.launch_tries:
-                    backoff = self.launch_backoff_s[min(attempt, len(self.launch_backoff_s)) - 1]
+                                node, attempt, self.tries, _describe(e))
+                if attempt < self.tries:
+                    backoff = self.backoff_s[min(attempt, len(self.backoff_s)) - 1]
                     if self._stopping.wait(backoff) or not self._still_launching(job):
                         return   # shutting down, or the job was cancelled or its node failed meanwhile
-            self._launch_ended(job, f"launch of run {run} on {node} timed out {self.launch_tries} times; "
+            self._launch_ended(job, f"launch of run {run} on {node} timed out {self.tries} times; "
                                     f"a run {node} started anyway is killed as stale", unanswered=True)
         except Exception as e:
             self._launch_ended(job, f"launch of run {run} on {node} failed: {_describe(e)}", unanswered=False)
@@ -55,7 +80,7 @@ class Launching:
                 self._launching.discard((job.job_id, run))
                 current = self.jobs.get(job.job_id)
             if current is not None and current.phase == JobPhase.COMPLETING:
-                self._send_signal(current, 0)  # cancelled or timed out while launching
+                self._signal(current, 0)  # cancelled or timed out while launching
 
     def _still_launching(self, job: Job) -> bool:
         with self._lock:

@@ -179,7 +179,7 @@ class SchedulingPass:
             self._warned.difference_update(j.job_id for j in started)   # a new run gets its own warning
             launching = set(self._launching)
         for job in started:
-            self._actions.submit(self._launch, job)
+            self._actions.submit(self.launcher.launch, job)
         for job in stopping:
             log.info("job %d preempted: %s", job.job_id, job.reason_detail)
         self._terminate(stopping, launching)

@@ -229,7 +229,7 @@ def test_sigkill_of_a_job_being_launched_kills_it_at_once_when_its_launch_return
     c.clients.signal = lambda address, job, run, sig, grace, *rest: delivered.append((job, sig, grace))
     c.cancel(pb.JobFilter(job_ids=[job_id]), signal.SIGKILL, ALICE)
     assert delivered == []   # not yet: its launch has not returned
-    c._send_signal(c.jobs.get(job_id), 0)   # as _launch does once it returns
+    c._send_signal(c.jobs.get(job_id), 0)   # as Launcher.launch does once it returns
     assert delivered == [(job_id, 0, 0.0)]
     other = _running(c, clock, allocation=False)
     c.cancel(pb.JobFilter(job_ids=[other]), 0, ALICE)   # a plain cancel keeps its grace

@@ -116,7 +116,7 @@ def _in_memory(c):
 def test_a_burst_of_submissions_concurrent_with_passes_and_readers_never_raises(make, monkeypatch):
     build, path = make
     c = build(Clients())
-    monkeypatch.setattr(c, "_launch", lambda job: None)
+    monkeypatch.setattr(c.launcher, "launch", lambda job: None)
     c.store.db.execute("PRAGMA synchronous=OFF")   # submissions as fast as the controller takes them
     errors, submitted = [], []
     stop = threading.Event()
@@ -241,7 +241,7 @@ def test_a_pass_whose_commit_fails_leaves_memory_as_it_was_and_the_next_pass_sta
     build, path = make
     c = build(Clients())
     launched = []
-    monkeypatch.setattr(c, "_launch", lambda job: launched.append(job.job_id))
+    monkeypatch.setattr(c.launcher, "launch", lambda job: launched.append(job.job_id))
     starts, _ = c.submit(_request(gpus_per_node=4), ROOT)
     waits, _ = c.submit(_request(gpus_per_node=4), ROOT)   # gets a pending reason in the same transaction
     memory, disk = _in_memory(c), _on_disk(path)
@@ -289,7 +289,7 @@ def test_a_launch_that_times_out_is_retried_then_requeued_and_a_late_start_is_ki
     build, _ = make
     clients = Clients(silent=10)
     c = build(clients)
-    c.launch_backoff_s = (0.01, 0.01)
+    c.launcher.backoff_s = (0.01, 0.01)
     job_id = _start(c)
     _wait(lambda: c.jobs.get(job_id).phase == JobPhase.PENDING and not c._launching, "the requeue")
     job = c.jobs.get(job_id)
@@ -307,7 +307,7 @@ def test_a_launch_answered_on_a_retry_runs_and_a_job_that_may_not_requeue_ends_l
     build, _ = make
     clients = Clients(silent=1)
     c = build(clients)
-    c.launch_backoff_s = (0.01, 0.01)
+    c.launcher.backoff_s = (0.01, 0.01)
     job_id = _start(c)
     _wait(lambda: not c._launching, "the launch")
     assert clients.launches == [(job_id, 0), (job_id, 0)] and c.jobs.get(job_id).phase == JobPhase.RUNNING

@@ -44,7 +44,7 @@ def test_requeue_asked_while_launch_fails_is_not_lost(controller, code):
     fails (refused, or its last try times out). The job must go back to the queue, not end DONE with
     no result."""
     c, clock = controller
-    c.launch_backoff_s = (0.0, 0.0)
+    c.launcher.backoff_s = (0.0, 0.0)
     job = _start(c, clock)
     c._launching.add((job.job_id, job.restart_count))
 
@@ -53,7 +53,7 @@ def test_requeue_asked_while_launch_fails_is_not_lost(controller, code):
 
         def launch(self, address, proto):
             Clients.calls += 1
-            if Clients.calls == c.launch_tries or code != grpc.StatusCode.UNAVAILABLE:
+            if Clients.calls == c.launcher.tries or code != grpc.StatusCode.UNAVAILABLE:
                 c.requeue(pb.JobFilter(job_ids=[job.job_id]), ROOT)   # another RPC thread, meanwhile
             raise Refused(code)
 
@@ -61,7 +61,7 @@ def test_requeue_asked_while_launch_fails_is_not_lost(controller, code):
             return True
 
     c.clients = Clients()
-    c._launch(job)
+    c.launcher.launch(job)
     now = c.jobs.get(job.job_id)
     assert not (now.phase == JobPhase.DONE and now.result == JobResult.NONE), "job ended DONE with no result"
     assert now.phase == JobPhase.PENDING and now.restart_count == 1
@@ -106,15 +106,15 @@ class Recorder:
 
 
 def test_a_launch_still_queued_when_the_job_is_cancelled_is_never_sent(controller):
-    """_schedule commits the start and queues _launch on the 16-thread pool; a cancel lands before the
+    """_schedule commits the start and queues Launcher.launch on the 16-thread pool; a cancel lands before the
     pool runs it (the pool busy with launches to a dead node). The script must not be started."""
     c, clock = controller
     c.clients = rec = Recorder()
     job = _start(c, clock, "n1")
-    c._launching.add((job.job_id, job.restart_count))            # as _schedule does, before it queues _launch
+    c._launching.add((job.job_id, job.restart_count))            # as _schedule does, before it queues Launcher.launch
     c.cancel(pb.JobFilter(job_ids=[job.job_id]), 0, ROOT)
     assert c.jobs.get(job.job_id).phase == JobPhase.COMPLETING
-    c._launch(job)                          # the pool gets to it now
+    c.launcher.launch(job)                          # the pool gets to it now
     assert rec.launched == [], f"a cancelled job's script was launched: {rec.launched}"
 
 
@@ -134,7 +134,7 @@ def test_a_queued_launch_of_run_0_never_lands_after_run_1_started_elsewhere(cont
     c.tick()
     run1 = c.jobs.get(job0.job_id)
     started_elsewhere = run1.phase == JobPhase.RUNNING and run1.restart_count == 1
-    c._launch(job0)                          # run 0's launch, queued behind others, goes now
+    c.launcher.launch(job0)                          # run 0's launch, queued behind others, goes now
     sent0 = [x for x in rec.launched if x[2] == 0]
     assert not (started_elsewhere and sent0), \
         f"run 1 started on {run1.node_names} and run 0 was then launched on n1: {rec.launched}"
@@ -197,7 +197,7 @@ def test_a_requeued_job_waits_for_the_launch_of_its_earlier_run_to_return(contro
             super().launch(address, proto)
 
     c.clients = Slow()
-    c._launch(job)
+    c.launcher.launch(job)
     assert seen[0].phase == JobPhase.PENDING, f"run {seen[0].restart_count} started while run 0's launch was out"
     _beat(c, "n1")   # now n1 answers without the job, and no launch of it is out: run 1 may start
     clock.now += 1

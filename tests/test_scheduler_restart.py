@@ -85,7 +85,7 @@ def test_a_job_held_while_the_pass_is_planned_does_not_start(make, monkeypatch):
                                                "gpus": tuple(pb.Gpu(index=i) for i in range(4))})
     job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1), ROOT)
     launched = []
-    monkeypatch.setattr(c, "_launch", lambda job: launched.append(job.job_id))
+    monkeypatch.setattr(c.launcher, "launch", lambda job: launched.append(job.job_id))
     real = c.planner.inputs
 
     def hold_meanwhile(*args, **kw):   # the owner holds the job while the pass plans
@@ -105,7 +105,7 @@ def _four_gpus(c):
 
 def _pass_with(c, clock, monkeypatch, meanwhile):
     launched = []
-    monkeypatch.setattr(c, "_launch", lambda job: launched.append(job.job_id))
+    monkeypatch.setattr(c.launcher, "launch", lambda job: launched.append(job.job_id))
     real = c.planner.inputs
 
     def planning(*args, **kw):
@@ -146,7 +146,7 @@ def test_a_preemptor_keeps_its_hold_while_user_held_or_fenced_and_loses_it_when_
     build, clock = make
     c = build()
     _four_gpus(c)
-    monkeypatch.setattr(c, "_launch", lambda job: None)
+    monkeypatch.setattr(c.launcher, "launch", lambda job: None)
     job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1, hold=True), ROOT)
     other, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=1, hold=True), ROOT)
     c._holds[job_id] = ("n1",)
@@ -177,7 +177,7 @@ def make_qos(tmp_path):
         c = Controller(conf, Store(str(tmp_path / "air.db")), clock=clock, monotonic=clock)
         made.append(c)
         _four_gpus(c)
-        monkeypatch.setattr(c, "_launch", lambda job: None)
+        monkeypatch.setattr(c.launcher, "launch", lambda job: None)
         monkeypatch.setattr(c, "_send_signal", lambda *a, **kw: None)
         return c
     yield build, clock
