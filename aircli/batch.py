@@ -173,7 +173,7 @@ def _wait(client, job_id: int) -> int:
             away_since = None
         except CliError as e:   # only a controller away (restarting) is waited out
             away_since = away_since or time.monotonic()
-            if not ("cannot reach" in str(e) or "did not answer" in str(e)) or time.monotonic() - away_since > 300:
+            if e.status != "UNAVAILABLE" or time.monotonic() - away_since > 300:
                 raise
             reply = None
         if reply is not None and reply.jobs and all(j.phase == JobPhase.DONE for j in reply.jobs):

@@ -86,8 +86,6 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
         environment = export_environment(export, dict(os.environ)) if export else dict(os.environ)
     except OptionError as e:
         raise CliError(str(e)) from None
-    if "AIR_RESTART_COUNT" in os.environ:   # the run this srun belongs to, whatever --export keeps: the
-        environment["AIR_RESTART_COUNT"] = os.environ["AIR_RESTART_COUNT"]   # controller refuses a stale run's step
     if het_group is not None or (os.environ.get("SLURM_HET_SIZE") and not (nodelist or nodes)):
         if nodelist:
             raise CliError("give -w or --het-group, not both")
@@ -96,6 +94,11 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
             raise CliError(f"-N {nodes}: het group {het_group or 0} has {len(group)} nodes")
         nodelist = hostlist.collect_hostlist(group[:nodes] if nodes else group)
     job_id = jobid or int(os.environ.get("AIR_JOB_ID", "0") or 0)
+    # the run this srun belongs to, whatever --export kept (the controller refuses a stale run's step),
+    # and only for the job it runs in: for another job (--jobid) its run says nothing
+    environment.pop("AIR_RESTART_COUNT", None)
+    if "AIR_RESTART_COUNT" in os.environ and os.environ.get("AIR_JOB_ID") == str(job_id):
+        environment["AIR_RESTART_COUNT"] = os.environ["AIR_RESTART_COUNT"]
     try:
         names = hostlist.expand_hostlist(nodelist) if nodelist else []
         excluded = parse_hostlist("--exclude", exclude) if exclude else []   # (as airbatch's -x)

@@ -41,11 +41,12 @@ hyperframe.frame.DataFrame._body_repr = lambda self: f"<{len(self.data)} bytes>"
 
 
 class WireError(Exception):
-    def __init__(self, code: str, details: str, unprocessed: bool = False):
+    def __init__(self, code: str, details: str, unprocessed: bool = False, maybe_done: bool = False):
         super().__init__(f"{code}: {details}")
         self.code = code
         self.details = details
         self.unprocessed = unprocessed   # the server said it did not take the call (GOAWAY before it)
+        self.maybe_done = maybe_done     # the connection went after the server had the whole call
 
 
 class Channel:
@@ -71,6 +72,8 @@ class Channel:
                 raise WireError("DEADLINE_EXCEEDED", "deadline exceeded")
             link = getattr(self._local, "link", None)
             if link is None or not link.usable():   # (closed by the server since the last call: a new one)
+                if link is not None:
+                    link.close()
                 link = self._local.link = _Link(self._host, self._port, deadline)
             try:
                 return link.call(self._authority, method, request, metadata, deadline)
@@ -182,6 +185,7 @@ class _Link:
             ("grpc-timeout", f"{min(left_ms, 99_999_999)}m"), ("user-agent", "air-cli"), *metadata])
         body = memoryview(b"\0" + struct.pack(">I", len(request)) + request)
         reply = _Reply()
+        sent = False   # the whole call has left: a connection lost now may have been after the server took it
         while body or not reply.ended:
             while body:   # as much as the flow control windows let through; the rest once they open
                 room = min(conn.local_flow_control_window(stream), conn.max_outbound_frame_size, len(body))
@@ -190,9 +194,15 @@ class _Link:
                 conn.send_data(stream, body[:room].tobytes(), end_stream=room == len(body))
                 body = body[room:]
             self._flush(deadline)
+            sent = not body
             if reply.ended:
                 break
-            for event in conn.receive_data(self._read(deadline)):
+            try:
+                data = self._read(deadline)
+            except WireError as e:
+                e.maybe_done = sent and e.code == "UNAVAILABLE"
+                raise
+            for event in conn.receive_data(data):
                 reply.take(event, stream, conn)
             if reply.ended and body:   # answered before it had the whole request: a trailers-only error
                 break
@@ -238,11 +248,12 @@ class _Reply:
 
     def take(self, event, stream: int, conn: h2.connection.H2Connection) -> None:
         if isinstance(event, h2.events.ConnectionTerminated):
-            if self.ended or (event.last_stream_id is not None and event.last_stream_id >= stream):
+            taken = event.last_stream_id is not None and event.last_stream_id >= stream
+            if self.ended or (taken and event.error_code == 0):
                 return   # (a call the server took goes on to its reply; the next call opens a new connection)
             self.ended = True
             self.failure = WireError("UNAVAILABLE", f"the server closed the connection (GOAWAY, error "
-                                                    f"{event.error_code})", unprocessed=True)
+                                                    f"{event.error_code})", unprocessed=not taken, maybe_done=taken)
             return
         if getattr(event, "stream_id", stream) != stream:
             return

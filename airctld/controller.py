@@ -129,8 +129,9 @@ class Controller(NodeReports, SchedulingPass):
         self._pass_seconds = 0.0
         self.metrics = ControllerMetrics(config.controller.metrics_user_labels)
         store.on_commit_time = self.metrics.commit_seconds.observe
-        self.launcher = Launcher(self._lock, self.jobs, self.nodes, lambda: self.clients, self.clock, self._commit,
-                                 self._send_signal, self._wake, self._stopping, self._launching)
+        self.launcher = Launcher(self._lock, self.jobs, self.nodes, lambda: self.clients, self.clock,
+                                 lambda *a: self._commit(*a), lambda *a: self._send_signal(*a), self._wake,
+                                 self._stopping, self._launching)   # (the lambdas: what tests put in their place)
 
     # ------------------------------------------------------------ the loop
 

@@ -27,7 +27,7 @@ from air.airnoded.shepherding import BATCH, Child, Herd
 from air.protos import air_pb2 as pb
 from air.protos.limits import memory_limit_bytes
 from air.protos.outputs import output_paths
-from air.protos.jobenv import SCOPED_VARIABLE, job_variables
+from air.protos.jobenv import inherited, job_variables
 
 log = logging.getLogger("airnoded")
 
@@ -63,7 +63,7 @@ def job_environment(job: pb.Job, node: str, spool: Path | None = None, cluster: 
     here = next((a for a in job.allocation if a.node == node), None)
     gpus = list(here.gpus) if here else []
     # (a job submitted from inside another must not keep that job's variables: this job's are set below)
-    env = {k: v for k, v in job.request.environment.items() if not SCOPED_VARIABLE.match(k)}
+    env = inherited(dict(job.request.environment))
     env.update(job_variables(job, cluster))
     env.update({
         "AIR_GPUS_PER_NODE": str(len(gpus)),

@@ -21,6 +21,19 @@ SCOPED_VARIABLE = re.compile(
     r"SLURM_(JOB_\w+|JOBID|NODELIST|NNODES|NTASKS|NTASKS_PER_\w+|NPROCS|TASKS_PER_NODE|CPUS_PER_TASK|"
     r"CPUS_ON_NODE|GPUS_ON_NODE|ARRAY_\w+|STEP_\w+|STEPID|PROCID|LOCALID|NODEID|RESTART_COUNT|SUBMIT_DIR|"
     r"SUBMIT_HOST|CLUSTER_NAME|OPEN_MODE|HET_SIZE|\w+_HET_GROUP_\d+)$|SLURMD_NODENAME$|AIR_(ARRAY_\w+|STEP_ID)$")
+# torch.distributed's, as every rank of a step gets them (stepenv.rank_environment): stale in a job
+# submitted from a rank, where init() would join the outer step's group. Only then are they dropped:
+# elsewhere they may be a user's own.
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+                  "MASTER_PORT")
+
+
+def inherited(environment: dict[str, str]) -> dict[str, str]:
+    """What a new job keeps of the environment it was submitted with: not the variables of the job,
+    step or task it was submitted from."""
+    from_rank = "AIR_STEP_ID" in environment
+    return {k: v for k, v in environment.items()
+            if not SCOPED_VARIABLE.match(k) and not (from_rank and k in RANK_VARIABLES)}
 
 
 def job_variables(job: pb.Job, cluster: str = "") -> dict[str, str]:

@@ -134,7 +134,9 @@ def test_a_job_submitted_from_a_rank_of_another_keeps_none_of_that_jobs_variable
              "SLURM_STEP_ID": "0", "SLURM_STEPID": "0", "SLURM_STEP_NUM_TASKS": "32", "SLURM_ARRAY_JOB_ID": "98",
              "SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "9", "SLURM_CPUS_PER_TASK": "6",
              "SLURM_TASKS_PER_NODE": "8(x4)", "SLURMD_NODENAME": "far", "AIR_STEP_ID": "0", "AIR_ARRAY_TASK_ID": "5",
-             "SLURM_MPI_TYPE": "pmix", "SLURM_EXPORT_ENV": "ALL", "MY_SETTING": "1"}
+             "SLURM_MPI_TYPE": "pmix", "SLURM_EXPORT_ENV": "ALL", "MY_SETTING": "1",
+             "RANK": "3", "WORLD_SIZE": "32", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8", "NODE_RANK": "0",
+             "GROUP_RANK": "0", "MASTER_ADDR": "outer01", "MASTER_PORT": "29500"}
     job = _job()
     job.request.environment.update(outer)
     env = job_environment(job, "node03")
@@ -144,4 +146,11 @@ def test_a_job_submitted_from_a_rank_of_another_keeps_none_of_that_jobs_variable
         "SLURM_STEP_ID": None, "SLURM_STEPID": None, "SLURM_STEP_NUM_TASKS": None, "SLURM_ARRAY_JOB_ID": None,
         "SLURM_ARRAY_TASK_ID": None, "SLURM_ARRAY_TASK_COUNT": None, "SLURM_CPUS_PER_TASK": None,
         "SLURM_TASKS_PER_NODE": "1(x3)", "SLURMD_NODENAME": "node03", "AIR_STEP_ID": None, "AIR_ARRAY_TASK_ID": None,
-        "SLURM_MPI_TYPE": "pmix", "SLURM_EXPORT_ENV": "ALL", "MY_SETTING": "1"}
+        "SLURM_MPI_TYPE": "pmix", "SLURM_EXPORT_ENV": "ALL", "MY_SETTING": "1",
+        "RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, "LOCAL_WORLD_SIZE": None, "NODE_RANK": None,
+        "GROUP_RANK": None, "MASTER_ADDR": None, "MASTER_PORT": None}
+    # outside a rank, torch's names are a user's own and stay
+    mine = _job()
+    mine.request.environment.update({"MASTER_PORT": "29600", "RANK": "0"})
+    assert {k: job_environment(mine, "node03").get(k) for k in ("MASTER_PORT", "RANK")} == {"MASTER_PORT": "29600",
+                                                                                          "RANK": "0"}

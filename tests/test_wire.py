@@ -153,8 +153,11 @@ def test_an_answer_before_the_whole_request_is_that_answer_every_time():
         server.stop(0)
 
 
-def _misbehaving(port: int, headers: list, trailers: list | None, body: bytes = b"") -> threading.Thread:
-    """A one-call HTTP/2 server (h2, server side) that answers with what it is given."""
+def _misbehaving(port: int, headers: list, trailers: list | None, body: bytes = b"",
+                 action: str = "answer") -> threading.Thread:
+    """A one-call HTTP/2 server (h2, server side) that answers with what it is given, or once it has
+    the whole call closes the connection ("close") or sends a GOAWAY with an error that covers the call
+    and stays connected ("goaway")."""
     import socket
     import h2.config
     import h2.connection
@@ -174,6 +177,13 @@ def _misbehaving(port: int, headers: list, trailers: list | None, body: bytes = 
                 if not data:
                     return
                 for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.StreamEnded) and action == "close":
+                        return
+                    if isinstance(event, h2.events.StreamEnded) and action == "goaway":
+                        conn.close_connection(error_code=2, last_stream_id=event.stream_id)
+                        sock.sendall(conn.data_to_send())
+                        time.sleep(3)
+                        return
                     if isinstance(event, h2.events.StreamEnded):
                         conn.send_headers(event.stream_id, headers, end_stream=trailers is None)
                         if trailers is not None:
@@ -205,4 +215,19 @@ def test_a_server_that_answers_badly_gives_one_error_never_a_traceback(headers, 
     with pytest.raises(WireError) as e:
         Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"hi", (), 5)
     assert e.value.code == code, e.value
+    thread.join(5)
+
+
+@pytest.mark.parametrize("action", ["close", "goaway"])
+def test_a_call_whose_connection_goes_once_the_server_has_it_may_have_been_done(action):
+    """The server had the whole call, then the connection went (closed, or a GOAWAY with an error that
+    covers it): the caller is told at once that the call may have been carried out (it must look
+    before it repeats a submission), and the call is not sent again."""
+    port = free_port()
+    thread = _misbehaving(port, [], None, action=action)
+    t = time.monotonic()
+    with pytest.raises(WireError) as e:
+        Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"hi", (), 10)
+    assert (e.value.code, e.value.maybe_done, e.value.unprocessed) == ("UNAVAILABLE", True, False), e.value
+    assert time.monotonic() - t < 2   # (not the whole deadline)
     thread.join(5)
