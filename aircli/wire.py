@@ -52,7 +52,8 @@ class WireError(Exception):
 class Channel:
     """Unary calls to one `host:port`, on an HTTP/2 connection of each thread's own, opened at its
     first call and opened again when the server has closed it. A call that fails after its request
-    was sent is never sent again (a submission could be taken twice)."""
+    was sent is never sent again (a submission could be taken twice), but for one the server's GOAWAY
+    says it never took: that one is, once, on a new connection."""
 
     def __init__(self, address: str, max_send_bytes: int):
         self.address = address
@@ -93,8 +94,7 @@ class Channel:
     def close(self) -> None:
         link = getattr(self._local, "link", None)
         if link is not None:
-            link.close()
-            self._local.link = None
+            self._drop(link)
 
 
 class _Connection(h2.connection.H2Connection):
