@@ -169,15 +169,17 @@ def _wait(client, job_id: int) -> int:
     delay, away_since = 0.2, None
     while True:
         try:
-            reply = client.list_jobs(pb.JobFilter(job_ids=[job_id], include_old=True))
+            jobs = list(client.list_jobs(pb.JobFilter(job_ids=[job_id], include_old=True)).jobs)
+            if not jobs:   # ended and let go from the controller's memory: its history has it
+                jobs = [h.job for h in client.history(pb.HistoryRequest(job_ids=[job_id], no_steps=True)).jobs]
             away_since = None
         except CliError as e:   # only a controller away (restarting) is waited out
             away_since = away_since or time.monotonic()
             if e.status != "UNAVAILABLE" or time.monotonic() - away_since > 300:
                 raise
-            reply = None
-        if reply is not None and reply.jobs and all(j.phase == JobPhase.DONE for j in reply.jobs):
-            return max((0 if j.result == JobResult.COMPLETED else j.exit_code or 1) for j in reply.jobs)
+            jobs = []
+        if jobs and all(j.phase == JobPhase.DONE for j in jobs):
+            return max((0 if j.result == JobResult.COMPLETED else j.exit_code or 1) for j in jobs)
         time.sleep(delay)
         delay = min(delay * 1.5, 5.0)
 

@@ -193,7 +193,13 @@ class _Link:
                     break
                 conn.send_data(stream, body[:room].tobytes(), end_stream=room == len(body))
                 body = body[room:]
-            self._flush(deadline)
+            try:
+                self._flush(deadline)
+            except WireError as e:
+                if reply.ended and reply.failure is None:
+                    break   # (the answer is in: what this side still owed the server, acks, no longer matters)
+                e.maybe_done = sent and e.code == "UNAVAILABLE"   # (`sent`: the whole call had left before)
+                raise
             sent = not body
             if reply.ended:
                 break
@@ -204,9 +210,14 @@ class _Link:
                 raise
             for event in conn.receive_data(data):
                 reply.take(event, stream, conn)
+            if reply.failure is not None and body:   # (the server never had the whole call)
+                reply.failure.maybe_done = False
             if reply.ended and body:   # answered before it had the whole request: a trailers-only error
                 break
-        self._flush(deadline)
+        try:
+            self._flush(deadline)
+        except WireError:
+            pass   # (acks of what was read: the next call finds out whether the connection is still good)
         return reply.result()
 
     def _flush(self, deadline: float) -> None:

@@ -279,3 +279,31 @@ def test_every_option_of_sbatchs_manual_is_taken_or_refused_as_slurms(tmp_path, 
     # and a typo is still a typo
     assert run(command, "sbatch", ["--frobnicate", str(script)]) == 1
     assert "AIR does not support" not in capsys.readouterr().err
+
+
+def test_sbatch_wait_reads_the_history_of_a_job_the_controller_has_let_go_of(monkeypatch):
+    """sbatch -W polls the queue; a job that ended and was forgotten by the controller's memory meanwhile
+    (a short min_job_age_s, or a controller away a while) is read from the history, not waited for
+    for ever; a controller away is waited out."""
+    from air.aircli import batch
+    from air.aircli.client import CliError
+    from air.protos import air_pb2 as pb
+    monkeypatch.setattr("time.sleep", lambda s: None)
+
+    class Client:
+        calls = 0
+
+        def list_jobs(self, filt):
+            Client.calls += 1
+            if Client.calls == 1:
+                raise CliError("cannot reach airctld", "UNAVAILABLE")
+            if Client.calls == 2:
+                return pb.ListJobsReply(jobs=[pb.Job(job_id=7, phase=pb.JOB_PHASE_RUNNING)])
+            return pb.ListJobsReply()
+
+        def history(self, req):
+            assert list(req.job_ids) == [7]
+            return pb.HistoryReply(jobs=[pb.HistoryJob(job=pb.Job(job_id=7, phase=pb.JOB_PHASE_DONE,
+                                                                  result=pb.JOB_RESULT_FAILED, exit_code=3))])
+
+    assert batch._wait(Client(), 7) == 3 and Client.calls == 3

@@ -162,6 +162,7 @@ def _misbehaving(port: int, headers: list, trailers: list | None, body: bytes = 
     import h2.config
     import h2.connection
     import h2.events
+    import h2.settings
     listener = socket.create_server(("127.0.0.1", port))
 
     def serve():
@@ -170,6 +171,8 @@ def _misbehaving(port: int, headers: list, trailers: list | None, body: bytes = 
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None,
                                                                     validate_outbound_headers=False))
         conn.initiate_connection()
+        if action == "goaway-early":   # (a window so small the call cannot all arrive before the GOAWAY)
+            conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 10})
         sock.sendall(conn.data_to_send())
         with sock:
             while True:
@@ -177,6 +180,11 @@ def _misbehaving(port: int, headers: list, trailers: list | None, body: bytes = 
                 if not data:
                     return
                 for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived) and action == "goaway-early":
+                        conn.close_connection(error_code=2, last_stream_id=event.stream_id)
+                        sock.sendall(conn.data_to_send())
+                        time.sleep(3)
+                        return
                     if isinstance(event, h2.events.StreamEnded) and action == "close":
                         return
                     if isinstance(event, h2.events.StreamEnded) and action == "goaway":
@@ -230,4 +238,15 @@ def test_a_call_whose_connection_goes_once_the_server_has_it_may_have_been_done(
         Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"hi", (), 10)
     assert (e.value.code, e.value.maybe_done, e.value.unprocessed) == ("UNAVAILABLE", True, False), e.value
     assert time.monotonic() - t < 2   # (not the whole deadline)
+    thread.join(5)
+
+
+def test_a_call_the_server_never_had_all_of_is_not_said_to_be_maybe_done():
+    """A GOAWAY with an error that names the call's stream, while most of the call still waits for the
+    flow control window: the server never had it, and the caller is not told it may have been done."""
+    port = free_port()
+    thread = _misbehaving(port, [], None, action="goaway-early")
+    with pytest.raises(WireError) as e:
+        Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"x" * 100_000, (), 10)
+    assert (e.value.code, e.value.maybe_done) == ("UNAVAILABLE", False), e.value
     thread.join(5)
