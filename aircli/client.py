@@ -51,8 +51,6 @@ class Client:
     """The Controller service at the configured address: one typed method per RPC (signed with the
     caller's credential, sent over aircli.wire), every failure a CliError."""
 
-    SERVICE = "/air.v1.Controller/"
-
     def __init__(self, config_path: str | None = None):
         from air.protos import config as configuration
         from air.aircli.wire import Channel
@@ -128,7 +126,7 @@ class Client:
         rpc = air_pb2.DESCRIPTOR.services_by_name["Controller"].methods_by_name[name]   # (a name it lacks: KeyError)
         if request.DESCRIPTOR is not rpc.input_type:
             raise TypeError(f"{name} takes a {rpc.input_type.name}, not a {request.DESCRIPTOR.name}")
-        method = self.SERVICE + name
+        method = f"/{rpc.containing_service.full_name}/{rpc.name}"
         data = request_bytes(request)   # (the bytes the credential is bound to are the bytes sent)
         try:
             metadata = self._auth.metadata(method, self.address, data)

@@ -430,9 +430,10 @@ class _Stream:
         jobfiles.write_root_file(folder, f"{self.tag}.pb", step.SerializeToString(), 0o600)
         argv = ["/bin/sh", "-c", RANK_START, "air-rank", step.spec.workdir or "/", *step.spec.argv]
         children, ours, theirs = [], [], []
+        base = rank_base(step, extra_env)   # (once: the same for every rank here, and up to MiBs)
         try:
             for local_rank, rank in enumerate(here.ranks):
-                env = rank_environment(step, index, local_rank, rank_base(step, extra_env))
+                env = rank_environment(step, index, local_rank, base)
                 if runner.cgroups.gpu_minors and here.HasField("allocation") and env["CUDA_VISIBLE_DEVICES"]:
                     # the run's devices group lets the rank open only its job's GPUs here: CUDA numbers them
                     env["CUDA_VISIBLE_DEVICES"] = local_devices(env["CUDA_VISIBLE_DEVICES"],
