@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 import hostlist
 
-from air.airctld import events, goodput, history, scheduler, steps
+from air.airctld import collector, events, goodput, history, scheduler, steps
 from air.protos import squeue
 from air.protos.arrays import compact as arrays_text
 from air.airctld.accounting import Accounting
@@ -261,9 +261,11 @@ class Controller(NodeReports, SchedulingPass):
                 return [j.job_id for j in targets]
             now = self.clock()
             why = f"cancelled by uid {who.uid}"
-            changed = self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED, why))
-                                    for j in targets] +
-                                   [(j, events.cancelled_while_stopping(j, why)) for j in requeuing], now, who.uid)
+            with collector.paused(len(targets)):
+                changed = self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED, why))
+                                        for j in targets] +
+                                       [(j, events.cancelled_while_stopping(j, why)) for j in requeuing], now,
+                                       who.uid)
             stopped = {j.job_id for j in requeuing}   # (already signalled: their grace time goes on)
             if kill:   # (also when signalled later: after its launch returns, or stopped again)
                 self._no_grace.update(j.job_id for j in [*changed, *ending] if j.phase == JobPhase.COMPLETING)
@@ -366,7 +368,8 @@ class Controller(NodeReports, SchedulingPass):
             if len(filt.job_ids) == 1 and selected and selected[0].phase != JobPhase.PENDING:
                 events.held(selected[0], hold)  # raises TransitionError: not pending
             now = self.clock()
-            changed = self._commit([(j, events.held(j, hold)) for j in targets], now, who.uid)
+            with collector.paused(len(targets)):
+                changed = self._commit([(j, events.held(j, hold)) for j in targets], now, who.uid)
             if not changed:   # nothing to do: the pass in flight stands
                 return []
             self._dirty = True
@@ -540,14 +543,18 @@ class Controller(NodeReports, SchedulingPass):
         ended job's row is kept until the job changes; a running job's (its TIME moves) is made anew."""
         now = self.clock()
         with self._lock:
-            jobs = self._listed(filt, who, now)
-            picked = zip(jobs, self.jobs.rows(jobs))
+            if _unfiltered(filt) and self.policy.sees_all(who):   # (what every plain airq asks: one pass)
+                jobs, rows = self.jobs.listing(now - self.config.controller.min_job_age_s)
+            else:
+                jobs = self._listed(filt, who, now)
+                rows = self.jobs.rows(jobs)
         items = squeue.compile_format(squeue.SQUEUE_DEFAULT, squeue.job_fields(now))
         lines: list = []
         made: list[tuple[Job, str]] = []
         arrays: dict[int, tuple[int, list[Job]]] = {}   # array -> (its row's place, its pending tasks)
-        for job, row in picked:   # (outside the lock: a row is made from the version of the job picked)
-            if job.array_job_id and job.phase == JobPhase.PENDING and not filt.expand_arrays:
+        expand, pending, append = filt.expand_arrays, JobPhase.PENDING, lines.append
+        for job, row in zip(jobs, rows):   # (outside the lock: a row is made from the version of the job picked)
+            if job.array_job_id and not expand and job.phase == pending:
                 arrays.setdefault(job.array_job_id, (len(lines), []))[1].append(job)
                 if len(arrays[job.array_job_id][1]) == 1:
                     lines.append("")
@@ -556,7 +563,7 @@ class Controller(NodeReports, SchedulingPass):
                 row = squeue.render(items, [pb.Job.FromString(_brief(job))], header=False)[0]
                 if job.phase in (JobPhase.PENDING, JobPhase.DONE):
                     made.append((job, row))
-            lines.append(row)
+            append(row)
         if made:
             with self._lock:   # (the table changes only under it: a job changed or forgotten meanwhile
                 for job, row in made:   # keeps no row)
@@ -566,7 +573,9 @@ class Controller(NodeReports, SchedulingPass):
             first.array_pending_tasks = arrays_text([t.array_task_id for t in tasks])
             first.array_tasks_pending = len(tasks)
             lines[place] = squeue.render(items, [first], header=False)[0]
-        return "\n".join(lines) + "\n" if lines else ""
+        if lines:
+            lines.append("")   # (the last row's newline)
+        return "\n".join(lines)
 
     def _settled(self, job: Job | None) -> Job | None:
         """A job read from the store, with the QOS it ran under: jobs stored before the QOS was recorded
@@ -678,9 +687,14 @@ class Controller(NodeReports, SchedulingPass):
         """Write (old, new) job pairs in one transaction, and take them into memory once it (or the one
         it is part of) has committed: a transaction that fails leaves memory as it was. A run that
         ends keeps its runtime's figures (goodput), from its latest report."""
-        changes = [(old, self._with_figures(old, new)) for old, new in changes]
+        changes = list(changes)
         if not changes:
             return []
+        with collector.paused(len(changes)):
+            return self._write(changes, now, who)
+
+    def _write(self, changes: list[tuple[Job, Job]], now: float, who: int) -> list[Job]:
+        changes = [(old, self._with_figures(old, new)) for old, new in changes]
         with self.store.transaction():
             self.store.update_jobs(changes, now, who)
             # a stop's time is kept from the first time it was asked until the job leaves COMPLETING
@@ -833,6 +847,12 @@ def _wanted(f: pb.JobFilter) -> _Wanted:
         if len(items) > MAX_FILTER_ITEMS:
             raise InvalidRequest(f"{len(items)} {what} in one request; at most {MAX_FILTER_ITEMS}")
     return _Wanted(*(frozenset(x) if x else None for x in (f.uids, f.phases, f.results, f.names, f.partitions)))
+
+
+def _unfiltered(f: pb.JobFilter) -> bool:
+    """Whether a listing asks for every job (as _listed shows them)."""
+    return not (f.job_ids or f.array_tasks or f.uids or f.phases or f.results or f.names or f.partitions
+                or f.include_old)
 
 
 def _matches(job: Job, w: _Wanted) -> bool:

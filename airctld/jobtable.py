@@ -54,6 +54,14 @@ class JobTable:
         get = self._rows.get
         return [kept[1] if (kept := get(job.job_id)) is not None and kept[0] is job else None for job in jobs]
 
+    def listing(self, horizon: float) -> tuple[list[Job], list[str | None]]:
+        """Every job but those that ended before `horizon`, in the table's order, and row() of each:
+        what an unfiltered listing shows. Two lists, not a list of pairs: 100,000 pairs made at once
+        would each be tracked by the garbage collector, and set off full collections over the table."""
+        done = JobPhase.DONE
+        jobs = [job for job in self._jobs.values() if job.phase != done or job.end_time >= horizon]
+        return jobs, self.rows(jobs)
+
     def keep_row(self, job: Job, row: str) -> None:
         """Keep a row made without the controller's lock: tied to the version it shows, a row made
         from a job that has changed since is never shown for the new one (see row)."""
