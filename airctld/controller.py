@@ -48,7 +48,7 @@ log = logging.getLogger("airctld")
 
 
 
-class Controller(NodeReports, SchedulingPass):
+class Controller(SchedulingPass):
     def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.time,
                  clients: NodeClients | None = None, monotonic: Callable[[], float] = time.monotonic):
         self.config = config
@@ -91,7 +91,6 @@ class Controller(NodeReports, SchedulingPass):
             self._arrays[array_id] = [t.job_id for t in store.array_tasks(array_id)]
         self._not_arrays: set[int] = set()
         self._warned: set[int] = set()
-        self.telemetry: dict[str, list[pb.GpuStatus]] = {}   # node -> its GPUs' latest reading
         self.last_progress: dict[int, float] = {}   # job -> when one of its ranks last reported
         # running job -> when it last moved (monotonic): a report, its start, or this controller's start
         self.moved: dict[int, float] = {j.job_id: mono for j in self.jobs.in_phase(JobPhase.RUNNING)}
@@ -117,7 +116,6 @@ class Controller(NodeReports, SchedulingPass):
         self._epoch = 0            # bumped by every change to what priorities are made of (accounts)
         self._released: list[int] = []   # the last priorities of jobs released since the pass's snapshot
         self._forgot_at = float("-inf")   # when _forget_old last looked
-        self._beats: dict[str, tuple[str, tuple[int, int]]] = {}   # node -> its newest heartbeat taken (see heartbeat)
         self._requeued_runs: list[tuple] = []   # runs that ended in a requeue, not yet charged (accounting)
         # stopping job -> when it was asked to stop; pending preemptor -> the nodes held for it. Both are
         # written with the decisions that make them, so that a restarted controller counts the same
@@ -132,6 +130,12 @@ class Controller(NodeReports, SchedulingPass):
         self.launcher = Launcher(self._lock, self.jobs, self.nodes, lambda: self.clients, self.clock,
                                  lambda *a: self._commit(*a), lambda *a: self._send_signal(*a), self._wake,
                                  self._stopping, self._launching)   # (the lambdas: what tests put in their place)
+        self.reports = NodeReports(
+            config, store, self.policy, self._lock, self.jobs, self.nodes, self.clock, self.mono,
+            lambda: self.clients, lambda *a: self._commit(*a), lambda *a: self._send_signal(*a), self._wake,
+            self._mark_dirty, heard=self.heard, suspect=self.suspect, fence_wait=self.fence_wait,
+            misses=self._misses, warned=self._warned, launching=self._launching, last_progress=self.last_progress,
+            moved=self.moved, latest_report=self.latest_report)
 
     # ------------------------------------------------------------ the loop
 
@@ -166,7 +170,7 @@ class Controller(NodeReports, SchedulingPass):
     def tick(self) -> None:
         """One pass: node liveness, time limits, forgetting old jobs, then scheduling."""
         now = self.clock()
-        self._check_liveness(now)
+        self.reports.check_liveness(now)
         self._enforce_time_limits(now)
         if self.accounting.due(now):   # (every few seconds: not a copy of a long queue on every wake-up)
             with self._lock:   # usage is charged from a snapshot: requests change the table meanwhile
@@ -181,6 +185,27 @@ class Controller(NodeReports, SchedulingPass):
                 raise
         self._forget_old(now)
         self._schedule(now)
+
+    def _mark_dirty(self) -> None:
+        """Something changed that may let a pending job start (the next pass plans; see _schedule)."""
+        self._dirty = True
+
+    # ------------------------------------------------------------ node daemons and nodes (see NodeReports)
+
+    def register(self, info: pb.Node) -> None:
+        self.reports.register(info)
+
+    def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        return self.reports.heartbeat(req)
+
+    def node_views(self) -> list[pb.Node]:
+        return self.reports.node_views()
+
+    def update_node(self, name: str, state: NodeState, reason: str, who: Identity) -> None:
+        self.reports.update_node(name, state, reason, who)
+
+    def inject_fault(self, fault: pb.FaultRequest, who: Identity) -> None:
+        self.reports.inject_fault(fault, who)
 
     # ------------------------------------------------------------ submit
 
