@@ -48,7 +48,7 @@ log = logging.getLogger("airctld")
 
 
 
-class Controller(SchedulingPass):
+class Controller:
     def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.time,
                  clients: NodeClients | None = None, monotonic: Callable[[], float] = time.monotonic):
         self.config = config
@@ -71,7 +71,6 @@ class Controller(SchedulingPass):
         # job -> its last step's number (steps are numbered on, across runs and restarts; from the store
         # the first time a job asks after a start)
         self._step_ids: dict[int, int] = {}
-        self._dirty = True   # something changed that may let a pending job start
         stored = {n.name: n for n in store.load_nodes()}
         self.nodes: dict[str, Node] = {}
         for nc in config.nodes:
@@ -89,7 +88,6 @@ class Controller(SchedulingPass):
         for array_id in {job.array_job_id for job in self.jobs if job.array_job_id}:
             # every task, also those done long ago and not loaded: dependencies judge them all
             self._arrays[array_id] = [t.job_id for t in store.array_tasks(array_id)]
-        self._not_arrays: set[int] = set()
         self._warned: set[int] = set()
         self.last_progress: dict[int, float] = {}   # job -> when one of its ranks last reported
         # running job -> when it last moved (monotonic): a report, its start, or this controller's start
@@ -111,10 +109,6 @@ class Controller(SchedulingPass):
         for job in [*self.jobs.schedulable(), *self.jobs.held()]:   # after a restart: a requeued job's last
             if job.restart_count:                                      # run may be alive anywhere (held too)
                 self.fence_wait[job.job_id] = {n: gone_by for n in self.nodes}
-        self._last_pass = 0.0
-        self._due = float("inf")   # when a pending job's --begin time comes
-        self._epoch = 0            # bumped by every change to what priorities are made of (accounts)
-        self._released: list[int] = []   # the last priorities of jobs released since the pass's snapshot
         self._forgot_at = float("-inf")   # when _forget_old last looked
         self._requeued_runs: list[tuple] = []   # runs that ended in a requeue, not yet charged (accounting)
         # stopping job -> when it was asked to stop; pending preemptor -> the nodes held for it. Both are
@@ -124,7 +118,6 @@ class Controller(SchedulingPass):
             if (job := self.jobs.get(j)) is not None and job.phase == JobPhase.COMPLETING}
         self._holds: dict[int, tuple[str, ...]] = store.load_holds()
         self._preempted: dict[int, set[int]] = store.load_preemptions()   # preemptor -> its victims so far
-        self._pass_seconds = 0.0
         self.metrics = ControllerMetrics(config.controller.metrics_user_labels)
         store.on_commit_time = self.metrics.commit_seconds.observe
         self.launcher = Launcher(self._lock, self.jobs, self.nodes, lambda: self.clients, self.clock,
@@ -136,6 +129,13 @@ class Controller(SchedulingPass):
             self._mark_dirty, heard=self.heard, suspect=self.suspect, fence_wait=self.fence_wait,
             misses=self._misses, warned=self._warned, launching=self._launching, last_progress=self.last_progress,
             moved=self.moved, latest_report=self.latest_report)
+        self.passes = SchedulingPass(
+            store, self._lock, self.jobs, self.nodes, self.planner, self.accounting, self.metrics, self.clock,
+            self.mono, lambda *a: self._commit(*a), lambda job: self._actions.submit(self.launcher.launch, job),
+            lambda *a: self._terminate(*a), partitions=self.partitions, switches=self.switches,
+            features=self.features, arrays=self._arrays, fence_wait=self.fence_wait, suspect=self.suspect,
+            stopped_at=self._stopped_at, holds=self._holds, preempted=self._preempted, launching=self._launching,
+            warned=self._warned)
 
     # ------------------------------------------------------------ the loop
 
@@ -160,7 +160,7 @@ class Controller(SchedulingPass):
             except Exception:
                 log.exception("controller pass failed")
             # a pass over a long queue takes a while: leave the CPU to requests for as long again
-            self._stopping.wait(max(min_interval, self._pass_seconds))
+            self._stopping.wait(max(min_interval, self.passes.pass_seconds))
 
     def stop(self) -> None:
         self._stopping.set()
@@ -186,8 +186,27 @@ class Controller(SchedulingPass):
         self._forget_old(now)
         self._schedule(now)
 
+    # ------------------------------------------------------------ scheduling passes (see SchedulingPass)
+
+    def prime(self) -> None:
+        self.passes.prime()
+
+    def _schedule(self, now: float) -> None:
+        self.passes.schedule(now)
+
+    def _dep_states(self, job_id: int) -> list[tuple[JobPhase, JobResult]]:
+        return self.passes.dep_states(job_id)
+
+    @property
+    def _dirty(self) -> bool:
+        """Something changed that may let a pending job start: the next pass plans (set under the lock)."""
+        return self.passes.dirty
+
+    @_dirty.setter
+    def _dirty(self, value: bool) -> None:
+        self.passes.dirty = value
+
     def _mark_dirty(self) -> None:
-        """Something changed that may let a pending job start (the next pass plans; see _schedule)."""
         self._dirty = True
 
     # ------------------------------------------------------------ node daemons and nodes (see NodeReports)
@@ -396,7 +415,7 @@ class Controller(SchedulingPass):
                 return []
             self._dirty = True
             if not hold:   # a released job may rank above jobs the pass in flight starts
-                self._released += [j.priority for j in changed]
+                self.passes.released += [j.priority for j in changed]
         self._wake.set()
         return [j.job_id for j in changed]
 
@@ -694,7 +713,7 @@ class Controller(SchedulingPass):
             else:
                 raise InvalidRequest("give an operation: add, modify or remove")
             self._dirty = True
-            self._epoch += 1
+            self.passes.epoch += 1
         self._wake.set()
 
     # ------------------------------------------------------------ passes
