@@ -48,7 +48,7 @@ log = logging.getLogger("airctld")
 
 
 
-class Controller(NodeReports, SchedulingPass):
+class Controller:
     def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.time,
                  clients: NodeClients | None = None, monotonic: Callable[[], float] = time.monotonic):
         self.config = config
@@ -71,7 +71,6 @@ class Controller(NodeReports, SchedulingPass):
         # job -> its last step's number (steps are numbered on, across runs and restarts; from the store
         # the first time a job asks after a start)
         self._step_ids: dict[int, int] = {}
-        self._dirty = True   # something changed that may let a pending job start
         stored = {n.name: n for n in store.load_nodes()}
         self.nodes: dict[str, Node] = {}
         for nc in config.nodes:
@@ -89,9 +88,7 @@ class Controller(NodeReports, SchedulingPass):
         for array_id in {job.array_job_id for job in self.jobs if job.array_job_id}:
             # every task, also those done long ago and not loaded: dependencies judge them all
             self._arrays[array_id] = [t.job_id for t in store.array_tasks(array_id)]
-        self._not_arrays: set[int] = set()
         self._warned: set[int] = set()
-        self.telemetry: dict[str, list[pb.GpuStatus]] = {}   # node -> its GPUs' latest reading
         self.last_progress: dict[int, float] = {}   # job -> when one of its ranks last reported
         # running job -> when it last moved (monotonic): a report, its start, or this controller's start
         self.moved: dict[int, float] = {j.job_id: mono for j in self.jobs.in_phase(JobPhase.RUNNING)}
@@ -112,12 +109,7 @@ class Controller(NodeReports, SchedulingPass):
         for job in [*self.jobs.schedulable(), *self.jobs.held()]:   # after a restart: a requeued job's last
             if job.restart_count:                                      # run may be alive anywhere (held too)
                 self.fence_wait[job.job_id] = {n: gone_by for n in self.nodes}
-        self._last_pass = 0.0
-        self._due = float("inf")   # when a pending job's --begin time comes
-        self._epoch = 0            # bumped by every change to what priorities are made of (accounts)
-        self._released: list[int] = []   # the last priorities of jobs released since the pass's snapshot
         self._forgot_at = float("-inf")   # when _forget_old last looked
-        self._beats: dict[str, tuple[str, tuple[int, int]]] = {}   # node -> its newest heartbeat taken (see heartbeat)
         self._requeued_runs: list[tuple] = []   # runs that ended in a requeue, not yet charged (accounting)
         # stopping job -> when it was asked to stop; pending preemptor -> the nodes held for it. Both are
         # written with the decisions that make them, so that a restarted controller counts the same
@@ -126,12 +118,24 @@ class Controller(NodeReports, SchedulingPass):
             if (job := self.jobs.get(j)) is not None and job.phase == JobPhase.COMPLETING}
         self._holds: dict[int, tuple[str, ...]] = store.load_holds()
         self._preempted: dict[int, set[int]] = store.load_preemptions()   # preemptor -> its victims so far
-        self._pass_seconds = 0.0
         self.metrics = ControllerMetrics(config.controller.metrics_user_labels)
         store.on_commit_time = self.metrics.commit_seconds.observe
         self.launcher = Launcher(self._lock, self.jobs, self.nodes, lambda: self.clients, self.clock,
                                  lambda *a: self._commit(*a), lambda *a: self._send_signal(*a), self._wake,
                                  self._stopping, self._launching)   # (the lambdas: what tests put in their place)
+        self.reports = NodeReports(
+            config, store, self.policy, self._lock, self.jobs, self.nodes, self.clock, self.mono,
+            lambda: self.clients, lambda *a: self._commit(*a), lambda *a: self._send_signal(*a), self._wake,
+            self._mark_dirty, heard=self.heard, suspect=self.suspect, fence_wait=self.fence_wait,
+            misses=self._misses, warned=self._warned, launching=self._launching, last_progress=self.last_progress,
+            moved=self.moved, latest_report=self.latest_report)
+        self.passes = SchedulingPass(
+            store, self._lock, self.jobs, self.nodes, self.planner, self.accounting, self.metrics, self.clock,
+            self.mono, lambda *a: self._commit(*a), lambda job: self._actions.submit(self.launcher.launch, job),
+            lambda *a: self._terminate(*a), partitions=self.partitions, switches=self.switches,
+            features=self.features, arrays=self._arrays, fence_wait=self.fence_wait, suspect=self.suspect,
+            stopped_at=self._stopped_at, holds=self._holds, preempted=self._preempted, launching=self._launching,
+            warned=self._warned)
 
     # ------------------------------------------------------------ the loop
 
@@ -156,7 +160,7 @@ class Controller(NodeReports, SchedulingPass):
             except Exception:
                 log.exception("controller pass failed")
             # a pass over a long queue takes a while: leave the CPU to requests for as long again
-            self._stopping.wait(max(min_interval, self._pass_seconds))
+            self._stopping.wait(max(min_interval, self.passes.pass_seconds))
 
     def stop(self) -> None:
         self._stopping.set()
@@ -166,7 +170,7 @@ class Controller(NodeReports, SchedulingPass):
     def tick(self) -> None:
         """One pass: node liveness, time limits, forgetting old jobs, then scheduling."""
         now = self.clock()
-        self._check_liveness(now)
+        self.reports.check_liveness(now)
         self._enforce_time_limits(now)
         if self.accounting.due(now):   # (every few seconds: not a copy of a long queue on every wake-up)
             with self._lock:   # usage is charged from a snapshot: requests change the table meanwhile
@@ -181,6 +185,46 @@ class Controller(NodeReports, SchedulingPass):
                 raise
         self._forget_old(now)
         self._schedule(now)
+
+    # ------------------------------------------------------------ scheduling passes (see SchedulingPass)
+
+    def prime(self) -> None:
+        self.passes.prime()
+
+    def _schedule(self, now: float) -> None:
+        self.passes.schedule(now)
+
+    def _dep_states(self, job_id: int) -> list[tuple[JobPhase, JobResult]]:
+        return self.passes.dep_states(job_id)
+
+    @property
+    def _dirty(self) -> bool:
+        """Something changed that may let a pending job start: the next pass plans (set under the lock)."""
+        return self.passes.dirty
+
+    @_dirty.setter
+    def _dirty(self, value: bool) -> None:
+        self.passes.dirty = value
+
+    def _mark_dirty(self) -> None:
+        self._dirty = True
+
+    # ------------------------------------------------------------ node daemons and nodes (see NodeReports)
+
+    def register(self, info: pb.Node) -> None:
+        self.reports.register(info)
+
+    def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        return self.reports.heartbeat(req)
+
+    def node_views(self) -> list[pb.Node]:
+        return self.reports.node_views()
+
+    def update_node(self, name: str, state: NodeState, reason: str, who: Identity) -> None:
+        self.reports.update_node(name, state, reason, who)
+
+    def inject_fault(self, fault: pb.FaultRequest, who: Identity) -> None:
+        self.reports.inject_fault(fault, who)
 
     # ------------------------------------------------------------ submit
 
@@ -374,7 +418,7 @@ class Controller(NodeReports, SchedulingPass):
                 return []
             self._dirty = True
             if not hold:   # a released job may rank above jobs the pass in flight starts
-                self._released += [j.priority for j in changed]
+                self.passes.released += [j.priority for j in changed]
         self._wake.set()
         return [j.job_id for j in changed]
 
@@ -678,7 +722,7 @@ class Controller(NodeReports, SchedulingPass):
             else:
                 raise InvalidRequest("give an operation: add, modify or remove")
             self._dirty = True
-            self._epoch += 1
+            self.passes.epoch += 1
         self._wake.set()
 
     # ------------------------------------------------------------ passes

@@ -1,19 +1,25 @@
 """The controller's dealings with node daemons: registration, heartbeats (exits, liveness, health
 events), admin drain and resume, fault injection, and the node views airinfo shows.
 
-A mixin of Controller: it works on the controller's state under the controller's lock, and
+A collaborator of Controller: it works on the controller's state under the controller's lock, and
 follows the same order (pure transition, store transaction, memory, then act).
 """
 from __future__ import annotations
 
 import logging
+import threading
+from typing import Callable
 
 from air.airctld import events, node_events, scheduler
 from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound, Overtaken
 from air.airctld.events import TransitionError
+from air.airctld.jobtable import JobTable
 from air.airctld.model import Job, Node, evolve
+from air.airctld.policy import Policy
+from air.airctld.store import Store
 from air.protos import air_pb2 as pb
 from air.protos import signals
+from air.protos.config import Config
 from air.protos.credential import Identity
 from air.protos.states import ACTIVE_PHASES, ExitCode, JobPhase, NodeState, Reason
 
@@ -24,6 +30,52 @@ MISSES_BEFORE_LOST = 2
 
 
 class NodeReports:
+    """Takes what node daemons say (registration, heartbeats: exits, runs, progress, health) and what
+    operators ask of nodes (drain, resume, faults), and finds the nodes gone silent. A collaborator of
+    the controller: what it reads and changes is given to it.
+
+    config, store, policy: the controller's; lock, jobs, nodes: its lock, its job table and its nodes
+    (read and replaced under the lock); clock, mono: the wall and the monotonic clock; clients: the node
+    clients now (tests swap them); commit: the controller's way to record a job's change; signal: to
+    stop a job's run; wake: a pass is due; dirty: says that something changed that may let a pending
+    job start. Shared with the controller: heard (node -> last heard, monotonic), suspect (nodes a step
+    lost), fence_wait (a requeued job's nodes that may still run it), misses (heartbeats without a
+    running job), warned (jobs given their --signal warning: read), launching ((job, run) whose launch
+    has not returned: read), last_progress, moved and latest_report (a job's progress). Its own:
+    telemetry (node -> its GPUs' latest reading) and the newest heartbeat taken from each node."""
+
+    def __init__(self, config: Config, store: Store, policy: Policy, lock, jobs: JobTable, nodes: dict[str, Node],
+                 clock: Callable[[], float], mono: Callable[[], float], clients: Callable[[], object],
+                 commit: Callable[[list[tuple[Job, Job]], float, int], list[Job]],
+                 signal: Callable[[Job, int], None], wake: threading.Event, dirty: Callable[[], None], *,
+                 heard: dict[str, float], suspect: dict[str, float], fence_wait: dict[int, dict[str, float]],
+                 misses: dict[int, int], warned: set[int], launching: set[tuple[int, int]],
+                 last_progress: dict[int, float], moved: dict[int, float], latest_report: dict[int, str]):
+        self.config = config
+        self.store = store
+        self.policy = policy
+        self._lock = lock
+        self.jobs = jobs
+        self.nodes = nodes
+        self.clock = clock
+        self.mono = mono
+        self.clients = clients
+        self._commit = commit
+        self._signal = signal
+        self._wake = wake
+        self._mark_dirty = dirty
+        self.heard = heard
+        self.suspect = suspect
+        self.fence_wait = fence_wait
+        self._misses = misses
+        self._warned = warned
+        self._launching = launching
+        self.last_progress = last_progress
+        self.moved = moved
+        self.latest_report = latest_report
+        self.telemetry: dict[str, list[pb.GpuStatus]] = {}   # node -> its GPUs' latest reading
+        self._beats: dict[str, tuple[str, tuple[int, int]]] = {}   # node -> its newest heartbeat taken (see heartbeat)
+
     def node_views(self) -> list[pb.Node]:
         with self._lock:
             active = self.jobs.active()
@@ -44,7 +96,6 @@ class NodeReports:
                     drain_signal=n.drain_signal))
             return views
 
-
     # ------------------------------------------------------------ node daemons
 
     def register(self, info: pb.Node) -> None:
@@ -58,13 +109,13 @@ class NodeReports:
                 self.store.save_node(node)
             self.nodes[info.name] = node
             self.heard[info.name] = self.mono()
-            self._dirty = True
+            self._mark_dirty()
             # a daemon that starts (again) may have adopted runs whose stop it never received
             stopping = [j for j in self.jobs.in_phase(JobPhase.COMPLETING) if info.name in j.node_names]
         log.info("node %s registered from %s: %d cpus, %d gpus", info.name, info.address, info.cpus,
                  len(info.gpus))
         for job in stopping:
-            self._send_signal(job, 0)
+            self._signal(job, 0)
         self._wake.set()
 
     def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:
@@ -127,7 +178,7 @@ class NodeReports:
                     del waits[req.name]
                 if not waits:   # the job may start again now, not at the fence's deadline
                     del self.fence_wait[job_id]
-                    self._dirty = True
+                    self._mark_dirty()
                     self._wake.set()
             stale = [r for r in req.runs if (j := self.jobs.get(r.job_id)) is None
                      or j.phase not in ACTIVE_PHASES or r.run != j.restart_count   # ended, requeued, or older
@@ -154,7 +205,7 @@ class NodeReports:
                     changes += failing
                 self._commit(changes, now, CONTROLLER_UID)
             for old, _ in failing:
-                self._send_signal(old, 0)
+                self._signal(old, 0)
             kill = [i for i in running if (j := self.jobs.get(i)) is None
                     or j.phase in (JobPhase.DONE, JobPhase.PENDING)]   # ended, or requeued meanwhile
         if changes:
@@ -207,7 +258,7 @@ class NodeReports:
             self.store.add_node_events(node.name, [pb.HealthEvent(
                 gpu=-1, signal=signals.RESUMED, message=f"{node.drain_signal} cleared; back in service", time=now)])
         self.nodes[node.name] = back
-        self._dirty = True
+        self._mark_dirty()
         log.info("node %s back in service: %s cleared", node.name, node.drain_signal)
 
     def _health(self, node: Node, health, now: float, already: set[int]) -> list[tuple[Job, Job]]:
@@ -266,7 +317,7 @@ class NodeReports:
                     gpu=-1, signal=signals.ADMIN, message=f"{new.state.name} by uid {who.uid}: {reason}",
                     time=self.clock())])
             self.nodes[name] = new
-            self._dirty = True
+            self._mark_dirty()
         self._wake.set()
 
     def inject_fault(self, fault: pb.FaultRequest, who: Identity) -> None:
@@ -275,9 +326,9 @@ class NodeReports:
         node = self.nodes.get(fault.node)
         if node is None:
             raise NotFound(f"node {fault.node} does not exist")
-        self.clients.inject_fault(node.address, fault)
+        self.clients().inject_fault(node.address, fault)
 
-    def _check_liveness(self, now: float) -> None:
+    def check_liveness(self, now: float) -> None:
         timeout = self.config.controller.node_timeout_s
         with self._lock:
             mono = self.mono()
@@ -298,8 +349,8 @@ class NodeReports:
                     self.store.save_node(node)
                 self._commit(changes, now, CONTROLLER_UID)
             self.nodes.update((n.name, n) for n in down)
-            self._dirty = True
+            self._mark_dirty()
         for n in silent:
             log.warning("node %s is DOWN: silent for over %g s", n.name, timeout)
         for old, _ in changes:  # the rest of the job may still run on nodes that are up
-            self._send_signal(old, 0)
+            self._signal(old, 0)

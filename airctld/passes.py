@@ -3,13 +3,20 @@ it, apply under it what still holds; and the job states that dependencies are ju
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from typing import Callable, Mapping
 
 import hostlist
 
 from air.airctld import events, scheduler
-from air.airctld.model import evolve
+from air.airctld.accounting import Accounting
+from air.airctld.jobtable import JobTable
+from air.airctld.metrics import ControllerMetrics
+from air.airctld.model import Job, Node, evolve
 from air.airctld.node_reports import CONTROLLER_UID
+from air.airctld.planning import Planner
+from air.airctld.store import Store
 from air.protos.states import JobPhase, JobResult, NodeState
 
 log = logging.getLogger("airctld")
@@ -18,9 +25,63 @@ FULL_PASS_EVERY_S = 10.0   # a pass even when nothing changed: waits that expire
 
 
 class SchedulingPass:
-    """Mixed into Controller; uses its jobs, nodes, store, planner and lock."""
+    """Plans and applies the controller's scheduling passes, and judges dependencies. A collaborator of
+    the controller: what it reads and changes is given to it.
 
-    def _dep_states(self, job_id: int) -> list[tuple[JobPhase, JobResult]]:
+    store, lock, jobs, nodes: the controller's store, its lock, its job table and its nodes (read under
+    the lock); planner, accounting, metrics: the controller's; clock, mono: the wall and the monotonic
+    clock; partitions, switches, features: the cluster's partitions, and its nodes' switches and
+    features (read only); commit: the controller's way to record a job's change; launch: queues a
+    started run's launch; terminate: stops the jobs a pass preempted, given the runs still launching.
+    Shared with the controller: arrays (array -> its tasks), fence_wait (a requeued job's nodes that
+    may still run it), suspect (nodes a step lost), stopped_at, holds and preempted (a stop's time, the
+    nodes held for a preemptor and its victims so far), launching ((job, run) whose launch has not
+    returned: the pass adds its starts), warned (jobs given their --signal warning: a start clears it).
+    Its own, which the controller changes too (under the lock): dirty (something changed that may
+    let a pending job start), epoch (bumped by every change to what priorities are made of), released
+    (the last priorities of jobs released since the pass's snapshot); and pass_seconds (how long the
+    last plan took), which the controller's loop reads."""
+
+    def __init__(self, store: Store, lock: threading.RLock, jobs: JobTable, nodes: Mapping[str, Node],
+                 planner: Planner, accounting: Accounting, metrics: ControllerMetrics, clock: Callable[[], float],
+                 mono: Callable[[], float], commit: Callable[[list[tuple[Job, Job]], float, int], list[Job]],
+                 launch: Callable[[Job], None], terminate: Callable[[list[Job], set[tuple[int, int]]], None], *,
+                 partitions: Mapping, switches: Mapping[str, str], features: Mapping[str, frozenset],
+                 arrays: dict[int, list[int]], fence_wait: dict[int, dict[str, float]], suspect: dict[str, float],
+                 stopped_at: dict[int, float], holds: dict[int, tuple[str, ...]], preempted: dict[int, set[int]],
+                 launching: set[tuple[int, int]], warned: set[int]):
+        self.store = store
+        self._lock = lock
+        self.jobs = jobs
+        self.nodes = nodes
+        self.planner = planner
+        self.accounting = accounting
+        self.metrics = metrics
+        self.clock = clock
+        self.mono = mono
+        self._commit = commit
+        self._launch = launch
+        self._terminate = terminate
+        self.partitions = partitions
+        self.switches = switches
+        self.features = features
+        self._arrays = arrays
+        self.fence_wait = fence_wait
+        self.suspect = suspect
+        self._stopped_at = stopped_at
+        self._holds = holds
+        self._preempted = preempted
+        self._launching = launching
+        self._warned = warned
+        self._not_arrays: set[int] = set()   # ids the store has no array of
+        self.dirty = True   # something changed that may let a pending job start
+        self.epoch = 0      # bumped by every change to what priorities are made of (accounts)
+        self.released: list[int] = []   # the last priorities of jobs released since the pass's snapshot
+        self.pass_seconds = 0.0
+        self._last_pass = 0.0
+        self._due = float("inf")   # when a pending job's --begin time comes
+
+    def dep_states(self, job_id: int) -> list[tuple[JobPhase, JobResult]]:
         """The state of a job, or of every task of the array with that id, for dependencies."""
         ids = self._arrays.get(job_id)
         if ids is None:
@@ -50,9 +111,9 @@ class SchedulingPass:
             pending, held, active = self.jobs.schedulable(), self.jobs.held(), self.jobs.active()
             capacity = self._capacity()
         if pending or held or active:
-            self.planner.inputs(pending, held, active, self.accounting, capacity, self.clock(), self._dep_states)
+            self.planner.inputs(pending, held, active, self.accounting, capacity, self.clock(), self.dep_states)
 
-    def _schedule(self, now: float) -> None:
+    def schedule(self, now: float) -> None:
         """Snapshot under the lock, plan without it, apply what still holds under it.
 
         Only this loop starts jobs, so resources free in the snapshot cannot be taken meanwhile. A
@@ -63,9 +124,9 @@ class SchedulingPass:
         nothing, or a hold, stops no other job's start.
         """
         with self._lock:
-            if not self._dirty and now - self._last_pass < FULL_PASS_EVERY_S and now < self._due:
+            if not self.dirty and now - self._last_pass < FULL_PASS_EVERY_S and now < self._due:
                 return
-            self._dirty = False
+            self.dirty = False
             self._last_pass = now
             pending = self.jobs.schedulable()  # held jobs keep the JobHeldUser reason set at submit
             self._due = min((j.request.begin_time for j in pending if j.request.begin_time > now), default=float("inf"))
@@ -89,8 +150,8 @@ class SchedulingPass:
             if not pending and not held:   # (held jobs alone: their priorities are still worked out)
                 return
             snapshot = {j.job_id: j for j in pending}
-            epoch = self._epoch
-            self._released = []
+            epoch = self.epoch
+            self.released = []
             active = self.jobs.active()
             nodes = [evolve(n, state=NodeState.DOWN) if n.name in self.suspect else n for n in self.nodes.values()]
             free = scheduler.free_resources(nodes, active, self.switches, self.planner.gpu_memo, self.features)
@@ -100,28 +161,28 @@ class SchedulingPass:
         # planned from the snapshot alone: requests change the job table meanwhile (dependencies on jobs
         # not in it are looked up as they are, in memory or in the store)
         began = time.perf_counter()
-        inputs = self.planner.inputs(pending, held, active, self.accounting, capacity, now, self._dep_states)
+        inputs = self.planner.inputs(pending, held, active, self.accounting, capacity, now, self.dep_states)
         order = inputs.pop("order")
         plan = scheduler.schedule(order, free, self.partitions, stopped_at=stopped_at, holds=holds, in_order=True,
                                   preempted=preempted_before, not_before=fenced, **inputs)
-        self._pass_seconds = time.perf_counter() - began
+        self.pass_seconds = time.perf_counter() - began
         looked_at = len(order)
         if plan.stopped_at:   # the pass's time ran out: the jobs before that one
             looked_at = next((i for i, j in enumerate(order) if j.job_id == plan.stopped_at), looked_at)
-        self.metrics.scheduled(self._pass_seconds, looked_at)
+        self.metrics.scheduled(self.pass_seconds, looked_at)
         with self._lock:
             # a job released meanwhile was not in the plan: only jobs that rank above it may start
-            floor = max(self._released, default=None)
+            floor = max(self.released, default=None)
             planned = inputs["priority"]
 
             def unchanged(job_id: int) -> bool:
-                return self.jobs.get(job_id) is snapshot.get(job_id) and self._epoch == epoch and \
+                return self.jobs.get(job_id) is snapshot.get(job_id) and self.epoch == epoch and \
                     (floor is None or planned.get(job_id, 0) > floor)
 
             preempted, new_holds, pairs = [], {}, []
             for preemptor, victims in plan.preempt.items():
                 if not unchanged(preemptor):
-                    self._dirty = True
+                    self.dirty = True
                     continue
                 stopping = [j for v in victims if (j := self.jobs.get(v)) is not None and j.phase == JobPhase.RUNNING]
                 preempted += [(j, events.preempted(j, now, preemptor)) for j in stopping]
@@ -131,8 +192,8 @@ class SchedulingPass:
             for job_id, alloc in plan.starts:
                 job = self.jobs.get(job_id)
                 if not unchanged(job_id) or any(self.nodes[a.node].state != NodeState.UP for a in alloc) or \
-                        job_id in fenced or not self.planner.still_free(job, self._dep_states):
-                    self._dirty = True
+                        job_id in fenced or not self.planner.still_free(job, self.dep_states):
+                    self.dirty = True
                     continue
                 # started with the priority this pass gave it (shown by airq and kept across a restart)
                 starts.append((job, events.start(evolve(job, priority=planned.get(job_id, job.priority)), now, alloc)))
@@ -161,7 +222,7 @@ class SchedulingPass:
                     self.store.remove_holds(ended)
                     self.store.set_pending_reasons(reasons)
             except Exception:
-                self._dirty = True   # the next pass plans again
+                self.dirty = True   # the next pass plans again
                 raise
             self._holds.update(holds)
             for preemptor, victim in pairs:
@@ -179,7 +240,7 @@ class SchedulingPass:
             self._warned.difference_update(j.job_id for j in started)   # a new run gets its own warning
             launching = set(self._launching)
         for job in started:
-            self._actions.submit(self.launcher.launch, job)
+            self._launch(job)
         for job in stopping:
             log.info("job %d preempted: %s", job.job_id, job.reason_detail)
         self._terminate(stopping, launching)
