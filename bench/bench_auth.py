@@ -30,9 +30,9 @@ def main() -> int:
     args = parser.parse_args()
     munged = Munged().start()
     try:
-        with LocalAir("127.0.7.1", options=("--auth", "none")) as air:
+        with LocalAir(options=("--auth", "none")) as air:
             none = measure(air)
-        with LocalAir("127.0.8.1", options=("--auth", "munge", "--munge-socket", munged.socket)) as air:
+        with LocalAir(options=("--auth", "munge", "--munge-socket", munged.socket)) as air:
             munge = measure(air)
     finally:
         munged.stop()

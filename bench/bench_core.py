@@ -15,9 +15,6 @@ import time
 
 from harness import SLURM, LocalAir, api_submit, median_ms, ratio, report, table, timed
 
-BASE = "127.0.9.1"
-
-
 def _sh(*args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), check=True, capture_output=True, text=True, **kw)
 
@@ -26,7 +23,7 @@ def _sh(*args, **kw) -> subprocess.CompletedProcess:
 
 class Air(LocalAir):
     def __init__(self):
-        super().__init__(BASE, nodes=2, gpus_per_node=4, cpus_per_node=64)
+        super().__init__(nodes=2, gpus_per_node=4, cpus_per_node=64)
 
     def queue_empty(self) -> bool:
         """Whether no job is pending, running or completing: asked through the API from this process, so

@@ -116,7 +116,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1_000_000)
     ap.add_argument("--write", help="append the figures to this markdown file")
     args = ap.parse_args()
-    air = LocalAir("127.0.41.1", nodes=1, prefix="air-bench-history-").up()
+    air = LocalAir(nodes=1, prefix="air-bench-history-").up()
     d, cfg = air.dir, Path(air.config)
     try:
         pids = [int(p) for p in (d / "pids").read_text().split()]

@@ -50,8 +50,8 @@ def _median_launch(work: Path, runs: int, ranks: int, directive: str, launcher: 
     return statistics.median(results)
 
 
-def air_launch(nodes: int, per_node: int, runs: int, base: str) -> float:
-    with LocalAir(base, nodes=nodes, gpus_per_node=per_node, cpus_per_node=64, options=("--node-timeout", "30"),
+def air_launch(nodes: int, per_node: int, runs: int) -> float:
+    with LocalAir(nodes=nodes, gpus_per_node=per_node, cpus_per_node=64, options=("--node-timeout", "30"),
                   prefix="air-bench-launch-") as air:
         return _median_launch(air.root, runs, nodes * per_node, f"#AIR -N {nodes} --gpus-per-node={per_node}",
                               "airrun", [air.tool("airbatch")], air.env)
@@ -100,9 +100,9 @@ def main() -> int:
     parser.add_argument("--write")
     args = parser.parse_args()
     srun = None if args.no_slurm else slurm_launch(8, args.runs)
-    one = air_launch(1, 8, args.runs, "127.0.12.1")
-    two = air_launch(2, 4, args.runs, "127.0.13.1")
-    sixteen = air_launch(16, 8, args.runs, "127.0.14.1")
+    one = air_launch(1, 8, args.runs)
+    two = air_launch(2, 4, args.runs)
+    sixteen = air_launch(16, 8, args.runs)
     bare, program = health_cost()
     rows = [
         ("rank launch, 1 node x 8 ranks (s)", f"{one:.3f}", f"{srun:.3f}" if srun else "-",

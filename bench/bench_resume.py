@@ -36,9 +36,9 @@ def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def one_run(base: str) -> tuple[float, float]:
+def one_run() -> tuple[float, float]:
     import psutil
-    with LocalAir(base, nodes=3, gpus_per_node=2, options=("--node-timeout", "15", "--heartbeat", "2"),
+    with LocalAir(nodes=3, gpus_per_node=2, options=("--node-timeout", "15", "--heartbeat", "2"),
                   prefix="air-bench-resume-") as air:
         work, cluster = air.root, air.dir
         env = air.env
@@ -92,7 +92,7 @@ def main() -> int:
     args = parser.parse_args()
     results = []
     for i in range(args.runs):
-        detect, restart = one_run(f"127.0.{21 + i}.1")
+        detect, restart = one_run()
         results.append((detect, restart))
         print(f"run {i + 1}: job requeued after {detect:.1f} s; first resumed step "
               f"{restart:.1f} s later; {detect + restart:.1f} s in all", flush=True)

@@ -1,7 +1,7 @@
 """What the benchmarks share: a local cluster of their own, brought up and always torn down; timed
 commands; and their figures, printed and written to bench/RESULTS.md the same way.
 
-    with LocalAir("127.0.9.1", nodes=2, gpus_per_node=4) as air:
+    with LocalAir(nodes=2, gpus_per_node=4) as air:
         air.cli("airbatch", "--wrap", "true")
         ms = median_ms([air.tool("airq")], air.env, runs=7)
     report("core", "| figure | AIR |", rows, args.write, note="...")
@@ -22,14 +22,21 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SLURM = ROOT.parent / "shared" / "peers" / "slurm"
 
+sys.path.insert(0, str(ROOT / "tests"))
+from cluster import Block   # noqa: E402  (the tests' reservations of loopback blocks: one pool for both)
+
 
 class LocalAir:
     """`aircontrol local up` in a temporary folder of its own (its cluster in `dir`, its config in
-    `config`, the tools' environment in `env`); down() stops the daemons and removes the folder, also
+    `config`, the tools' environment in `env`), on a block of loopback addresses reserved for it as the
+    tests' clusters reserve theirs (`block`: a benchmark never shares an address or a port with a test
+    run or another benchmark); down() stops the daemons, removes the folder and lets the block go, also
     when the benchmark fails (use it as a context manager)."""
 
-    def __init__(self, base_address: str, nodes: int = 2, gpus_per_node: int | None = None,
-                 cpus_per_node: int | None = None, options: tuple[str, ...] = (), prefix: str = "air-bench-"):
+    def __init__(self, nodes: int = 2, gpus_per_node: int | None = None, cpus_per_node: int | None = None,
+                 options: tuple[str, ...] = (), prefix: str = "air-bench-"):
+        self.block = Block()
+        base_address = self.block.address(1)
         self.root = Path(tempfile.mkdtemp(prefix=prefix))
         os.chmod(self.root, 0o755)   # (jobs run as their submitter: the scripts written here are read by them)
         self.dir = self.root / "cluster"
@@ -53,6 +60,7 @@ class LocalAir:
     def down(self) -> None:
         subprocess.run([self.tool("aircontrol"), "local", "down", "--dir", str(self.dir)], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
+        self.block.release()
 
     def __enter__(self) -> "LocalAir":
         return self.up()

@@ -2,7 +2,8 @@
 
 Each cluster gets a block of loopback addresses of its own, 127.0.N.0/24, reserved for as long as
 it lives (`Block`): clusters of one test run, of two runs at once (two
-checkouts, CI beside a developer) or of a benchmark never share an address or a port. Commands run
+checkouts, CI beside a developer) or of a benchmark (bench/harness.py reserves its blocks here too)
+never share an address or a port. Commands run
 as real subprocesses of the installed tools.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import psutil
 
 BIN = Path(sys.executable).parent
-BLOCKS = range(100, 250)   # 127.0.N.0/24 blocks tests may take (benchmarks keep below 100)
+BLOCKS = range(100, 250)   # 127.0.N.0/24 blocks that tests and benchmarks take
 
 
 class Block:
