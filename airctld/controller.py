@@ -587,17 +587,26 @@ class Controller:
         ended job's row is kept until the job changes; a running job's (its TIME moves) is made anew."""
         now = self.clock()
         with self._lock:
-            if _unfiltered(filt) and self.policy.sees_all(who):   # (what every plain airq asks: one pass)
-                jobs, rows = self.jobs.listing(now - self.config.controller.min_job_age_s)
+            if _unfiltered(filt) and self.policy.sees_all(who):   # (what every plain airq asks)
+                plain, jobs, rows = self.jobs.listing(now - self.config.controller.min_job_age_s)
             else:
                 jobs = self._listed(filt, who, now)
-                rows = self.jobs.rows(jobs)
+                plain, rows = [None] * len(jobs), self.jobs.rows(jobs)
+        if not jobs:   # (only plain pending jobs: their rows as they are)
+            return "\n".join([*plain, ""]) if plain else ""
         items = squeue.compile_format(squeue.SQUEUE_DEFAULT, squeue.job_fields(now))
         lines: list = []
         made: list[tuple[Job, str]] = []
         arrays: dict[int, tuple[int, list[Job]]] = {}   # array -> (its row's place, its pending tasks)
         expand, pending, append = filt.expand_arrays, JobPhase.PENDING, lines.append
-        for job, row in zip(jobs, rows):   # (outside the lock: a row is made from the version of the job picked)
+        others = zip(jobs, rows)
+        for row in plain:   # (outside the lock: a row is made from the version of the job picked)
+            if row is not None:
+                append(row)
+                continue
+            job, row = next(others)
+            if job is None:   # (ended before the listing's horizon)
+                continue
             if job.array_job_id and not expand and job.phase == pending:
                 arrays.setdefault(job.array_job_id, (len(lines), []))[1].append(job)
                 if len(arrays[job.array_job_id][1]) == 1:

@@ -291,3 +291,14 @@ def test_jobs_that_ended_long_ago_are_listed_by_id_and_skipped_by_a_cancel_of_ma
     with pytest.raises(InvalidRequest, match="2\\^62"):
         c.list_rows(pb.JobFilter(rendered=True, job_ids=[1 << 63]), ALICE)
     assert arr not in c.jobs._brief   # (a job read from the store is not kept)
+
+
+def test_replies_encoded_by_hand_are_the_messages_protobuf_would_write():
+    """airctld writes ListJobsReply itself (no copy through a message); protobuf is the reference."""
+    from air.airctld.service import encode_job_list, encode_rows
+    for rows in ("", "a\n", "     1 p x root PD 0:00 1 (None)\n" * 5000, "ünïcødé 名前\n", "x" * 127, "x" * 128,
+                 "y" * 16384):
+        assert encode_rows(rows) == pb.ListJobsReply(rendered=rows).SerializeToString()
+        assert pb.ListJobsReply.FromString(encode_rows(rows)).rendered == rows
+    jobs = [pb.Job(job_id=i, user="u" * i) for i in (1, 2, 200)]
+    assert pb.ListJobsReply.FromString(encode_job_list([j.SerializeToString() for j in jobs])).jobs == jobs
