@@ -112,15 +112,15 @@ def _thin_reports(store: Store, limits: Limits, now: float, done: Done) -> bool:
         stop = latest
         if first is not None and within <= latest:
             start = within or earliest
-            # a window ends on a sample boundary: no minute is split between two steps
-            # a window of about REPORT_ROWS reports, ending on a sample boundary (no minute is split
-            # between two steps), and at least one whole sample long
+            # a window of about REPORT_ROWS reports (at least to the next sample boundary), ending on a
+            # sample boundary: no minute is split between two steps
             sample = limits.report_sample_s
             nth = store.db.execute("SELECT time FROM reports WHERE job_id = ? AND time >= ? ORDER BY time "
                                    "LIMIT 1 OFFSET ?", [job, start, REPORT_ROWS]).fetchone()
             stop = max(math.floor(nth[0] / sample) * sample, (start // sample + 1) * sample) if nth \
                 else (latest // sample + 1) * sample
-            stop = max(stop, start + sample)   # (forward, whatever the floats round to)
+            if stop <= start:   # (forward, whatever the floats round to; a boundary otherwise, never
+                stop = start + sample   # start + sample: that split the minute `start` is in)
             cur = store.db.execute(
                 "DELETE FROM reports WHERE job_id = ? AND time >= ? AND time < ? AND rowid NOT IN (?, ?) "
                 "AND rowid NOT IN (SELECT min(rowid) FROM reports WHERE job_id = ? AND time >= ? AND time < ? "

@@ -4,7 +4,7 @@ keep is left, and nothing else is touched."""
 import math
 import time
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from air.airctld import retention
 from air.airctld.model import Job
@@ -105,6 +105,10 @@ def _actual(store):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(jobs=st.lists(job_spec, max_size=25), node_events=st.lists(EVENT_TIME, max_size=30),
        budget=st.sampled_from([0.0, 0.001, 10.0]), restart=st.booleans(), sample=st.sampled_from([60.0, 45.0, 7.0, 5000.0]))
+# more than a step's reports in one minute, begun mid-minute: the step ended at start + one sample,
+# and the next minute's reports were thinned in two steps (two of them kept)
+@example(jobs=[(2746482.0, [7000.0] * 64 + [7038.0, 7060.0, 7061.0], [])], node_events=[], budget=0.0,
+         restart=False, sample=60.0)
 def test_passes_leave_exactly_what_the_rules_keep(tmp_path_factory, jobs, node_events, budget, restart, sample):
     path = tmp_path_factory.mktemp("ret") / "air.db"
     store, ids = _fill(path, jobs, node_events)
