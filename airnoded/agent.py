@@ -15,6 +15,7 @@ import psutil
 from air.protos.config import Config, NodeConfig
 from air.airnoded import fence, jobfiles, progress, shepherding
 from air.airnoded.cgroups import JobCgroups
+from air.airnoded.givenup import GivenUp
 from air.airnoded.gpus import GpuBackend, GpuError
 from air.airnoded.health import HealthMonitor
 from air.airnoded.killwatch import KillWatch
@@ -71,6 +72,7 @@ class Agent:
         # failed once they have for unkillable_timeout_s, removed once they are empty
         self.leftover_watch = KillWatch(cc.unkillable_timeout_s)
         self._leftovers: dict[tuple[int, int], Path] = {}
+        self.given_up = GivenUp(node.spool)   # runs given up, also by an earlier daemon (not drained for again)
         limits = functools.partial(rlimits.to_apply, propagate=cc.propagate_rlimits,
                                    excepted=cc.propagate_rlimits_except)
         self.launcher = Launcher(node.name, node.spool, self._exited, self.cgroups, cc.cluster_name,
@@ -268,6 +270,7 @@ class Agent:
         if self.launcher.abandon(job_id, run, f"{what} on {self.node.name} (Kill task failed): given up") is False:
             return   # (its script has just ended: its watcher reports it; what it left drains anyway)
         self.kill_watch.give_up((job_id, run))
+        self.given_up.add((job_id, run))
 
     def _drain_for(self, what: str) -> None:
         log.error("%s; draining %s", what, self.node.name)
@@ -283,6 +286,10 @@ class Agent:
                 return
             self._leftovers[(job_id, run)] = group
         self.leftover_watch.killed((job_id, run))
+        if (job_id, run) in self.given_up:   # an earlier daemon drained for it: watched, not drained for again
+            self.leftover_watch.give_up((job_id, run))
+            log.warning("job %d: run %d, given up by an earlier airnoded, still has processes in its group; "
+                        "the node is not drained for them again", job_id, run)
 
     def _watch_leftovers(self) -> None:
         """Each leftover group killed again, and removed once empty; one whose processes have all stayed
@@ -303,6 +310,7 @@ class Agent:
                 self.cgroups.remove(group)
                 self._forget_leftover(key)
                 self.steps.forget_group(*key, group)
+                self.given_up.discard(key)
             with self._lock:
                 acknowledged = key not in self._exits   # (the record of the run's end stays until then)
             if acknowledged:
@@ -310,6 +318,7 @@ class Agent:
         for key in self.leftover_watch.due(set(left)):
             if _all_stuck(left[key]):
                 self.leftover_watch.give_up(key)
+                self.given_up.add(key)
                 self._drain_for(f"{len(left[key])} processes of job {key[0]} (run {key[1]}) left in uninterruptible "
                                 f"sleep {self.leftover_watch.since(key):.0f} s after the run ended")
 
@@ -360,6 +369,9 @@ class Agent:
         except Exception:
             log.exception("adopting batch scripts failed")
         self.launcher.kill_leftover_cgroups(keep=stepped | set(batch))
+        with self._lock:
+            watched = set(self._leftovers)
+        self.given_up.keep_only(watched | stepped | set(batch))   # (runs whose groups have gone are forgotten)
         try:
             jobfiles.clean_trash_soon(self.node.spool)   # what an earlier daemon left in the trash
         except Exception:

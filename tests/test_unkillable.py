@@ -236,8 +236,10 @@ def test_a_process_left_stuck_after_its_script_ended_drains_the_node(cluster):
 def test_a_restarted_daemon_still_drains_for_a_stuck_process_an_ended_run_left():
     """As above, with the node daemon killed and started again before the timeout: the new daemon finds
     the group it cannot empty and watches it as the earlier one did (it used to kill it once and
-    forget it, and the node took jobs beside a process that may hold a GPU). A cluster of its own, with
-    a timeout long enough that the earlier daemon surely dies before its watch would drain the node."""
+    forget it, and the node took jobs beside a process that may hold a GPU). Once drained for, the
+    group is not drained for again by a daemon started after that (the operator resumed the node
+    knowing of it): the spool keeps what was given up. A cluster of its own, with a timeout long enough
+    that the earlier daemon surely dies before its watch would drain the node."""
     cluster = LocalCluster(nodes=1, gpus_per_node=4, options=("--unkillable-timeout", "10")).up()
     try:
         job_id, node, child = _running_sleep(cluster, "left.sh", "sleep 300 &")
@@ -255,5 +257,18 @@ def test_a_restarted_daemon_still_drains_for_a_stuck_process_an_ended_run_left()
             assert "Kill task failed" in text and f"job {job_id} (run 0) left in uninterruptible sleep" in text, text
             log = (cluster.dir / "log" / f"{node}.log").read_text()
             assert log.count(f"job{job_id}.0: killed processes left in the cgroup by an earlier airnoded") == 1, log
+            # the operator resumes the node knowing of them; a daemon started again does not drain it again
+            record = cluster.dir / "spool" / node / "given-up"
+            assert record.read_text() == f"{job_id} 0\n"
+            cluster.cli("aircontrol", "node", "resume", node)
+            cluster.kill_node(0)
+            cluster.start_node(0)
+            wait_for(lambda: "given up by an earlier airnoded" in (cluster.dir / "log" / f"{node}.log").read_text(),
+                     timeout=20, what="the new daemon to find the group")
+            time.sleep(10 + 4)   # past the unkillable timeout of the new daemon's watch
+            assert "DR" not in _node(cluster, node)[0]["State"], _node(cluster, node)[1]
+        # thawed, the processes die: the group goes, and with it the record
+        wait_for(lambda: record.read_text() == "", timeout=20, what="the record to forget the run")
+        assert "DR" not in _node(cluster, node)[0]["State"]
     finally:
         cluster.down()
