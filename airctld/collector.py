@@ -4,9 +4,9 @@ Cancelling 100,000 jobs makes hundreds of thousands of objects (the jobs' new ve
 written, the events) that all live until the change is committed. Each of them counts towards the
 collector's next run, and every full run walks every object of a job table of that size: about a third
 of such a cancel's time went to collections that found nothing to free (job objects hold no cycles).
-The collector is paused for changes of BULK jobs or more and starts again when the last of them ends;
-what it would have collected meanwhile it collects then. Changes of fewer jobs never pause it, so a
-steady flow of them cannot keep it paused."""
+The collector is paused for changes of BULK jobs or more and runs again (at its next threshold) once
+the last of them has ended. Changes of fewer jobs never pause it, so a steady flow of them cannot keep
+it paused. A collector found off when the first pause began stays off after it."""
 from __future__ import annotations
 
 import contextlib

@@ -43,12 +43,12 @@ class JobTable:
             self._keep(job, kept[1])   # nothing the row shows changed (its priority, say)
 
     def remove(self, job_id: int) -> None:
+        self._plain.pop(job_id, None)   # (first: a listing never meets an id without its job)
         job = self._jobs.pop(job_id)
         del self._by_phase[job.phase][job_id]
         self._held.pop(job_id, None)
         self._brief.pop(job_id, None)
         self._rows.pop(job_id, None)
-        del self._plain[job_id]
 
     def row(self, job: Job) -> str | None:
         """The job's row in squeue's default format, if one was kept for this very version of it."""

@@ -93,6 +93,9 @@ class Agent:
         self._fenced: set[tuple[int, int]] = set()   # runs this daemon has fenced since the lease ran out
         self._exits: dict[tuple[int, int], pb.JobExit] = {}   # (job, run) -> exit not yet acknowledged
         self._health: list[pb.HealthEvent] = []   # health events not yet delivered
+        # drains for runs given up, not yet delivered: the run is recorded as given up (self.given_up)
+        # once the controller has taken its drain, never before (a daemon started in between drains again)
+        self._drains: list[tuple[pb.HealthEvent, tuple[int, int]]] = []
         self.monitor = HealthMonitor(node.name, gpus, node.ib_root, node.health_program, node.health_interval_s,
                                      node.health_timeout_s, self._health_event, node.max_gpu_temp_c)
         self._lock = threading.Lock()
@@ -205,8 +208,7 @@ class Agent:
             timeout=min(CALL_TIMEOUT_S, self.interval))
         self.metrics.heartbeat_rtt.observe(lease_clock() - began)
         if not reply.reregister:
-            with self._lock:
-                del self._health[:len(health)]
+            self._delivered(health)
         if reply.reregister:
             self._registered = False
             self._wake.set()
@@ -266,17 +268,31 @@ class Agent:
                f"{self.kill_watch.since((job_id, run)):.0f} s after SIGKILL"
         if (job_id, run) in self.launcher.starting():
             return   # (a script of the run being started: never hidden from the controller)
-        self._drain_for(what)   # (first: any heartbeat that has the run's end has the drain too)
+        if (job_id, run) in self.given_up:   # (adopted again after a restart: drained for already)
+            log.warning("job %d: %s; given up by an earlier airnoded, not drained for again", job_id, what)
+        else:   # (first: any heartbeat that has the run's end has the drain too)
+            self._drain_for(what, (job_id, run))
         if self.launcher.abandon(job_id, run, f"{what} on {self.node.name} (Kill task failed): given up") is False:
             return   # (its script has just ended: its watcher reports it; what it left drains anyway)
         self.kill_watch.give_up((job_id, run))
-        self.given_up.add((job_id, run))
 
-    def _drain_for(self, what: str) -> None:
+    def _delivered(self, health: list[pb.HealthEvent]) -> None:
+        """The controller has taken these health events (the oldest not yet delivered): they go, and the
+        runs whose drains were among them are recorded as given up."""
+        with self._lock:
+            del self._health[:len(health)]
+            drained = [key for event, key in self._drains if any(event is h for h in health)]
+            self._drains = [(e, k) for e, k in self._drains if not any(e is h for h in health)]
+        for key in drained:
+            self.given_up.add(key)
+
+    def _drain_for(self, what: str, key: tuple[int, int]) -> None:
         log.error("%s; draining %s", what, self.node.name)
         self.metrics.unkillable.inc()
-        self._health_event(pb.HealthEvent(gpu=-1, signal=signals.KILL_TASK_FAILED, critical=True, time=time.time(),
-                                          message=what))
+        event = pb.HealthEvent(gpu=-1, signal=signals.KILL_TASK_FAILED, critical=True, time=time.time(), message=what)
+        self._health_event(event)
+        with self._lock:   # (drains no longer waiting to be sent, dropped past MAX_HEALTH_EVENTS, are let go)
+            self._drains = [(e, k) for e, k in self._drains if any(e is h for h in self._health)] + [(event, key)]
 
     def _leftover(self, job_id: int, run: int, group: Path) -> None:
         """A run ended here, and processes of it outlived SIGKILL in its group (a python stuck in a driver
@@ -318,9 +334,8 @@ class Agent:
         for key in self.leftover_watch.due(set(left)):
             if _all_stuck(left[key]):
                 self.leftover_watch.give_up(key)
-                self.given_up.add(key)
                 self._drain_for(f"{len(left[key])} processes of job {key[0]} (run {key[1]}) left in uninterruptible "
-                                f"sleep {self.leftover_watch.since(key):.0f} s after the run ended")
+                                f"sleep {self.leftover_watch.since(key):.0f} s after the run ended", key)
 
     def _claim_group(self, job_id: int, run: int, group: Path) -> None:
         """The launcher starts the run's script in its group: a group a step of the run made first is the

@@ -5,7 +5,8 @@ uninterruptible sleep: the node drains, and an operator looks at what is stuck b
 daemon started again later finds the same processes in the run's group and would watch them anew, and
 drain the node a second time, also where the operator had resumed it knowing of them. It reads this
 record instead: a group given up before is still killed and removed once it empties, but not drained
-for again. The record is root's file in the root-only spool, written aside and renamed into place,
+for again. A run is recorded only once the controller has taken the drain for it (a daemon stopped
+before then drains again: a node is never left undrained). The record is root's file in the root-only spool, written aside and renamed into place,
 of at most MAX_KEPT runs; what it holds of runs whose group has gone is dropped when a daemon starts.
 """
 from __future__ import annotations
@@ -57,7 +58,11 @@ class GivenUp:
 
     def add(self, key: RunKey) -> None:
         with self._lock:
-            if key in self._runs or len(self._runs) >= MAX_KEPT:
+            if key in self._runs:
+                return
+            if len(self._runs) >= MAX_KEPT:
+                log.warning("job %d: run %d given up, not recorded (%d are): a daemon started again drains "
+                            "for it again", key[0], key[1], MAX_KEPT)
                 return
             self._runs.add(key)
             self._write()

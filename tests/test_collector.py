@@ -50,3 +50,24 @@ def test_a_collector_turned_off_by_the_operator_stays_off():
     with collector.paused(collector.BULK):
         pass
     assert not gc.isenabled()
+
+
+def test_a_cancel_or_hold_of_many_jobs_runs_paused_and_leaves_the_collector_running(controller):
+    from air.protos import air_pb2 as pb
+    from air.protos.credential import Identity
+    c, _ = controller
+    root = Identity(0, 0)
+    req = pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True)
+    for _ in range(collector.BULK):
+        c.submit(req, root)
+    seen = []
+    write = c.store.update_jobs
+
+    def watched(changes, now, who):
+        seen.append((len(changes), gc.isenabled()))
+        write(changes, now, who)
+
+    c.store.update_jobs = watched
+    c.hold(pb.JobFilter(), False, root)          # released: BULK jobs at once
+    c.cancel(pb.JobFilter(), 0, root)
+    assert seen == [(collector.BULK, False), (collector.BULK, False)] and gc.isenabled()

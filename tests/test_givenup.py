@@ -35,3 +35,61 @@ def test_lines_that_are_no_run_are_skipped_and_the_record_is_bounded(tmp_path):
     for i in range(givenup.MAX_KEPT + 10):
         record.add((100 + i, 0))
     assert len(GivenUp(tmp_path)._runs) == givenup.MAX_KEPT
+
+
+class _Launcher:
+    def __init__(self):
+        self.abandoned = []
+
+    def kill_again(self, job_id, run):
+        return [123]
+
+    def starting(self):
+        return set()
+
+    def abandon(self, job_id, run, detail):
+        self.abandoned.append((job_id, run))
+        return True
+
+
+def _agent(tmp_path, monkeypatch):
+    """The parts of a node daemon's agent that give a run up, with the rest faked."""
+    import threading
+    from air.airnoded import agent as agent_module
+    from air.airnoded.killwatch import KillWatch
+
+    class Steps:
+        def kill_again(self, job_id, run):
+            return []
+
+    class Metrics:
+        class unkillable:
+            @staticmethod
+            def inc():
+                pass
+
+    monkeypatch.setattr(agent_module, "_all_stuck", lambda pids: True)
+    a = object.__new__(agent_module.Agent)
+    a._lock, a._wake, a._health, a._drains = threading.Lock(), threading.Event(), [], []
+    a.launcher, a.steps, a.metrics = _Launcher(), Steps(), Metrics()
+    a.kill_watch, a.given_up = KillWatch(60), GivenUp(tmp_path)
+    a.node = type("Node", (), {"name": "n1"})()
+    return a
+
+
+def test_a_run_is_recorded_as_given_up_only_once_the_controller_has_taken_its_drain(tmp_path, monkeypatch):
+    a = _agent(tmp_path, monkeypatch)
+    a.kill_watch.killed((7, 0))
+    a._maybe_give_up(7, 0)
+    assert [e.signal for e in a._health] == ["Kill task failed"] and a.launcher.abandoned == [(7, 0)]
+    assert (7, 0) not in GivenUp(tmp_path)          # a daemon started now drains again: nothing was sent
+    a._delivered(list(a._health))                   # a heartbeat carried it
+    assert not a._health and (7, 0) in GivenUp(tmp_path)
+
+
+def test_a_run_given_up_by_an_earlier_daemon_is_given_up_again_without_a_second_drain(tmp_path, monkeypatch):
+    GivenUp(tmp_path).add((7, 0))                   # the earlier daemon's record
+    a = _agent(tmp_path, monkeypatch)               # adopted the run again, and kills it as stale
+    a.kill_watch.killed((7, 0))
+    a._maybe_give_up(7, 0)
+    assert a._health == [] and a.launcher.abandoned == [(7, 0)]

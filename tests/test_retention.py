@@ -3,6 +3,7 @@ budget (the work cut at any step, the controller restarted between passes), exac
 keep is left, and nothing else is touched."""
 import math
 import time
+from collections import Counter
 
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
@@ -69,7 +70,7 @@ def _fill(path, jobs, node_events):
 
 def _expected(store, jobs, ids, node_events, sample=60.0):
     """What the rules keep, worked out from the inputs alone."""
-    kept_jobs, reports, events = set(), set(), set()
+    kept_jobs, reports, events = set(), Counter(), set()   # (reports: rows, several may share a time)
     for job_id, (end, offsets, evs) in zip(ids, jobs):
         if end is not None and end < NOW - LIMITS.jobs_keep_s:
             continue
@@ -86,7 +87,7 @@ def _expected(store, jobs, ids, node_events, sample=60.0):
                     seen.add(minute)
                     keep.add(n)
             rows = [r for r in rows if r[0] in keep]
-        reports |= {(job_id, t) for _, t in rows}
+        reports.update((job_id, t) for _, t in rows)
         for t, cancel in evs:
             if cancel or t >= NOW - LIMITS.events_keep_s:
                 events.add((job_id, t))
@@ -97,7 +98,7 @@ def _expected(store, jobs, ids, node_events, sample=60.0):
 def _actual(store):
     db = store.db
     return ({r for (r,) in db.execute("SELECT id FROM jobs")},
-            {(j, t) for j, t in db.execute("SELECT job_id, time FROM reports")},
+            Counter((j, t) for j, t in db.execute("SELECT job_id, time FROM reports")),
             {(j, t) for j, t in db.execute("SELECT job_id, time FROM events")},
             sorted(t for (t,) in db.execute("SELECT time FROM node_events")))
 

@@ -258,14 +258,15 @@ def test_a_restarted_daemon_still_drains_for_a_stuck_process_an_ended_run_left()
             log = (cluster.dir / "log" / f"{node}.log").read_text()
             assert log.count(f"job{job_id}.0: killed processes left in the cgroup by an earlier airnoded") == 1, log
             # the operator resumes the node knowing of them; a daemon started again does not drain it again
-            record = cluster.dir / "spool" / node / "given-up"
-            assert record.read_text() == f"{job_id} 0\n"
+            record = cluster.dir / "spool" / node / "given-up"   # (written once the controller took the drain)
+            wait_for(lambda: record.exists() and record.read_text() == f"{job_id} 0\n", timeout=10,
+                     what="the record of the run given up")
             cluster.cli("aircontrol", "node", "resume", node)
             cluster.kill_node(0)
             cluster.start_node(0)
             wait_for(lambda: "given up by an earlier airnoded" in (cluster.dir / "log" / f"{node}.log").read_text(),
                      timeout=20, what="the new daemon to find the group")
-            time.sleep(10 + 4)   # past the unkillable timeout of the new daemon's watch
+            time.sleep(10 + 6)   # past the unkillable timeout of the new daemon's watch, and a heartbeat
             assert "DR" not in _node(cluster, node)[0]["State"], _node(cluster, node)[1]
         # thawed, the processes die: the group goes, and with it the record
         wait_for(lambda: record.read_text() == "", timeout=20, what="the record to forget the run")
