@@ -95,7 +95,7 @@ class Agent:
         self._health: list[pb.HealthEvent] = []   # health events not yet delivered
         # drains for runs given up, not yet delivered: the run is recorded as given up (self.given_up)
         # once the controller has taken its drain, never before (a daemon started in between drains again)
-        self._drains: list[tuple[pb.HealthEvent, tuple[int, int]]] = []
+        self._drains: dict[int, tuple[pb.HealthEvent, tuple[int, int]]] = {}   # id(event) -> (event, run)
         self.monitor = HealthMonitor(node.name, gpus, node.ib_root, node.health_program, node.health_interval_s,
                                      node.health_timeout_s, self._health_event, node.max_gpu_temp_c)
         self._lock = threading.Lock()
@@ -118,11 +118,24 @@ class Agent:
         return pb.Node(name=self.node.name, address=self.node.endpoint, cpus=cpus, memory_mb=memory,
                        gpus=self.gpus.inventory())
 
-    def _health_event(self, event: pb.HealthEvent) -> None:
+    def _health_event(self, event: pb.HealthEvent, drain_for: tuple[int, int] | None = None) -> None:
+        """Queue a health event for the next heartbeat; with `drain_for`, the drain for that run given up.
+        Past MAX_HEALTH_EVENTS the oldest go, but never a drain for a run given up (a job's flood of
+        XIDs cannot push it out)."""
         log.warning("health: %s%s: %s", f"GPU {event.gpu} " if event.gpu >= 0 else "", event.signal, event.message)
         with self._lock:
             self._health.append(event)
-            del self._health[:-MAX_HEALTH_EVENTS]
+            if drain_for is not None:
+                self._drains[id(event)] = (event, drain_for)
+            excess = len(self._health) - MAX_HEALTH_EVENTS
+            if excess > 0:
+                kept = []
+                for e in self._health:
+                    if excess > 0 and id(e) not in self._drains:
+                        excess -= 1
+                        continue
+                    kept.append(e)
+                self._health = kept
         if event.critical:
             self._wake.set()
 
@@ -279,20 +292,20 @@ class Agent:
     def _delivered(self, health: list[pb.HealthEvent]) -> None:
         """The controller has taken these health events (the oldest not yet delivered): they go, and the
         runs whose drains were among them are recorded as given up."""
+        sent = {id(h) for h in health}   # (the events are alive in `health`: their ids are theirs)
         with self._lock:
-            del self._health[:len(health)]
-            drained = [key for event, key in self._drains if any(event is h for h in health)]
-            self._drains = [(e, k) for e, k in self._drains if not any(e is h for h in health)]
+            self._health = [e for e in self._health if id(e) not in sent]   # (newer ones stay, whatever was trimmed)
+            drained = [key for i, (_, key) in self._drains.items() if i in sent]
+            for i in sent:
+                self._drains.pop(i, None)
         for key in drained:
             self.given_up.add(key)
 
     def _drain_for(self, what: str, key: tuple[int, int]) -> None:
         log.error("%s; draining %s", what, self.node.name)
         self.metrics.unkillable.inc()
-        event = pb.HealthEvent(gpu=-1, signal=signals.KILL_TASK_FAILED, critical=True, time=time.time(), message=what)
-        self._health_event(event)
-        with self._lock:   # (drains no longer waiting to be sent, dropped past MAX_HEALTH_EVENTS, are let go)
-            self._drains = [(e, k) for e, k in self._drains if any(e is h for h in self._health)] + [(event, key)]
+        self._health_event(pb.HealthEvent(gpu=-1, signal=signals.KILL_TASK_FAILED, critical=True, time=time.time(),
+                                          message=what), drain_for=key)
 
     def _leftover(self, job_id: int, run: int, group: Path) -> None:
         """A run ended here, and processes of it outlived SIGKILL in its group (a python stuck in a driver
@@ -326,6 +339,8 @@ class Agent:
                 self.cgroups.remove(group)
                 self._forget_leftover(key)
                 self.steps.forget_group(*key, group)
+                with self._lock:   # (gone: a drain for it still to be sent records nothing)
+                    self._drains = {i: d for i, d in self._drains.items() if d[1] != key}
                 self.given_up.discard(key)
             with self._lock:
                 acknowledged = key not in self._exits   # (the record of the run's end stays until then)

@@ -70,7 +70,7 @@ def _agent(tmp_path, monkeypatch):
 
     monkeypatch.setattr(agent_module, "_all_stuck", lambda pids: True)
     a = object.__new__(agent_module.Agent)
-    a._lock, a._wake, a._health, a._drains = threading.Lock(), threading.Event(), [], []
+    a._lock, a._wake, a._health, a._drains = threading.Lock(), threading.Event(), [], {}
     a.launcher, a.steps, a.metrics = _Launcher(), Steps(), Metrics()
     a.kill_watch, a.given_up = KillWatch(60), GivenUp(tmp_path)
     a.node = type("Node", (), {"name": "n1"})()
@@ -93,3 +93,29 @@ def test_a_run_given_up_by_an_earlier_daemon_is_given_up_again_without_a_second_
     a.kill_watch.killed((7, 0))
     a._maybe_give_up(7, 0)
     assert a._health == [] and a.launcher.abandoned == [(7, 0)]
+
+
+def _xid(n):
+    from air.protos import air_pb2 as pb
+    return pb.HealthEvent(gpu=0, signal="XID 13", critical=False, message=f"xid {n}")
+
+
+def test_a_drain_queued_while_a_heartbeat_was_under_way_stays_queued_for_the_next(tmp_path, monkeypatch):
+    from air.airnoded import agent as agent_module
+    a = _agent(tmp_path, monkeypatch)
+    for n in range(agent_module.MAX_HEALTH_EVENTS):   # a backlog while the controller is away
+        a._health_event(_xid(n))
+    beat = list(a._health)                            # a heartbeat's snapshot, then its call
+    a.kill_watch.killed((7, 0))
+    a._maybe_give_up(7, 0)                            # meanwhile: a run given up, its drain queued,
+    for n in range(5):                                # and a job's XIDs past the bound
+        a._health_event(_xid(1000 + n))
+    a._delivered(beat)                                # the heartbeat's events were taken
+    assert (7, 0) not in GivenUp(tmp_path)            # the drain was not among them: not recorded,
+    assert [e.signal for e in a._health if e.critical] == ["Kill task failed"]   # and still to be sent
+    for n in range(3 * agent_module.MAX_HEALTH_EVENTS):   # a flood of XIDs never pushes it out
+        a._health_event(_xid(n))
+    assert [e.signal for e in a._health if e.critical] == ["Kill task failed"]
+    assert len(a._health) == agent_module.MAX_HEALTH_EVENTS
+    a._delivered(list(a._health))
+    assert (7, 0) in GivenUp(tmp_path) and not a._health
