@@ -367,6 +367,8 @@ def local():
 @local.command("up")
 @click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 250))
 @click.option("--gpus-per-node", default=4, show_default=True, type=click.IntRange(0, 64))
+@click.option("--nvml", is_flag=True,
+              help="one node with this host's real GPUs, read through NVML (instead of simulated ones)")
 @click.option("--cpus-per-node", default=32, show_default=True, type=click.IntRange(1, 4096))
 @click.option("--dir", "directory", default="air-local", show_default=True, type=click.Path(file_okay=False))
 @click.option("--base-address", default="127.0.0.1", show_default=True,
@@ -391,17 +393,21 @@ def local():
 @click.option("--unkillable-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0.0),
               help="seconds after SIGKILL at which a run that will not die is given up and its node drained "
                    "(0: never)")
-def local_up(nodes, gpus_per_node, cpus_per_node, directory, base_address, node_timeout, auth, munge_socket,
+def local_up(nodes, gpus_per_node, nvml, cpus_per_node, directory, base_address, node_timeout, auth, munge_socket,
              extra_config, operators, private_jobs, health_program, max_gpu_temp, health_auto_resume, heartbeat,
              inactive_limit, unkillable_timeout):
     from air.aircli.local import up
+    if nvml and nodes != 1:
+        raise click.BadParameter("one node with --nvml: every node of this host would claim the same GPUs",
+                                 param_hint="'--nodes'")
     extra = Path(extra_config).read_text() if extra_config else ""
     config = up(Path(directory), nodes, gpus_per_node, cpus_per_node, base_address, node_timeout,
                 auth=auth, munge_socket=munge_socket, extra=extra, operators=operators,
                 private_jobs=private_jobs, health_program=health_program, max_gpu_temp_c=max_gpu_temp,
                 health_auto_resume=health_auto_resume, heartbeat_s=heartbeat, inactive_limit_s=inactive_limit,
-                unkillable_timeout_s=unkillable_timeout)
-    click.echo(f"local cluster up: {nodes} nodes with {gpus_per_node} GPUs each; logs in {config.parent / 'log'}")
+                unkillable_timeout_s=unkillable_timeout, gpus="nvml" if nvml else "")
+    shown = "this host's GPUs (NVML)" if nvml else f"{gpus_per_node} GPUs each"
+    click.echo(f"local cluster up: {nodes} nodes with {shown}; logs in {config.parent / 'log'}")
     from air.aircli.local import metrics_urls
     urls = metrics_urls(config)
     if urls:

@@ -22,7 +22,8 @@ def write_config(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node:
                  extra: str = "", operators: tuple = (), private_jobs: bool = False,
                  health_program: str = "", max_gpu_temp_c: int = 85, health_auto_resume: bool = False,
                  heartbeat_s: float = 0.0, inactive_limit_s: float = 60.0,
-                 unkillable_timeout_s: float = 60.0) -> Path:
+                 unkillable_timeout_s: float = 60.0, gpus: str = "") -> Path:
+    """`gpus`: the nodes' GPU backend (the config's `gpus`), simulated ones (sim:gpus_per_node) unless given."""
     base = ipaddress.ip_address(base_address)
     if not base.is_loopback:
         raise CliError(f"--base-address {base_address} is not a loopback address")
@@ -55,7 +56,7 @@ metrics_address = "{base}:{CONTROLLER_METRICS_PORT}"
 name = "{names}"
 address = "{addresses}"
 port = {NODE_PORT}
-gpus = "sim:{gpus_per_node}"
+gpus = "{gpus or f'sim:{gpus_per_node}'}"
 cpus = {cpus_per_node}
 spool_dir = "{directory / 'spool' / '%n'}"
 ib_sysfs = "{directory / 'ib' / '%n'}"
@@ -88,7 +89,7 @@ def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base
        node_timeout_s: float, wait_s: float = 60.0, auth: str = "none", munge_socket: str = "",
        extra: str = "", operators: tuple = (), private_jobs: bool = False, health_program: str = "",
        max_gpu_temp_c: int = 85, health_auto_resume: bool = False, heartbeat_s: float = 0.0,
-       inactive_limit_s: float = 60.0, unkillable_timeout_s: float = 60.0) -> Path:
+       inactive_limit_s: float = 60.0, unkillable_timeout_s: float = 60.0, gpus: str = "") -> Path:
     directory = directory.resolve()
     (directory / "log").mkdir(parents=True, exist_ok=True)
     pids_file = directory / "pids"
@@ -96,7 +97,7 @@ def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base
         raise CliError(f"a local cluster is already running in {directory}; run aircontrol local down first")
     config = write_config(directory, nodes, gpus_per_node, cpus_per_node, base_address, node_timeout_s,
                           auth, munge_socket, extra, operators, private_jobs, health_program, max_gpu_temp_c,
-                          health_auto_resume, heartbeat_s, inactive_limit_s, unkillable_timeout_s)
+                          health_auto_resume, heartbeat_s, inactive_limit_s, unkillable_timeout_s, gpus)
     from air.protos.config import load
     cfg = load(str(config))
     env = dict(os.environ, AIR_CONF=str(config))
