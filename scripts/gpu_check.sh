@@ -74,7 +74,10 @@ job=$(airbatch --parsable --nodes=1 --ntasks-per-node=1 --gpus-per-node=1 -o tin
 step() { airq -j "$job" -h -o %s; }
 deadline=$((SECONDS + 180))
 while [ "$(step)" = - ] || [ "$(step)" -lt $((steps / 2)) ]; do
-    [ $SECONDS -lt $deadline ] || { echo "tinygpt did not reach step $((steps / 2))"; cat "tinygpt-$job.out"; exit 1; }
+    state=$(airq -j "$job" -h -t all -o %T)
+    if [ $SECONDS -ge $deadline ] || [ "$state" != PENDING ] && [ "$state" != RUNNING ]; then
+        echo "tinygpt did not reach step $((steps / 2)) ($state)"; cat "tinygpt-$job.out"; exit 1
+    fi
     sleep 0.5
 done
 airq -l
