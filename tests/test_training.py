@@ -167,7 +167,10 @@ def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
     assert abs(parts - g["wall_s"]) < 0.01 and 0 < g["ettr"] < 1 and abs(g["ettr"] - g["training_s"] / g["wall_s"]) < 1e-3
     assert g["wall_s"] == pytest.approx(stamps[-1][1] - stamps[0][0], abs=2.0)
     row = cluster.cli("airacct", "-j", str(job), "-X", "-n", "-P", "-o", "JobID,Goodput,LostSteps,LostWork").stdout
-    assert row.strip() == f"{job}|{g['ettr'] * 100:.1f}%|{g['lost_steps']}|{_hms(g['lost_s'])}", row
+    # (the JSON's ettr is rounded to 4 places, airacct prints the exact one to 1: they may differ by a tenth)
+    shown_job, shown_ettr, shown_lost, shown_work = row.strip().split("|")
+    assert (shown_job, shown_lost, shown_work) == (str(job), str(g["lost_steps"]), _hms(g["lost_s"])), row
+    assert shown_ettr.endswith("%") and abs(float(shown_ettr[:-1]) - g["ettr"] * 100) <= 0.051, (row, g["ettr"])
     row = cluster.cli("airq", "-l", "-t", "all", "-j", str(job), "-h").stdout.split()
     assert row[12].startswith("2:")
 
