@@ -903,9 +903,8 @@ def _wanted(f: pb.JobFilter) -> _Wanted:
 
 
 def _unfiltered(f: pb.JobFilter) -> bool:
-    """Whether a listing asks for every job (as _listed shows them)."""
-    return not (f.job_ids or f.array_tasks or f.uids or f.phases or f.results or f.names or f.partitions
-                or f.include_old)
+    """Whether a listing asks for every job (as _listed shows them): no job named, none of _wanted's lists."""
+    return not (f.job_ids or f.array_tasks or f.include_old or _wanted(f).any)
 
 
 def _matches(job: Job, w: _Wanted) -> bool:
