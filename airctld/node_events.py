@@ -32,16 +32,19 @@ def drained(node: Node, reason: str) -> Node:
 
 def health_drained(node: Node, event: pb.HealthEvent) -> Node | None:
     """A critical health event drains an up node, remembering the signal (some clear by themselves:
-    see returned). A node drained by a condition that clears by itself takes the new signal when that
-    one does not (an XID, a run that would not die): an operator resumes it then. None where nothing
-    changes (drained already for as long, or down)."""
+    see returned). A drained node takes the new signal as its reason when that one does not clear by
+    itself (an XID, a run that would not die) and the drain so far was an operator's or one that does:
+    whoever resumes it must see why it may not run jobs, and a condition that clears by itself must not
+    return it to service, nor end an operator's drain. None where nothing changes (drained already for
+    as long, or down)."""
     where = f"GPU {event.gpu}" if event.gpu >= 0 else "node"
     drained = evolve(node, state=NodeState.DRAIN, reason=f"{where}: {event.signal} ({event.message})",
                      drain_signal=event.signal)
     if node.state == NodeState.UP:
         return drained
-    if node.state == NodeState.DRAIN and node.drain_signal and signals.kind_of(node.drain_signal).clears_by_itself \
-            and not signals.kind_of(event.signal).clears_by_itself:
+    lasting = not signals.kind_of(event.signal).clears_by_itself
+    if node.state == NodeState.DRAIN and lasting \
+            and (not node.drain_signal or signals.kind_of(node.drain_signal).clears_by_itself):
         return drained
     return None
 

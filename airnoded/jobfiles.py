@@ -253,7 +253,11 @@ def _trash(spool: Path) -> Path:
 
 def write_root_file(folder: Path, name: str, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> None:
     """Write `folder/name` aside and rename it into place, in a folder only root writes. With `owner`,
-    the new file is fchown'ed to (uid, gid) through its descriptor, never through a path."""
+    the new file is fchown'ed to (uid, gid) through its descriptor, never through a path.
+    The rename makes it whole or absent to a daemon killed at any point; there is no fsync, because
+    these files describe the host's processes (runs, their groups, a fence, runs given up), which a
+    crash of the host itself ends too: a daemon that finds one empty after a reboot adopts nothing by
+    it, or drains again, the safe side either way."""
     dirfd = os.open(folder, _DIR_FLAGS)
     tmp = f".{name}.tmp"
     try:

@@ -65,6 +65,14 @@ def test_what_each_change_says():
     assert (stuck.state, stuck.drain_signal, stuck.reason) == (DRAIN, "Kill task failed", "node: Kill task failed (x)")
     assert node_events.health_drained(stuck, pb.HealthEvent(gpu=-1, signal=signals.THERMAL, message="hot")) is None
     assert node_events.health_drained(port, pb.HealthEvent(gpu=-1, signal=signals.THERMAL, message="hot")) is None
+    # an operator's drain gives way to a fault only an operator may lift, so that whoever resumes it sees
+    # the fault; never to one that lifts by itself, which would end the operator's drain when it does
+    kept = node_events.drained(_node(UP), "maintenance")
+    taken = node_events.health_drained(kept, pb.HealthEvent(gpu=-1, signal=signals.KILL_TASK_FAILED, message="x"))
+    assert (taken.state, taken.drain_signal, taken.reason) == (DRAIN, "Kill task failed", "node: Kill task failed (x)")
+    assert node_events.health_drained(kept, pb.HealthEvent(gpu=-1, signal=signals.THERMAL, message="hot")) is None
+    assert node_events.health_drained(kept, pb.HealthEvent(gpu=-1, signal=signals.ib_port("mlx5_0/1", "DOWN"),
+                                                           message="port down")) is None
     for back in (node_events.resumed(drained), node_events.returned(drained)):
         assert (back.state, back.reason, back.drain_signal) == (UP, "", "")
     assert node_events.silent(_node(UP), 15.0).reason == "not responding for over 15 s"
