@@ -118,10 +118,9 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
     if not os.path.isdir(workdir):
         raise CliError(f"--chdir: {workdir} is not a directory")
 
-    from air.protos import air_pb2 as pb
     from air.protos import rlimits
     from air.aircli.client import Client
-    req = pb.JobRequest(
+    req = dict(   # a JobRequest (protos.schemas), sent without importing protobuf: see protos.protowire
         name=values.get("name") or name_default, script=text, argv=list(args),
         partition=values.get("partition", ""), account=values.get("account", ""),
         nodes=values.get("nodes", 1), gpus_per_node=values.get("gpus_per_node", 0),
@@ -138,26 +137,26 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         open_truncate=values.get("open_mode") == "truncate", nodelist=values.get("nodelist", []),
         exclude=values.get("exclude", []), constraint=values.get("constraint", ""),
         exclusive=bool(values.get("exclusive")),
-        het=[pb.HetComponent(name=name or f"{values.get('name') or name_default}+{i}", nodes=nodes)
+        het=[dict(name=name or f"{values.get('name') or name_default}+{i}", nodes=nodes)
              for i, (name, nodes) in enumerate(het)],
         rlimits=rlimits.capture())
     if "switches" in values:
-        req.switches, req.switches_wait_s = values["switches"]
+        req["switches"], req["switches_wait_s"] = values["switches"]
     if "signal" in values:
-        req.warn_signal, req.warn_time_s, req.warn_batch_only = values["signal"]
+        req["warn_signal"], req["warn_time_s"], req["warn_batch_only"] = values["signal"]
         # sbatch's meaning, when called so: without B: the steps' ranks only (the batch shell would die of
         # a signal it does not expect); airbatch's own: the whole job
-        req.warn_steps_only = not req.warn_batch_only and click.get_current_context().info_name == "sbatch"
+        req["warn_steps_only"] = not req["warn_batch_only"] and click.get_current_context().info_name == "sbatch"
     client = Client(config)
-    reply = client.submit(pb.SubmitRequest(job=req, test_only=test_only))
+    reply = client.submit_fields({"job": req, "test_only": test_only})
     if test_only:
-        click.echo(f"{click.get_current_context().info_name}: job {reply.message}")   # (sbatch: as sbatch)
+        click.echo(f"{click.get_current_context().info_name}: job {reply['message']}")   # (sbatch: as sbatch)
     elif parsable:
-        click.echo(str(reply.job_id))
+        click.echo(str(reply["job_id"]))
     else:
-        click.echo(f"Submitted batch job {reply.job_id}")
+        click.echo(f"Submitted batch job {reply['job_id']}")
     if values.get("wait") and not test_only:
-        raise click.exceptions.Exit(_wait(client, reply.job_id))
+        raise click.exceptions.Exit(_wait(client, reply["job_id"]))
 
 
 def _wait(client, job_id: int) -> int:

@@ -65,6 +65,11 @@ class Client:
     def submit(self, request: pb.SubmitRequest, timeout: float = 30.0) -> pb.SubmitReply:
         return self._call("Submit", request, timeout)
 
+    def submit_fields(self, request: dict, timeout: float = 30.0) -> dict:
+        """Submit, without importing protobuf: a SubmitRequest and its reply as protos.protowire's
+        dicts (protos.schemas.SubmitRequest and SubmitReply)."""
+        return self._call_fields("Submit", request, timeout)
+
     def cancel(self, request: pb.CancelRequest, timeout: float = 30.0) -> pb.CancelReply:
         return self._call("Cancel", request, timeout)
 
@@ -120,17 +125,40 @@ class Client:
         return self._call("History", request, timeout)
 
     def _call(self, name: str, request, timeout: float):
-        from air.aircli.wire import WireError
         from air.protos import air_pb2
-        from air.protos.credential import CredentialError, request_bytes
         rpc = air_pb2.DESCRIPTOR.services_by_name["Controller"].methods_by_name[name]   # (a name it lacks: KeyError)
         if request.DESCRIPTOR is not rpc.input_type:
             raise TypeError(f"{name} takes a {rpc.input_type.name}, not a {request.DESCRIPTOR.name}")
-        method = f"/{rpc.containing_service.full_name}/{rpc.name}"
-        data = request_bytes(request)   # (the bytes the credential is bound to are the bytes sent)
+        from air.protos.credential import request_bytes
+        reply = self._send(f"/{rpc.containing_service.full_name}/{rpc.name}", request_bytes(request), timeout)
+        reply_type = getattr(air_pb2, rpc.output_type.name)
+        try:
+            return reply_type.FromString(reply)
+        except Exception:   # (a DecodeError: a reply that is not the message it should be)
+            raise CliError(f"airctld at {self.address} sent a reply that is not a {reply_type.__name__}",
+                           "INTERNAL") from None
+
+    def _call_fields(self, name: str, request: dict, timeout: float) -> dict:
+        from air.protos import protowire, schemas
+        request_schema, reply_schema = schemas.RPCS[name]
+        try:
+            data = protowire.encode(request_schema, request)
+        except ValueError as e:   # (a value its field cannot hold: the options bound those they take)
+            raise CliError(f"a value out of range: {e}") from None
+        reply = self._send(f"/{schemas.SERVICE}/{name}", data, timeout)
+        try:
+            return protowire.decode(reply_schema, reply)
+        except protowire.DecodeError:
+            raise CliError(f"airctld at {self.address} sent a reply that is not a {reply_schema.name}",
+                           "INTERNAL") from None
+
+    def _send(self, method: str, data: bytes, timeout: float) -> memoryview:
+        """The reply's bytes to a request's (signed: the credential is bound to the bytes sent)."""
+        from air.aircli.wire import WireError
+        from air.protos.credential import CredentialError
         try:
             metadata = self._auth.metadata(method, self.address, data)
-            reply = self._channel.call(method, data, metadata, timeout)
+            return self._channel.call(method, data, metadata, timeout)
         except CredentialError as e:
             raise CliError(str(e)) from None
         except WireError as e:
@@ -145,10 +173,3 @@ class Client:
                 raise CliError(f"airctld at {self.address} did not answer within {timeout:g} s",
                                "UNAVAILABLE") from None
             raise CliError(e.details or e.code, e.code) from None
-        reply_type = getattr(air_pb2, rpc.output_type.name)
-        try:
-            return reply_type.FromString(reply)
-        except Exception:   # (a DecodeError: a reply that is not the message it should be)
-            raise CliError(f"airctld at {self.address} sent a reply that is not a {reply_type.__name__}",
-                           "INTERNAL") from None
-

@@ -117,8 +117,21 @@ def not_supported(name: str) -> str:
 DIRECTIVE = re.compile(r"^#(AIR|SBATCH)(\s|$)")
 
 
+# the largest number each kind takes (what its wire field holds: counts are uint32, a nice int32)
+_MAXIMA = {"count": 2**31 - 1, "int": 2**31 - 1, "gpus": 2**31 - 1, "gres": 2**31 - 1, "switches": 2**31 - 1,
+           "time": 2**32, "size": 2**40}
+
+
 def convert(opt: Opt, value: str | None) -> object:
     """The option's value from its text, or OptionError naming the option and the value."""
+    out = _convert(opt, value)
+    most = _MAXIMA.get(opt.kind)
+    if most is not None and any(abs(n) > most for n in (out if isinstance(out, tuple) else (out,))):
+        raise OptionError(f"{opt.long}={value!r}: out of range (at most {most:,})")
+    return out
+
+
+def _convert(opt: Opt, value: str | None) -> object:
     if opt.kind == "exclusive":   # (Slurm's --exclusive=user|mcs|topo share nodes in ways AIR does not)
         if value is not None:
             raise OptionError(f"{opt.long}={value}: AIR supports only --exclusive (whole nodes)")

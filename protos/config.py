@@ -12,12 +12,15 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hostlist
 
 from air.protos import rlimits
 from air.protos.timefmt import parse_duration
+
+if TYPE_CHECKING:   # (pathlib is imported where a path is made: the short commands never need one)
+    from pathlib import Path
 
 DEFAULT_PATH = "/etc/air/air.toml"
 AUTH_MODES = ("none", "munge")
@@ -130,10 +133,12 @@ class NodeConfig:
 
     @property
     def spool(self) -> Path:
+        from pathlib import Path
         return Path(self.spool_dir.replace("%n", self.name))
 
     @property
     def ib_root(self) -> Path:
+        from pathlib import Path
         return Path(self.ib_sysfs.replace("%n", self.name))
 
 
