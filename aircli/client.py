@@ -70,6 +70,11 @@ class Client:
         dicts (protos.schemas.SubmitRequest and SubmitReply)."""
         return self._call_fields("Submit", request, timeout)
 
+    def list_jobs_fields(self, request: dict, timeout: float = 30.0) -> dict:
+        """ListJobs, without importing protobuf: a JobFilter as protos.protowire's dict, the reply as one
+        (its jobs left as their bytes)."""
+        return self._call_fields("ListJobs", request, timeout)
+
     def cancel(self, request: pb.CancelRequest, timeout: float = 30.0) -> pb.CancelReply:
         return self._call("Cancel", request, timeout)
 

@@ -80,26 +80,20 @@ def state_filter(text: str, option: str) -> tuple[list[int], list[int]]:
 def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions, as_json, expand_arrays, long_,
             show_priority, show_start, config):
     from air.aircli.client import Client
-    from air.aircli import formats
     from air.protos import squeue
-    from air.protos import air_pb2 as pb
-    filt = pb.JobFilter()
+    wanted: dict = {}   # a JobFilter, as protos.protowire's dict: a plain airq sends it without protobuf
     tasks: list = []
-    if users:
-        filt.uids.extend(uid_of(u) for u in users.split(",") if u)
-    if me:
-        filt.uids.append(os.getuid())
+    if users or me:
+        wanted["uids"] = [uid_of(u) for u in (users or "").split(",") if u] + ([os.getuid()] if me else [])
     if jobs:
-        filt.job_ids.extend(job_ids(jobs, "'-j'", tasks))
-        filt.array_tasks.extend(pb.ArrayTask(array_job_id=a, task_id=t) for a, t in tasks)
+        wanted["job_ids"] = job_ids(jobs, "'-j'", tasks)
+        wanted["array_tasks"] = [{"array_job_id": a, "task_id": t} for a, t in tasks]
     if names:
-        filt.names.extend(n for n in names.split(",") if n)
+        wanted["names"] = [n for n in names.split(",") if n]
     if states:
-        phases, results = state_filter(states, "'-t'")
-        filt.phases.extend(phases)
-        filt.results.extend(results)
+        wanted["phases"], wanted["results"] = state_filter(states, "'-t'")
     if partitions:
-        filt.partitions.extend(p for p in partitions.split(",") if p)
+        wanted["partitions"] = [p for p in partitions.split(",") if p]
     try:
         if long_fmt:
             fmt = squeue.long_format(long_fmt)
@@ -107,6 +101,18 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
                                        squeue.job_fields(time.time()))
     except squeue.FormatError as e:
         raise click.BadParameter(str(e), param_hint="'-O'" if long_fmt else "'-o'") from None
+    sent: list[bytes] | None = None
+    if not (fmt or long_ or as_json or show_priority or show_start):   # squeue's default rows, kept rendered
+        plain = Client(config).list_jobs_fields({**wanted, "rendered": True, "expand_arrays": expand_arrays})
+        if plain["rendered"] or not plain["jobs"]:
+            head = squeue.render(items, [], header=True)[0] + "\n" if not noheader else ""
+            sys.stdout.write(head + plain["rendered"])
+            return
+        sent = plain["jobs"]   # (a controller from before rendered rows sends jobs)
+    from air.aircli import formats
+    from air.protos import air_pb2 as pb
+    filt = pb.JobFilter(**{k: v for k, v in wanted.items() if k != "array_tasks"},
+                        array_tasks=[pb.ArrayTask(**t) for t in wanted.get("array_tasks", ())])
     if show_priority or show_start:
         filt.ClearField("phases")
         filt.phases.append(pb.JOB_PHASE_PENDING)
@@ -122,18 +128,9 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
         lines = formats.table(rows, header=not noheader, left=(0, 1, 2, 3))
         sys.stdout.write("\n".join(lines) + "\n" if lines else "")
         return
-    reply = None
-    if not (fmt or long_ or as_json):   # squeue's default rows, kept rendered by the controller
-        filt.rendered, filt.expand_arrays = True, expand_arrays
-        reply = Client(config).list_jobs(filt)
-        if reply.rendered or not reply.jobs:   # (a controller from before rendered rows sends jobs)
-            head = squeue.render(items, [], header=True)[0] + "\n" if not noheader else ""
-            sys.stdout.write(head + reply.rendered)
-            return
     filt.with_progress = bool(long_ or as_json or (fmt and any(f in fmt for f in ("%s", "%L", "%k", "%f", "%c"))))
-    reply = reply or Client(config).list_jobs(filt)
+    listed = Client(config).list_jobs(filt).jobs if sent is None else [pb.Job.FromString(j) for j in sent]
     now = time.time()
-    listed = reply.jobs
     if filt.partitions:   # (a controller from before JobFilter.partitions sends every partition's)
         listed = [j for j in listed if j.partition in filt.partitions]
     rows = listed if expand_arrays else squeue.compact_arrays(listed)

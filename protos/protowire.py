@@ -37,9 +37,10 @@ class Field:
 
 
 class Message:
+    """A message's schema; without fields, one kept as its bytes (read as bytes, written as given)."""
     __slots__ = ("name", "fields")
 
-    def __init__(self, name: str, fields: tuple[Field, ...]):
+    def __init__(self, name: str, fields: tuple[Field, ...] | None):
         self.name, self.fields = name, fields
 
 
@@ -119,7 +120,7 @@ def encode(schema: Message, values: dict) -> bytes:
                 out += _varint(f.number << 3 | 2) + _varint(len(body)) + body
         elif f.kind == MESSAGE:
             for one in (value if f.repeated else [value]):
-                body = encode(f.message, one)
+                body = bytes(one) if f.message.fields is None else encode(f.message, one)
                 out += _varint(f.number << 3 | 2) + _varint(len(body)) + body
         elif f.repeated and f.kind in (STRING, BYTES):
             for one in value:
@@ -209,7 +210,7 @@ def _value(kind: str, wiretype: int, raw, message: Message | None = None):
     if kind == DOUBLE:
         return struct.unpack("<d", raw)[0]
     if kind == MESSAGE:
-        return decode(message, raw)
+        return bytes(raw) if message.fields is None else decode(message, raw)
     return _number(kind, raw)
 
 

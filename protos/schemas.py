@@ -3,7 +3,7 @@ tests/test_protowire.py checks each, field by field, against the generated code:
 one of them in air.proto fails that test until it is added here."""
 from __future__ import annotations
 
-from air.protos.protowire import (BOOL, DOUBLE, INT32, INT64, MAP, MESSAGE, STRING, UINT32, UINT64, Field,
+from air.protos.protowire import (BOOL, DOUBLE, ENUM, INT32, INT64, MAP, MESSAGE, STRING, UINT32, UINT64, Field,
                                   Message)
 
 SERVICE = "air.v1.Controller"
@@ -36,5 +36,20 @@ SubmitRequest = Message("SubmitRequest", (
 SubmitReply = Message("SubmitReply", (
     Field("job_id", 1, UINT64), Field("message", 2, STRING)))
 
+ArrayTask = Message("ArrayTask", (
+    Field("array_job_id", 1, UINT64), Field("task_id", 2, UINT32)))
+
+JobFilter = Message("JobFilter", (
+    Field("job_ids", 1, UINT64, repeated=True), Field("uids", 2, UINT32, repeated=True),
+    Field("phases", 3, ENUM, repeated=True), Field("results", 4, ENUM, repeated=True),
+    Field("names", 5, STRING, repeated=True), Field("include_old", 6, BOOL),
+    Field("array_tasks", 7, MESSAGE, repeated=True, message=ArrayTask), Field("with_progress", 8, BOOL),
+    Field("partitions", 9, STRING, repeated=True), Field("rendered", 10, BOOL), Field("expand_arrays", 11, BOOL)))
+
+Job = Message("Job", None)   # (kept as its bytes: a reply's jobs are read with protobuf, where they are read)
+
+ListJobsReply = Message("ListJobsReply", (
+    Field("jobs", 1, MESSAGE, repeated=True, message=Job), Field("rendered", 2, STRING)))
+
 # RPC -> (request, reply), for the calls made through protowire
-RPCS = {"Submit": (SubmitRequest, SubmitReply)}
+RPCS = {"Submit": (SubmitRequest, SubmitReply), "ListJobs": (JobFilter, ListJobsReply)}

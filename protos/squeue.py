@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import hostlist
 
 from air.protos.timefmt import format_duration
 from air.protos.timefmt import format_limit
-from air.protos import air_pb2 as pb
 from air.protos.reports import report_numbers
-from air.protos.states import JobPhase, REASON_NAMES, Reason, long_state, state_code
+from air.protos.states import JobPhase, JobResult, REASON_NAMES, Reason, long_state, state_code
+
+if TYPE_CHECKING:   # (the generated code is imported where a job is made: airq's plain rows need none)
+    from air.protos import air_pb2 as pb
 
 SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 
@@ -107,7 +109,7 @@ def reason_text(job: pb.Job) -> str:
     return REASON_NAMES[Reason(job.reason)]
 
 
-_STATE_CODES = {(p, r): state_code(p, r) for p in pb.JobPhase.values() for r in pb.JobResult.values()}
+_STATE_CODES = {(p, r): state_code(p, r) for p in JobPhase for r in JobResult}
 
 
 def elapsed(job: pb.Job, now: float) -> float:
@@ -145,6 +147,7 @@ def job_id_text(job: pb.Job) -> str:
 
 def compact_arrays(jobs) -> list[pb.Job]:
     """The listing with each array's pending tasks folded into one row, as squeue shows them."""
+    from air.protos import air_pb2 as pb
     from air.protos.arrays import compact
     out: list = []
     rows: dict[int, tuple[pb.Job, list[int]]] = {}

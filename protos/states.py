@@ -1,23 +1,69 @@
-"""Python enums made from the proto enums, so each set of states has one definition.
+"""The proto enums as Python enums, with short member names, and the Slurm codes that the
+command-line tools print.
 
-The proto file is the source; these are views of it with short member names, and the
-Slurm codes that the command-line tools print.
+The proto file is the source. These are written out, not made from the generated code at import,
+so that a short command (airq, aircancel) never imports protobuf: tests/test_protos.py checks each
+member, name and number, against air.proto's enum, so a value added there fails it until added here.
 """
 import enum
 
-from air.protos import air_pb2 as pb
+
+class JobPhase(enum.IntEnum):   # air.proto's JobPhase, less its JOB_PHASE_ prefix
+    UNSPECIFIED = 0
+    PENDING = 1
+    RUNNING = 2
+    COMPLETING = 3
+    DONE = 4
 
 
-def _from_proto(name: str, proto_enum, prefix: str) -> type[enum.IntEnum]:
-    members = {v.name.removeprefix(prefix): v.number for v in proto_enum.DESCRIPTOR.values}
-    return enum.IntEnum(name, members)
+class JobResult(enum.IntEnum):   # air.proto's JobResult, less its JOB_RESULT_ prefix
+    NONE = 0
+    COMPLETED = 1
+    FAILED = 2
+    CANCELLED = 3
+    TIMEOUT = 4
+    NODE_FAIL = 5
+    PREEMPTED = 6
+    OUT_OF_MEMORY = 7
+    HUNG = 8
 
 
-JobPhase = _from_proto("JobPhase", pb.JobPhase, "JOB_PHASE_")
-JobResult = _from_proto("JobResult", pb.JobResult, "JOB_RESULT_")
-Reason = _from_proto("Reason", pb.Reason, "REASON_")
-NodeState = _from_proto("NodeState", pb.NodeState, "NODE_STATE_")
+class Reason(enum.IntEnum):   # air.proto's Reason, less its REASON_ prefix
+    NONE = 0
+    PRIORITY = 1
+    RESOURCES = 2
+    DEPENDENCY = 3
+    JOB_HELD_USER = 4
+    PARTITION_DOWN = 5
+    NODES_DOWN = 6
+    BEGIN_TIME = 7
+    NODE_FAIL = 8
+    TIME_LIMIT = 9
+    CANCELLED = 10
+    NON_ZERO_EXIT = 11
+    SIGNALED = 12
+    LAUNCH_FAILED = 13
+    JOB_LOST = 14
+    PREEMPTED = 15
+    REQUEUE_REQUESTED = 16
+    DEPENDENCY_NEVER = 17
+    QOS_MAX_GPU_PER_USER = 18
+    QOS_MAX_GPU_PER_ACCOUNT = 19
+    ASSOC_GRP_GPU_LIMIT = 20
+    ARRAY_TASK_LIMIT = 21
+    NODES_DRAINED = 22
+    ACCOUNT_NOT_ALLOWED = 23
+    OUT_OF_MEMORY = 24
+    HUNG = 25
+    BAD_CONSTRAINTS = 26
+    INACTIVE_LIMIT = 27
 
+
+class NodeState(enum.IntEnum):   # air.proto's NodeState, less its NODE_STATE_ prefix
+    UNKNOWN = 0
+    UP = 1
+    DOWN = 2
+    DRAIN = 3
 
 
 class ExitCode(enum.IntEnum):

@@ -195,6 +195,14 @@ def test_airbatch_submits_without_importing_protobuf_or_grpc(cluster):
     job = cluster.job(int(job_id))
     assert (job["name"], job["state"], job["reason"], job["num_nodes"]) == ("light", "PENDING", "JobHeldUser", 2), job
     assert "Nice=7 " in cluster.cli("aircontrol", "show", "job", job_id).stdout
+    # and a plain airq lists it, with a filter, without protobuf either
+    code = ("import sys; from air.aircli.queue import command; from air.aircli.client import run; "
+            f"rc = run(command, 'airq', ['-h', '-t', 'PD', '-j', '{job_id}', '-u', 'root', '-p', 'gpu']); "
+            "print(rc, *sorted(m for m in sys.modules if m.split('.')[0] in ('google', 'grpc', 'torch')))")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, AIR_CONF=str(cluster.config)),
+                         capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    assert out[0].split() == [job_id, "gpu", "light", "root", "PD", "0:00", "2", "(JobHeldUser)"]
+    assert out[1:] == ["0"]
 
 
 def test_signal_reaches_the_running_script(cluster):

@@ -15,3 +15,16 @@ def test_generated_code_is_current(tmp_path):
     for name in ("air_pb2.py", "air_pb2_grpc.py"):
         fresh = (tmp_path / "air" / "protos" / name).read_text()
         assert fresh == (ROOT / "protos" / name).read_text(), f"protos/{name} is stale: {REGENERATE}"
+
+
+def test_the_state_enums_are_air_protos():
+    """protos/states.py writes the proto enums out (a short command does not import protobuf): each
+    has every value of air.proto's, by the same number, with the name less the enum's prefix."""
+    from air.protos import air_pb2 as pb
+    from air.protos import states
+    for mine, proto, prefix in ((states.JobPhase, pb.JobPhase, "JOB_PHASE_"),
+                                (states.JobResult, pb.JobResult, "JOB_RESULT_"),
+                                (states.Reason, pb.Reason, "REASON_"),
+                                (states.NodeState, pb.NodeState, "NODE_STATE_")):
+        want = [(v.name, v.number) for v in proto.DESCRIPTOR.values]
+        assert [(prefix + m.name, m.value) for m in mine] == want, mine.__name__
