@@ -45,6 +45,25 @@ def test_it_runs_again_after_a_change_that_failed():
     assert gc.isenabled()
 
 
+class _Cycle:
+    def __init__(self):
+        self.me = self
+
+
+def test_what_a_pause_made_is_old_after_it_and_a_cycle_of_it_is_still_freed():
+    import weakref
+    with collector.paused(collector.BULK):
+        made = [[i] for i in range(50_000)]
+        cycle = weakref.ref(_Cycle())   # garbage, in a cycle only the collector frees
+        assert gc.get_count()[0] >= 50_000   # all of it young, while paused
+    young = {id(o) for o in gc.get_objects(generation=0)} | {id(o) for o in gc.get_objects(generation=1)}
+    assert not young & {id(o) for o in made[::1000]}
+    assert gc.get_count()[0] < 1000   # no young collection owed for them
+    assert cycle() is not None
+    gc.collect()
+    assert cycle() is None
+
+
 def test_a_collector_turned_off_by_the_operator_stays_off():
     gc.disable()
     with collector.paused(collector.BULK):
