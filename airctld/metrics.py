@@ -98,14 +98,14 @@ class ControllerMetrics:
 
     def _count(self, old: Job, new: Job, now: float, counts: dict[tuple, int]) -> None:
         """One change's counts (added to `counts`), observations and goodput."""
-        account = new.account
         if new.phase == JobPhase.RUNNING and old.phase == JobPhase.PENDING:
             key = (self.starts, new.partition)
             counts[key] = counts.get(key, 0) + 1
-            self._started(new, account)
+            self._started(new, new.account)
         if goodput.run_ended(old, new):
             end = new.end_time or now
             g = goodput.breakdown(old.start_time, [goodput.Run(old.start_time, end, new.figures)], end)
+            account = new.account   # (read where it is needed: a cancel of pending jobs never needs it)
             for category in ("starting", "restoring", "training", "checkpoint", "lost", "other"):
                 self.goodput.labels(account, category).inc(getattr(g, f"{category}_s"))
         requeued = new.phase == JobPhase.PENDING and old.phase in (JobPhase.RUNNING, JobPhase.COMPLETING)

@@ -328,7 +328,8 @@ class Store:
                 why = new.reason
                 if new.phase == JobPhase.PENDING and old.phase in (JobPhase.RUNNING, JobPhase.COMPLETING):
                     why = new.last_stop_reason   # requeued: why its run stopped
-                events.append((new.job_id, now, old_state, new_state, Reason(why).name, new.reason_detail, who))
+                events.append((new.job_id, now, old_state, new_state, _REASON_NAME.get(why) or Reason(why).name,
+                               new.reason_detail, who))
         self.db.conn.executemany(f"UPDATE jobs SET {', '.join(c + ' = ?' for c in _JOB_COLUMNS[:-1])} WHERE id = ?",
                                  rows)
         self.db.conn.executemany("INSERT INTO events (job_id, time, old_state, new_state, reason, detail, who) "
@@ -538,6 +539,9 @@ class Store:
                             gpus=tuple(pb.Node.FromString(gpus).gpus), state=NodeState(state),
                             reason=reason, last_heartbeat=hb, drain_signal=drain_signal))
         return out
+
+
+_REASON_NAME = {reason: reason.name for reason in Reason}   # (an enum's call and name: a bulk change's cost)
 
 
 def _job_values(job: Job) -> tuple:
