@@ -295,6 +295,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
     import grpc
     from air.protos import air_pb2 as pb
     from air.protos import air_pb2_grpc as rpc
+    from air.protos import keepalive
     from air.protos import rlimits
     from air.protos.credential import signed
     spec = pb.StepSpec(job_id=job_id, nodes=nodes or 0, nodelist=names, ntasks_per_node=ntasks_per_node or 0,
@@ -313,14 +314,13 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
     events: queue.Queue = queue.Queue()
     followers = []
     for node in step.nodes:
-        # a daemon that restarts is back within seconds: retry the connection often, not after backoff
-        channel = grpc.insecure_channel(node.address, options=[("grpc.initial_reconnect_backoff_ms", 100),
-                                                               ("grpc.min_reconnect_backoff_ms", 100),
-                                                               ("grpc.max_reconnect_backoff_ms", 500)])
+        channel = grpc.insecure_channel(node.address, options=list(keepalive.CLIENT_OPTIONS))
         stub = rpc.NodeAgentStub(signed(channel, auth, node.node))
         follower = _Follower(node.node, stub, step, len(node.ranks), events, patience)
+        channel.subscribe(follower.connectivity)
         followers.append(follower)
         threading.Thread(target=follower.run, daemon=True).start()
+        threading.Thread(target=follower.watch, daemon=True).start()
 
     out, err = sys.stdout.buffer, sys.stderr.buffer
     remaining, streams_left = step.world_size, len(followers)
@@ -500,6 +500,34 @@ class _Follower:
         self.cancelled = False
         self.lost = False   # its stream broke and it is following again: no event since
         self.lock = threading.Lock()
+        self.ready = False   # the channel is connected to the node daemon (HTTP/2 up)
+        self.connected = 0   # times it got there
+        self.heard = 0.0     # (monotonic) the current call's start or last message
+        self.beats = False   # its daemon sends beats (protos/keepalive.py): silence means it is gone
+        self.silent = False  # the watch dropped the current call for its silence
+        self.done = False
+
+    def connectivity(self, state) -> None:
+        """The channel's state changes (from gRPC's thread)."""
+        import grpc
+        with self.lock:
+            if state == grpc.ChannelConnectivity.READY and not self.ready:
+                self.connected += 1
+            self.ready = state == grpc.ChannelConnectivity.READY
+
+    def watch(self) -> None:
+        """Drop a call that has nothing for keepalive.SILENCE_S from a daemon that sends beats: it is
+        frozen or its host cut off (run() follows the step again, within its patience)."""
+        from air.protos import keepalive
+        while True:
+            time.sleep(min(1.0, keepalive.BEAT_S / 2))
+            with self.lock:
+                if self.done:
+                    return
+                if self.call is not None and self.beats and not self.silent \
+                        and time.monotonic() - self.heard > keepalive.SILENCE_S:
+                    self.silent = True
+                    self.call.cancel()
 
     def cancel(self) -> None:
         with self.lock:
@@ -508,18 +536,35 @@ class _Follower:
                 self.call.cancel()
 
     def run(self) -> None:
+        try:
+            self._follow()
+        finally:
+            with self.lock:
+                self.done = True
+
+    def _follow(self) -> None:
         import grpc
         from air.protos import air_pb2 as pb
+        from air.protos import keepalive
         attach, lost_since, problem = False, None, ""
         while True:
             began = time.monotonic()
             with self.lock:
                 if self.cancelled:
                     return self.events.put(("end", ""))
+                reached = self.ready, self.connected   # (whether this call got to the daemon: see below)
+                self.heard, self.silent = began, False
+                answered = False
                 self.call = self.stub.RunStep(pb.RunStepRequest(job_id=self.step.job_id, step_id=self.step.step_id,
                                                                 attach=attach))
             try:
                 for event in self.call:
+                    answered = True
+                    with self.lock:
+                        self.heard = time.monotonic()
+                        self.beats = self.beats or event.beat
+                    if event.beat:
+                        continue
                     lost_since, self.lost = None, False
                     if event.exited:
                         if event.rank in self.exited:
@@ -535,10 +580,17 @@ class _Follower:
                 # the daemon is away (restarting) or went away mid-stream: follow again; anything else is final
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                     return self.events.put(("end", f"{self.node}: {e.details() or e.code().name}"))
-                problem = e.details() or e.code().name
+                problem = f"no word from its node daemon for {keepalive.SILENCE_S:g} s" if self.silent else \
+                    e.details() or e.code().name
             self.lost = True
             now = time.monotonic()
-            if now - began > 1.0:   # the call was up a while (a quiet step): this is a new loss
+            with self.lock:
+                # a call its daemon answered is a new loss when it breaks; one that waited on a daemon
+                # that never answered (frozen, cut off) goes on with the loss before it. From a daemon
+                # without beats, a quiet call up a while counts as answered once the channel got there.
+                if not answered and not self.beats and now - began > 1.0:
+                    answered = reached[0] or self.connected > reached[1]
+            if answered:
                 lost_since = None
             lost_since = lost_since or now
             if now - lost_since > self.patience:

@@ -10,6 +10,9 @@ from collections import deque
 from typing import Callable
 
 
+QUIET = object()   # Outbox.get: nothing within its timeout
+
+
 class Outbox:
     def __init__(self, max_events: int, max_bytes: int):
         self.max_events, self.max_bytes = max_events, max_bytes
@@ -34,13 +37,15 @@ class Outbox:
             self._cv.notify_all()
             return True
 
-    def get(self):
-        """The next event; None once the box is closed and what it held is taken (or handed over)."""
+    def get(self, timeout: float | None = None):
+        """The next event; None once the box is closed and what it held is taken (or handed over);
+        QUIET when `timeout` passed without one."""
         with self._cv:
             while not self._items:
                 if self._closed:
                     return None
-                self._cv.wait()
+                if not self._cv.wait(timeout) and timeout is not None and not self._items and not self._closed:
+                    return QUIET
             event = self._items.popleft()
             self._bytes -= len(event.data)
             self._cv.notify_all()

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from air.airnoded import fence, jobfiles, progress, shepherding
-from air.airnoded.outbox import Outbox
+from air.airnoded.outbox import QUIET, Outbox
 from air.airnoded.cgroups import JobCgroups, local_devices
 from air.airnoded.procs import as_owner, killpg
 from air.airnoded.shepherding import Child, Herd
 from air.airnoded.shepherd import start_time
 from air.protos import air_pb2 as pb
+from air.protos import keepalive
 from air.protos.stepenv import rank_base, rank_environment
 
 log = logging.getLogger("airnoded")
@@ -557,10 +558,16 @@ class _Stream:
                             self.key[0], self.step.step_id, lost, self.rank_of[child])
 
     def events(self) -> Iterator[pb.StepEvent]:
+        """The step's events, and a beat first and after each keepalive.BEAT_S without one (airrun's
+        sign that this daemon is there; the first tells it that this daemon sends them)."""
         remaining = self.ranks
         try:
+            yield pb.StepEvent(beat=True)
             while remaining:
-                event = self.outbox.get()
+                event = self.outbox.get(keepalive.BEAT_S)
+                if event is QUIET:
+                    yield pb.StepEvent(beat=True)
+                    continue
                 if event is None:
                     return
                 if event.exited:

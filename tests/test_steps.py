@@ -129,6 +129,33 @@ def test_airrun_outside_a_job_stopped_by_sigterm_ends_its_ranks_and_its_allocati
     wait_for(lambda: not _step_processes(), timeout=10, what="no rank left")
 
 
+def test_airrun_gives_up_a_frozen_node_instead_of_waiting_on_its_quiet_stream_for_ever(cluster):
+    # a node daemon frozen (or its host cut off) while the step's ranks print nothing: TCP alone would
+    # never fail the stream, and airrun would wait for that node's ranks for ever. The beats do.
+    import os
+    import signal
+    import subprocess
+    import time
+    from cluster import BIN
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", AIR_CONF=str(cluster.config), AIR_JOB_ID="")
+    # (on one node: a rank elsewhere, ended by the node's failure, would end the step through its exit)
+    proc = subprocess.Popen([str(BIN / "airrun"), "-N", "1", "-w", "node02", "-J", "quiet", "sleep", "77.5"],
+                            env=env, cwd=str(cluster.work), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    frozen = cluster.pids[2]   # node02's airnoded
+    try:
+        wait_for(lambda: len(_step_processes()) == 1, timeout=30, what="the rank on node02")
+        time.sleep(1)   # (the stream's first beat, sent as the rank starts, has reached airrun)
+        os.kill(frozen, signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 76 and "node02" in err, err   # (ExitCode.NODE_LOST)
+        assert "no word from its node daemon" in err and time.monotonic() - stopped < 40, err
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+        proc.kill()
+    wait_for(lambda: not _step_processes(), timeout=30, what="no rank left")
+
+
 def test_airrun_killed_outside_a_job_loses_its_allocation_at_the_inactive_limit_and_signals_reach_its_step(cluster):
     # Slurm's InactiveLimit: an airrun that is gone (kill -9) no longer renews its allocation, which then
     # ends (TIMEOUT, InactiveLimit) instead of holding its nodes to the time limit. Alive, it renews it;

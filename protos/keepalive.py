@@ -1,0 +1,25 @@
+"""How airrun knows a node daemon is still there while a step's stream is quiet.
+
+A step can print nothing for hours. A node daemon that is frozen, or a host cut off, then fails
+nothing: TCP sends nothing on an idle connection, and gRPC's own pings on a stream that carries no
+data are throttled to one a minute. So the node daemon sends a beat (a StepEvent with only `beat`
+set) after each BEAT_S without other events, and airrun, once it has had a beat on a stream, drops
+the stream after SILENCE_S without any message and follows the step again; its patience for the
+node (see aircli/run.py) then decides. A daemon from before beats sends none, and airrun waits on
+its streams as it did."""
+from __future__ import annotations
+
+BEAT_S = 2.0
+SILENCE_S = 4 * BEAT_S
+CONNECT_TIMEOUT_S = 5
+
+# airrun's channels to the node daemons
+CLIENT_OPTIONS = (
+    # a daemon that is back within seconds after a restart: retry often, not after backoff
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+    # a daemon that takes the connection but never speaks HTTP/2 (frozen) fails a call within this,
+    # not gRPC's default of 20 s
+    ("grpc.min_connect_timeout_ms", CONNECT_TIMEOUT_S * 1000),
+)
