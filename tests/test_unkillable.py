@@ -82,6 +82,8 @@ def test_only_processes_in_uninterruptible_sleep_count_as_stuck():
     assert not _all_stuck([]) and not _all_stuck([gone.pid])          # nothing left: nothing stuck
     sleeping = subprocess.Popen(["sleep", "60"])
     try:
+        # (a process just started can be in uninterruptible sleep a moment, reading its program in)
+        wait_for(lambda: psutil.Process(sleeping.pid).status() == psutil.STATUS_SLEEPING, what="sleep to sleep")
         assert not _all_stuck([sleeping.pid])                           # asleep, killable
         with _frozen([psutil.Process(sleeping.pid)]):
             sleeping.kill()
