@@ -556,7 +556,7 @@ class _Follower:
                 self.heard, self.silent = began, False
                 answered = False
                 self.call = self.stub.RunStep(pb.RunStepRequest(job_id=self.step.job_id, step_id=self.step.step_id,
-                                                                attach=attach))
+                                                                attach=attach, beats=True))
             try:
                 for event in self.call:
                     answered = True

@@ -496,7 +496,8 @@ class AgentService:
         who = self._identify(context, "RunStep", request)
         steps = self.agent.steps
         try:
-            events, stop = (steps.attach if request.attach else steps.run)(request.job_id, request.step_id, who.uid)
+            events, stop = (steps.attach if request.attach else steps.run)(request.job_id, request.step_id, who.uid,
+                                                                           beats=request.beats)
         except StepError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except StepLimit as e:

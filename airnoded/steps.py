@@ -237,7 +237,8 @@ class StepRunner:
                 if self._own_groups.get(key) == group:
                     del self._own_groups[key]
 
-    def attach(self, job_id: int, step_id: int, uid: int) -> tuple[Iterator[pb.StepEvent], Callable[[], None]]:
+    def attach(self, job_id: int, step_id: int, uid: int,
+               beats: bool = False) -> tuple[Iterator[pb.StepEvent], Callable[[], None]]:
         """Follow a step an earlier daemon started here (airrun again after a restart); once."""
         with self._lock:
             if self.detaching.is_set():
@@ -249,9 +250,10 @@ class StepRunner:
                 raise PermissionError(f"step {job_id}.{step_id} belongs to uid {stream.step.uid}")
             stream.attached.set()
             del self._adopted[(job_id, step_id)]
-        return stream.events(), stream.stop
+        return stream.events(beats), stream.stop
 
-    def run(self, job_id: int, step_id: int, uid: int) -> tuple[Iterator[pb.StepEvent], Callable[[], None]]:
+    def run(self, job_id: int, step_id: int, uid: int,
+            beats: bool = False) -> tuple[Iterator[pb.StepEvent], Callable[[], None]]:
         """Start this node's ranks; returns (events, stop). `uid` is the verified caller: the step's
         owner as the controller signed it, or root. Nothing is taken or counted before the checks."""
         with self._lock:
@@ -289,7 +291,7 @@ class StepRunner:
         except BaseException:
             stream.stop()
             raise
-        return stream.events(), stream.stop
+        return stream.events(beats), stream.stop
 
     def _started(self, key: RunKey, pgid: int, began: int | None = None) -> None:
         """A rank's process group, with its leader's start time (`began`: as its shepherd recorded it;
@@ -557,14 +559,15 @@ class _Stream:
                 log.warning("step %d.%d: %d bytes of rank %d's output are lost in the daemon's restart",
                             self.key[0], self.step.step_id, lost, self.rank_of[child])
 
-    def events(self) -> Iterator[pb.StepEvent]:
-        """The step's events, and a beat first and after each keepalive.BEAT_S without one (airrun's
-        sign that this daemon is there; the first tells it that this daemon sends them)."""
+    def events(self, beats: bool = False) -> Iterator[pb.StepEvent]:
+        """The step's events; with `beats` (an airrun that asks for them), also a beat first and after
+        each keepalive.BEAT_S without an event: its sign that this daemon is there."""
         remaining = self.ranks
         try:
-            yield pb.StepEvent(beat=True)
+            if beats:
+                yield pb.StepEvent(beat=True)
             while remaining:
-                event = self.outbox.get(keepalive.BEAT_S)
+                event = self.outbox.get(keepalive.BEAT_S if beats else None)
                 if event is QUIET:
                     yield pb.StepEvent(beat=True)
                     continue

@@ -54,6 +54,18 @@ def test_a_step_runs_its_ranks_and_gives_back_everything(runner):
     assert runner.idle == [(1, 0)]
 
 
+def test_beats_only_for_an_airrun_that_asks_first_and_on_every_quiet_spell(runner, monkeypatch):
+    monkeypatch.setattr(steps.keepalive, "BEAT_S", 0.2)
+    runner.prepare(_step(argv=("sh", "-c", "sleep 1.1; echo done")))
+    got = _drain(runner.run(1, 0, OWNER, beats=True)[0])
+    assert got[0].beat and not got[0].data   # at once: airrun knows this daemon beats
+    kinds = ["beat" if e.beat else "exit" if e.exited else e.data for e in got]
+    assert kinds.count("beat") >= 4 and kinds[-2:] == [b"done\n", "exit"], kinds   # a beat a quiet 0.2 s
+    assert not any(e.beat and (e.data or e.exited) for e in got)
+    runner.prepare(_step(step_id=1, argv=("sh", "-c", "sleep 0.5; echo done")))
+    assert not any(e.beat for e in _drain(runner.run(1, 1, OWNER)[0]))   # an airrun from before beats
+
+
 def test_airrun_going_away_ends_the_stream_and_frees_its_thread(runner):
     runner.prepare(_step(argv=("sleep", "30")))
     events, stop = runner.run(1, 0, OWNER)
