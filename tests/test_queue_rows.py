@@ -307,3 +307,24 @@ def test_replies_encoded_by_hand_are_the_messages_protobuf_would_write():
         assert pb.ListJobsReply.FromString(encode_rows(rows)).rendered == rows
     jobs = [pb.Job(job_id=i, user="u" * i) for i in (1, 2, 200)]
     assert pb.ListJobsReply.FromString(encode_job_list([j.SerializeToString() for j in jobs])).jobs == jobs
+
+
+def test_a_plain_airq_shows_the_jobs_a_controller_without_rendered_rows_sends(monkeypatch, capsys):
+    """A controller from before rendered rows answers a plain airq with its jobs: airq renders them."""
+    from air.aircli import client, queue
+    sent = []
+
+    class Older:
+        def __init__(self, config=None):
+            pass
+
+        def list_jobs_fields(self, request):
+            sent.append(request)
+            return {"jobs": [pb.Job(job_id=7, user="alice", partition="gpu", phase=JobPhase.PENDING,
+                                    reason=Reason.PRIORITY, request=pb.JobRequest(nodes=1, name="old")).SerializeToString()],
+                    "rendered": ""}
+
+    monkeypatch.setattr(client, "Client", Older)
+    assert client.run(queue.command, "airq", ["-h", "-u", "0", "-j", "7"]) == 0
+    assert capsys.readouterr().out.split() == ["7", "gpu", "old", "alice", "PD", "0:00", "1", "(Priority)"]
+    assert sent == [{"uids": [0], "job_ids": [7], "array_tasks": [], "rendered": True, "expand_arrays": False}]
