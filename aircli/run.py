@@ -317,10 +317,10 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
         channel = grpc.insecure_channel(node.address, options=list(keepalive.CLIENT_OPTIONS))
         stub = rpc.NodeAgentStub(signed(channel, auth, node.node))
         follower = _Follower(node.node, stub, step, len(node.ranks), events, patience)
-        channel.subscribe(follower.connectivity)
         followers.append(follower)
         threading.Thread(target=follower.run, daemon=True).start()
-        threading.Thread(target=follower.watch, daemon=True).start()
+    watched = threading.Event()
+    threading.Thread(target=_watch, args=(followers, watched), daemon=True).start()
 
     out, err = sys.stdout.buffer, sys.stderr.buffer
     remaining, streams_left = step.world_size, len(followers)
@@ -377,6 +377,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
     finally:
         if own_allocation:   # its outcome and the release are not interrupted
             _hold_signals()
+        watched.set()
         for follower in followers:
             follower.cancel()
         if files:
@@ -498,36 +499,40 @@ class _Follower:
         self.exited: set[int] = set()
         self.call = None
         self.cancelled = False
-        self.lost = False   # its stream broke and it is following again: no event since
+        self.lost = False   # its stream broke, or its daemon went silent, and no event since
         self.lock = threading.Lock()
-        self.ready = False   # the channel is connected to the node daemon (HTTP/2 up)
-        self.connected = 0   # times it got there
-        self.heard = 0.0     # (monotonic) the current call's start or last message
-        self.beats = False   # its daemon sends beats (protos/keepalive.py): silence means it is gone
-        self.silent = False  # the watch dropped the current call for its silence
-        self.done = False
+        self.heard = time.monotonic()   # the current call's start or last message
+        self.beats = False   # its daemon sends beats (protos/keepalive.py): a silence means it is gone
+        self.ended = False   # its one ("end", ...) is sent
 
-    def connectivity(self, state) -> None:
-        """The channel's state changes (from gRPC's thread)."""
-        import grpc
+    def _end(self, problem: str) -> None:
+        """Tell the step this node's part is over (with a problem: the node is lost); once."""
         with self.lock:
-            if state == grpc.ChannelConnectivity.READY and not self.ready:
-                self.connected += 1
-            self.ready = state == grpc.ChannelConnectivity.READY
+            if self.ended:
+                return
+            self.ended = True
+        self.events.put(("end", problem))
 
-    def watch(self) -> None:
-        """Drop a call that has nothing for keepalive.SILENCE_S from a daemon that sends beats: it is
-        frozen or its host cut off (run() follows the step again, within its patience)."""
+    def check(self, now: float) -> None:
+        """(the watch, every second) A daemon that sends beats and has said nothing for
+        keepalive.SILENCE_S is frozen or cut off: the node is lost meanwhile, and given up after the
+        patience. Its call is left as it is: cancelling it would have a daemon that is only slow
+        kill the ranks (the step's end cancels it, once the node is given up)."""
         from air.protos import keepalive
-        while True:
-            time.sleep(min(1.0, keepalive.BEAT_S / 2))
-            with self.lock:
-                if self.done:
-                    return
-                if self.call is not None and self.beats and not self.silent \
-                        and time.monotonic() - self.heard > keepalive.SILENCE_S:
-                    self.silent = True
-                    self.call.cancel()
+        with self.lock:
+            if not self.beats or self.ended or self.cancelled:
+                return
+            silence = now - self.heard
+            if silence > keepalive.SILENCE_S:
+                self.lost = True
+            give_up = silence > keepalive.SILENCE_S + self.patience
+        if give_up:
+            self._end(f"{self.node}: no word from its node daemon for {silence:.0f} s")
+
+    def stalled(self, now: float) -> None:
+        """airrun itself was stopped (Ctrl-Z, a paused VM): the silence was its own."""
+        with self.lock:
+            self.heard = max(self.heard, now)
 
     def cancel(self) -> None:
         with self.lock:
@@ -536,67 +541,71 @@ class _Follower:
                 self.call.cancel()
 
     def run(self) -> None:
-        try:
-            self._follow()
-        finally:
-            with self.lock:
-                self.done = True
-
-    def _follow(self) -> None:
         import grpc
         from air.protos import air_pb2 as pb
-        from air.protos import keepalive
         attach, lost_since, problem = False, None, ""
         while True:
             began = time.monotonic()
             with self.lock:
                 if self.cancelled:
-                    return self.events.put(("end", ""))
-                reached = self.ready, self.connected   # (whether this call got to the daemon: see below)
-                self.heard, self.silent = began, False
-                answered = False
+                    return self._end("")
+                if self.ended:
+                    return
+                self.heard = began
                 self.call = self.stub.RunStep(pb.RunStepRequest(job_id=self.step.job_id, step_id=self.step.step_id,
                                                                 attach=attach, beats=True))
+            answered = False
             try:
                 for event in self.call:
                     answered = True
                     with self.lock:
+                        if self.ended:   # (given up meanwhile: nothing more of it counts)
+                            return
                         self.heard = time.monotonic()
                         self.beats = self.beats or event.beat
+                    lost_since, self.lost = None, False
                     if event.beat:
                         continue
-                    lost_since, self.lost = None, False
                     if event.exited:
                         if event.rank in self.exited:
                             continue   # seen before the daemon restarted
                         self.exited.add(event.rank)
                     self.events.put(("event", event))
                 if len(self.exited) >= self.ranks:
-                    return self.events.put(("end", ""))
+                    return self._end("")
                 problem = "its node daemon stopped"
             except grpc.RpcError as e:
                 if self.cancelled:
-                    return self.events.put(("end", ""))
+                    return self._end("")
                 # the daemon is away (restarting) or went away mid-stream: follow again; anything else is final
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-                    return self.events.put(("end", f"{self.node}: {e.details() or e.code().name}"))
-                problem = f"no word from its node daemon for {keepalive.SILENCE_S:g} s" if self.silent else \
-                    e.details() or e.code().name
+                    return self._end(f"{self.node}: {e.details() or e.code().name}")
+                problem = e.details() or e.code().name
             self.lost = True
             now = time.monotonic()
-            with self.lock:
-                # a call its daemon answered is a new loss when it breaks; one that waited on a daemon
-                # that never answered (frozen, cut off) goes on with the loss before it. From a daemon
-                # without beats, a quiet call up a while counts as answered once the channel got there.
-                if not answered and not self.beats and now - began > 1.0:
-                    answered = reached[0] or self.connected > reached[1]
-            if answered:
+            # a call its daemon answered is a new loss when it breaks; one that waited on a daemon that
+            # never answered (frozen, cut off) goes on with the loss before it. A daemon without beats
+            # says nothing on a quiet step: a call of its that was up a while counts as answered.
+            if answered or (not self.beats and now - began > 1.0):
                 lost_since = None
             lost_since = lost_since or now
             if now - lost_since > self.patience:
-                return self.events.put(("end", f"{self.node}: {problem}"))
+                return self._end(f"{self.node}: {problem}")
             attach = True
             time.sleep(0.25)
+
+
+def _watch(followers: list[_Follower], done: threading.Event) -> None:
+    """One thread for all of a step's nodes: each follower's silence checked every second."""
+    last = time.monotonic()
+    while not done.wait(1.0):
+        now = time.monotonic()
+        for follower in followers:
+            if now - last > 3.0:   # (this process was stopped: nobody was silent)
+                follower.stalled(now)
+            else:
+                follower.check(now)
+        last = now
 
 
 main = entry(command, "airrun")

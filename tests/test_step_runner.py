@@ -218,3 +218,15 @@ def test_a_rank_the_fence_stopped_says_so_and_one_that_was_killed_otherwise_does
     events, stop = runner.run(4, 0, OWNER)
     assert runner.signal(4, 0, 15)
     assert [(e.exit_signal, e.fenced) for e in _drain(events) if e.exited] == [(15, False)]
+
+
+def test_an_outbox_says_quiet_after_its_timeout_and_still_hands_out_what_comes():
+    from air.airnoded.outbox import QUIET, Outbox
+    box = Outbox(4, 1000)
+    began = time.monotonic()
+    assert box.get(0.2) is QUIET and time.monotonic() - began >= 0.2
+    event = pb.StepEvent(rank=1, data=b"x\n")
+    threading.Timer(0.1, lambda: box.put(event, lambda: False)).start()
+    assert box.get(5.0) is event   # (woken by the put, not at the timeout)
+    box.close()
+    assert box.get(0.2) is None and box.get() is None

@@ -156,6 +156,33 @@ def test_airrun_gives_up_a_frozen_node_instead_of_waiting_on_its_quiet_stream_fo
     wait_for(lambda: not _step_processes(), timeout=30, what="no rank left")
 
 
+def test_airrun_stopped_a_while_does_not_take_its_own_silence_for_its_nodes(cluster):
+    # Ctrl-Z then fg, a paused VM: airrun heard nothing for longer than a node may be silent, because
+    # it was stopped itself. The step goes on.
+    import os
+    import signal
+    import time
+    script = cluster.write_script("paused.sh", "#!/bin/sh\nairrun sh -c 'sleep 16; echo survived'\necho airrun=$?\n")
+    job_id = cluster.submit(script)
+    cluster.wait_state(job_id, "RUNNING", timeout=20)
+    wait_for(lambda: [p for p in psutil.process_iter(["cmdline"])
+                      if (p.info["cmdline"] or [])[-1:] == ["sleep 16; echo survived"]], timeout=20,
+             what="the step's rank")
+    airrun = [p for p in psutil.process_iter(["cmdline"])
+              if any(a.endswith("/airrun") for a in p.info["cmdline"] or [])
+              and (p.info["cmdline"] or [])[-1:] == ["sleep 16; echo survived"]]
+    assert len(airrun) == 1, airrun
+    time.sleep(1)   # (the stream's first beat has reached airrun)
+    os.kill(airrun[0].pid, signal.SIGSTOP)
+    try:
+        time.sleep(12)   # longer than the silence airrun takes a node for lost, plus its patience
+    finally:
+        os.kill(airrun[0].pid, signal.SIGCONT)
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=40)
+    out = (cluster.work / f"air-{job_id}.out").read_text()
+    assert job["state"] == "COMPLETED" and "survived" in out and "airrun=0" in out, out
+
+
 def test_airrun_killed_outside_a_job_loses_its_allocation_at_the_inactive_limit_and_signals_reach_its_step(cluster):
     # Slurm's InactiveLimit: an airrun that is gone (kill -9) no longer renews its allocation, which then
     # ends (TIMEOUT, InactiveLimit) instead of holding its nodes to the time limit. Alive, it renews it;
