@@ -18,14 +18,32 @@ from air.protos.states import NodeState
 log = logging.getLogger("airctld")
 
 
+class _Received:
+    """A request as parsed, with the bytes it came in (what a caller's credential is bound to)."""
+    __slots__ = ("message", "data")
+
+    def __init__(self, message, data: bytes):
+        self.message, self.data = message, data
+
+
+def _received(message_type):
+    """A deserializer that keeps the request's bytes beside the message (see _Received)."""
+    def parse(data: bytes) -> _Received:
+        return _Received(message_type.FromString(data), data)
+    return parse
+
+
 def _handle(fn):
     @functools.wraps(fn)
     def wrapper(self, request, context):
         began, code = time.perf_counter(), None
         me = threading.get_ident()
         self.c.rpcs_in_flight.add(me)   # (all workers busy: see Controller._inactive)
+        data = None
+        if isinstance(request, _Received):
+            request, data = request.message, request.data
         try:
-            who = self.auth.identify(context, f"/{self.SERVICE}/{fn.__name__}", request, self.target)
+            who = self.auth.identify(context, f"/{self.SERVICE}/{fn.__name__}", request, self.target, data)
             try:
                 reply = fn(self, request, context, who)
                 code = grpc.StatusCode.OK
@@ -214,29 +232,29 @@ def handlers(controller: Controller, auth) -> list[grpc.GenericRpcHandler]:
     cs, rs = ControllerService(controller, auth), RegistryService(controller, auth)
     unary = grpc.unary_unary_rpc_method_handler
     controller_methods = {
-        "Submit": unary(cs.Submit, pb.SubmitRequest.FromString, pb.SubmitReply.SerializeToString),
-        "Cancel": unary(cs.Cancel, pb.CancelRequest.FromString, pb.CancelReply.SerializeToString),
-        "Requeue": unary(cs.Requeue, pb.JobFilter.FromString, pb.CancelReply.SerializeToString),
-        "Hold": unary(cs.Hold, pb.HoldRequest.FromString, pb.CancelReply.SerializeToString),
-        "UpdateJob": unary(cs.UpdateJob, pb.UpdateJobRequest.FromString, pb.CancelReply.SerializeToString),
-        "ListJobs": unary(cs.ListJobs, pb.JobFilter.FromString, _identity),
-        "GetJob": unary(cs.GetJob, pb.GetJobRequest.FromString, pb.Job.SerializeToString),
-        "ListNodes": unary(cs.ListNodes, pb.ListNodesRequest.FromString, pb.ListNodesReply.SerializeToString),
-        "CreateStep": unary(cs.CreateStep, pb.StepSpec.FromString, pb.Step.SerializeToString),
-        "EndStep": unary(cs.EndStep, pb.StepEnd.FromString, pb.CancelReply.SerializeToString),
-        "KeepAlive": unary(cs.KeepAlive, pb.JobFilter.FromString, pb.KeepAliveReply.SerializeToString),
-        "UpdateNode": unary(cs.UpdateNode, pb.UpdateNodeRequest.FromString, pb.Node.SerializeToString),
-        "InjectFault": unary(cs.InjectFault, pb.FaultRequest.FromString, pb.FaultReply.SerializeToString),
-        "GetNode": unary(cs.GetNode, pb.GetNodeRequest.FromString, pb.Node.SerializeToString),
-        "Reports": unary(cs.Reports, pb.ReportsRequest.FromString, pb.ReportsReply.SerializeToString),
-        "History": unary(cs.History, pb.HistoryRequest.FromString, pb.HistoryReply.SerializeToString),
-        "Pending": unary(cs.Pending, pb.JobFilter.FromString, pb.PendingReply.SerializeToString),
-        "Shares": unary(cs.Shares, pb.SharesRequest.FromString, pb.SharesReply.SerializeToString),
-        "UpdateAccount": unary(cs.UpdateAccount, pb.AccountRequest.FromString, pb.SharesReply.SerializeToString),
+        "Submit": unary(cs.Submit, _received(pb.SubmitRequest), pb.SubmitReply.SerializeToString),
+        "Cancel": unary(cs.Cancel, _received(pb.CancelRequest), pb.CancelReply.SerializeToString),
+        "Requeue": unary(cs.Requeue, _received(pb.JobFilter), pb.CancelReply.SerializeToString),
+        "Hold": unary(cs.Hold, _received(pb.HoldRequest), pb.CancelReply.SerializeToString),
+        "UpdateJob": unary(cs.UpdateJob, _received(pb.UpdateJobRequest), pb.CancelReply.SerializeToString),
+        "ListJobs": unary(cs.ListJobs, _received(pb.JobFilter), _identity),
+        "GetJob": unary(cs.GetJob, _received(pb.GetJobRequest), pb.Job.SerializeToString),
+        "ListNodes": unary(cs.ListNodes, _received(pb.ListNodesRequest), pb.ListNodesReply.SerializeToString),
+        "CreateStep": unary(cs.CreateStep, _received(pb.StepSpec), pb.Step.SerializeToString),
+        "EndStep": unary(cs.EndStep, _received(pb.StepEnd), pb.CancelReply.SerializeToString),
+        "KeepAlive": unary(cs.KeepAlive, _received(pb.JobFilter), pb.KeepAliveReply.SerializeToString),
+        "UpdateNode": unary(cs.UpdateNode, _received(pb.UpdateNodeRequest), pb.Node.SerializeToString),
+        "InjectFault": unary(cs.InjectFault, _received(pb.FaultRequest), pb.FaultReply.SerializeToString),
+        "GetNode": unary(cs.GetNode, _received(pb.GetNodeRequest), pb.Node.SerializeToString),
+        "Reports": unary(cs.Reports, _received(pb.ReportsRequest), pb.ReportsReply.SerializeToString),
+        "History": unary(cs.History, _received(pb.HistoryRequest), pb.HistoryReply.SerializeToString),
+        "Pending": unary(cs.Pending, _received(pb.JobFilter), pb.PendingReply.SerializeToString),
+        "Shares": unary(cs.Shares, _received(pb.SharesRequest), pb.SharesReply.SerializeToString),
+        "UpdateAccount": unary(cs.UpdateAccount, _received(pb.AccountRequest), pb.SharesReply.SerializeToString),
     }
     registry_methods = {
-        "Register": unary(rs.Register, pb.RegisterRequest.FromString, pb.RegisterReply.SerializeToString),
-        "Heartbeat": unary(rs.Heartbeat, pb.HeartbeatRequest.FromString, pb.HeartbeatReply.SerializeToString),
+        "Register": unary(rs.Register, _received(pb.RegisterRequest), pb.RegisterReply.SerializeToString),
+        "Heartbeat": unary(rs.Heartbeat, _received(pb.HeartbeatRequest), pb.HeartbeatReply.SerializeToString),
     }
     return [grpc.method_handlers_generic_handler("air.v1.Controller", controller_methods),
             grpc.method_handlers_generic_handler("air.v1.NodeRegistry", registry_methods)]

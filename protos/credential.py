@@ -57,7 +57,8 @@ class StatedIds:
     def metadata(self, method: str = "", target: str = "", request: bytes = b"") -> tuple[tuple[str, str], ...]:
         return ((UID_KEY, str(os.getuid())), (GID_KEY, str(os.getgid())))
 
-    def identify(self, context: grpc.ServicerContext, method: str = "", request=None, target: str = "") -> Identity:
+    def identify(self, context: grpc.ServicerContext, method: str = "", request=None, target: str = "",
+                 data: bytes | None = None) -> Identity:
         import grpc
         md = dict(context.invocation_metadata())
         try:
@@ -81,7 +82,13 @@ class MungeCredentials:
         except MungeError as e:
             raise CredentialError(f"cannot get a MUNGE credential: {e}") from None
 
-    def identify(self, context: grpc.ServicerContext, method: str, request, target: str) -> Identity:
+    def identify(self, context: grpc.ServicerContext, method: str, request, target: str,
+                 data: bytes | None = None) -> Identity:
+        """The caller's identity from its credential, which must be bound to this method, this receiver
+        and this request: to the bytes it came in (`data`, where the server kept them), or to the
+        request's deterministic serialization here. The bytes are what a caller that writes its own
+        (protos.protowire) signs; a serialization can differ between protobuf's versions and
+        backends (the order of a map's keys), the bytes received cannot."""
         import grpc
         from air.protos import munge
         cred = dict(context.invocation_metadata()).get(CRED_KEY)
@@ -97,6 +104,8 @@ class MungeCredentials:
                    munge.EMUNGE_SOCKET: "this daemon cannot reach munged"}.get(e.code)
             context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{why or 'the MUNGE credential was refused'}: {e}")
             raise
+        if data is not None and payload == binding(method, target, data):
+            return Identity(uid, gid)
         mismatch = _mismatch(payload, binding(method, target, request_bytes(request)))
         if mismatch:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, f"the MUNGE credential was made for {mismatch}")

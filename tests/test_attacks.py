@@ -288,6 +288,24 @@ def test_captured_credential_cannot_be_replayed_on_another_method_request_or_nod
     cluster.cli("aircancel", str(job_id))
 
 
+def test_a_credential_bound_to_the_bytes_sent_passes_whatever_order_they_keep_a_map_in(cluster, munged, monkeypatch):
+    """airbatch writes its own bytes (protos.protowire). A map's keys in another order than this
+    protobuf's deterministic serialization (upb's today; another version or backend may differ) still
+    authenticate: the controller checks the credential against the bytes it received."""
+    from air.aircli.client import CliError, Client
+    from air.protos import protowire, schemas
+    monkeypatch.setattr(protowire, "_map_order", lambda key: key.encode())   # plain byte order
+    values = {"job": {"script": "#!/bin/sh\ntrue\n", "workdir": str(cluster.work), "hold": True,
+                      "environment": {"TERM": "xterm", "TERM_PROGRAM": "x", "LANG": "C", "LANGUAGE": "en"}}}
+    data = protowire.encode(schemas.SubmitRequest, values)
+    assert data != pb.SubmitRequest.FromString(data).SerializeToString(deterministic=True)   # (the case)
+    before = cluster.db_rows()
+    with pytest.raises(CliError) as e:   # (root has no account here: past its credential, refused for that)
+        Client(str(cluster.config))._send("/air.v1.Controller/Submit", data, 30)
+    assert str(e.value) == "user root belongs to no account; ask an administrator to add them to one"
+    assert cluster.db_rows() == before
+
+
 def test_a_user_cannot_call_the_node_daemons_rpcs(cluster, munged):
     job_id = cluster.submit(cluster.write_script("target.sh", "#!/bin/sh\nsleep 30\n"), user="airtest-a")
     node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
