@@ -13,19 +13,24 @@ What was made during a pause is moved to the oldest generation when the collecto
 of 100,000 jobs set off a young collection that walked them all, then the next generation's, then a
 full one: a quarter of a second, on the reply's way out, that freed nothing. What lives on (the jobs'
 new versions) belongs to the oldest generation anyway; what is garbage is freed by its reference
-count, or by the next full collection if it is in a cycle."""
+count, or, in a cycle, by the full collection that `settle` runs from the controller's loop
+SETTLE_S after the last bulk change (Python would otherwise start one only once the oldest
+generation grew by a quarter, towards which what was moved there does not count)."""
 from __future__ import annotations
 
 import contextlib
 import gc
 import threading
+import time
 from typing import Iterator
 
 BULK = 1000
+SETTLE_S = 10.0   # after the last bulk change: a full collection, for the cycles it moved unwalked
 
 _lock = threading.Lock()
 _pausing = 0          # changes under way that paused it
 _resume = False       # whether it ran before the first of them
+_owed: float | None = None   # (monotonic) when a bulk change last moved young objects to the oldest generation
 
 
 @contextlib.contextmanager
@@ -49,3 +54,19 @@ def paused(jobs: int) -> Iterator[None]:
                 gc.freeze()    # (every tracked object, the pause's included, to the permanent generation,
                 gc.unfreeze()  # then all of it to the oldest: nothing walked, no young collection owed)
                 gc.enable()
+                global _owed
+                _owed = time.monotonic()
+
+
+def settle(now: float | None = None) -> bool:
+    """A full collection, once SETTLE_S have passed since the last bulk change moved objects to the
+    oldest generation unwalked (whatever cycles were among them are freed); whether it ran. For a
+    loop that runs between requests, not on their way."""
+    global _owed
+    now = time.monotonic() if now is None else now
+    with _lock:
+        if _owed is None or _pausing or now - _owed < SETTLE_S or not gc.isenabled():
+            return False
+        _owed = None
+    gc.collect()
+    return True

@@ -159,6 +159,7 @@ class Controller:
                 log.error("controller pass failed: %s", e)
             except Exception:
                 log.exception("controller pass failed")
+            collector.settle()   # (after a bulk change: its full collection, here, not on a request's way)
             # a pass over a long queue takes a while: leave the CPU to requests for as long again
             self._stopping.wait(max(min_interval, self.passes.pass_seconds))
 

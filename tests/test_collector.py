@@ -1,6 +1,7 @@
 """The garbage collector is paused while many jobs change at once, and always runs again after."""
 import gc
 import threading
+import time
 
 import pytest
 
@@ -60,8 +61,10 @@ def test_what_a_pause_made_is_old_after_it_and_a_cycle_of_it_is_still_freed():
     assert not young & {id(o) for o in made[::1000]}
     assert gc.get_count()[0] < 1000   # no young collection owed for them
     assert cycle() is not None
-    gc.collect()
+    assert not collector.settle(time.monotonic())                        # not yet: right after the change
+    assert collector.settle(time.monotonic() + collector.SETTLE_S)      # its full collection, later
     assert cycle() is None
+    assert not collector.settle(time.monotonic() + 2 * collector.SETTLE_S)   # once
 
 
 def test_a_collector_turned_off_by_the_operator_stays_off():
