@@ -149,7 +149,7 @@ class Client:
         try:
             data = protowire.encode(request_schema, request)
         except ValueError as e:   # (a value its field cannot hold: the options bound those they take)
-            raise CliError(f"a value out of range: {e}") from None
+            raise CliError(f"cannot send this request: {e}") from None
         reply = self._send(f"/{schemas.SERVICE}/{name}", data, timeout)
         try:
             return protowire.decode(reply_schema, reply)

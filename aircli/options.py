@@ -127,7 +127,9 @@ def convert(opt: Opt, value: str | None) -> object:
     out = _convert(opt, value)
     most = _MAXIMA.get(opt.kind)
     if most is not None and any(abs(n) > most for n in (out if isinstance(out, tuple) else (out,))):
-        raise OptionError(f"{opt.long}={value!r}: out of range (at most {most:,})")
+        bound = {"int": f"from {-most:,} to {most:,}", "time": f"at most {most // 60:,} minutes",
+                 "size": f"at most {most:,} MB"}.get(opt.kind, f"at most {most:,}")
+        raise OptionError(f"{opt.long}={value!r}: out of range ({bound})")
     return out
 
 

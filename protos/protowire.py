@@ -111,29 +111,46 @@ def encode(schema: Message, values: dict) -> bytes:
     for f in sorted(schema.fields, key=lambda f: f.number):
         if f.name not in values:
             continue
-        value = values[f.name]
-        if f.kind == MAP:
-            if f.key != STRING:
-                raise NotImplementedError(f"{schema.name}.{f.name}: maps with {f.key} keys")
-            for key in sorted(value, key=_map_order):
-                body = _entry(f.key, f.value, key, value[key])
-                out += _varint(f.number << 3 | 2) + _varint(len(body)) + body
-        elif f.kind == MESSAGE:
-            for one in (value if f.repeated else [value]):
-                body = bytes(one) if f.message.fields is None else encode(f.message, one)
-                out += _varint(f.number << 3 | 2) + _varint(len(body)) + body
-        elif f.repeated and f.kind in (STRING, BYTES):
-            for one in value:
-                out += _varint(f.number << 3 | 2) + _scalar(f.kind, one)
-        elif f.repeated:   # numbers: packed
-            if value:
-                body = b"".join(_scalar(f.kind, one) for one in value)
-                out += _varint(f.number << 3 | 2) + _varint(len(body)) + body
-        elif not _is_default(f.kind, value):
+        try:
+            out += _field(f, values[f.name])
+        except UnicodeEncodeError as e:   # (a lone surrogate: what a non-UTF-8 byte becomes in a str)
+            raise ValueError(f"{schema.name}.{f.name}: {_where(e)}is not UTF-8 text") from None
+        except ValueError as e:
+            raise ValueError(f"{schema.name}.{f.name}: {e}") from None
+    return bytes(out)
+
+
+def _where(e: UnicodeEncodeError) -> str:
+    return f"{e.object[:40]!r} " if isinstance(e.object, str) else ""
+
+
+def _field(f: Field, value) -> bytes:
+    """One field's tags and payloads (nothing for a default)."""
+    out = bytearray()
+    if f.kind == MAP:
+        if f.key != STRING:
+            raise NotImplementedError(f"maps with {f.key} keys")
+        for key in sorted(value, key=_map_order):
             try:
-                out += _varint(f.number << 3 | _wiretype(f.kind)) + _scalar(f.kind, value)
+                body = _entry(f.key, f.value, key, value[key])
+            except UnicodeEncodeError as e:
+                raise ValueError(f"[{key!r}]: {_where(e)}is not UTF-8 text") from None
             except ValueError as e:
-                raise ValueError(f"{schema.name}.{f.name}: {e}") from None
+                raise ValueError(f"[{key!r}]: {e}") from None
+            out += _varint(f.number << 3 | 2) + _varint(len(body)) + body
+    elif f.kind == MESSAGE:
+        for one in (value if f.repeated else [value]):
+            body = bytes(one) if f.message.fields is None else encode(f.message, one)
+            out += _varint(f.number << 3 | 2) + _varint(len(body)) + body
+    elif f.repeated and f.kind in (STRING, BYTES):
+        for one in value:
+            out += _varint(f.number << 3 | 2) + _scalar(f.kind, one)
+    elif f.repeated:   # numbers: packed
+        if value:
+            body = b"".join(_scalar(f.kind, one) for one in value)
+            out += _varint(f.number << 3 | 2) + _varint(len(body)) + body
+    elif not _is_default(f.kind, value):
+        out += _varint(f.number << 3 | _wiretype(f.kind)) + _scalar(f.kind, value)
     return bytes(out)
 
 

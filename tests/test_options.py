@@ -64,11 +64,11 @@ def test_short_forms_gres_flags_and_values():
     (["--signal=USR1@x"], "whole seconds"),
     (["--nice=low"], "--nice='low': give a whole number"),
     # (more than the request's fields hold: one line, before anything is sent)
-    (["--nice=-2147483648"], r"--nice='-2147483648': out of range \(at most 2,147,483,647\)"),
+    (["--nice=-2147483648"], r"--nice='-2147483648': out of range \(from -2,147,483,647 to 2,147,483,647\)"),
     (["-N", "4294967296"], "--nodes='4294967296': out of range"),
     (["--gpus-per-node=h100:4294967296"], "out of range"),
-    (["--mem=2000000T"], "--mem='2000000T': out of range"),
-    (["-t", "99999999999"], "--time='99999999999': out of range"),
+    (["--mem=2000000T"], r"--mem='2000000T': out of range \(at most 1,099,511,627,776 MB\)"),
+    (["-t", "99999999999"], r"--time='99999999999': out of range \(at most 71,582,788 minutes\)"),
     (["--switches=1@99999999999"], "out of range"),
 ])
 def test_bad_values_are_named(tokens, message):
