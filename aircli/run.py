@@ -502,7 +502,8 @@ class _Follower:
         self.lost = False   # its stream broke, or its daemon went silent, and no event since
         self.lock = threading.Lock()
         self.heard = time.monotonic()   # the current call's start or last message
-        self.beats = False   # its daemon sends beats (protos/keepalive.py): a silence means it is gone
+        self.beats = False   # the current call had a beat (protos/keepalive.py): silence means its daemon is gone
+        self.beating = False  # some call had one: this node's daemon sends them
         self.ended = False   # its one ("end", ...) is sent
 
     def _end(self, problem: str) -> None:
@@ -551,7 +552,7 @@ class _Follower:
                     return self._end("")
                 if self.ended:
                     return
-                self.heard = began
+                self.heard, self.beats = began, False   # (each call its own: a restart may bring an older daemon)
                 self.call = self.stub.RunStep(pb.RunStepRequest(job_id=self.step.job_id, step_id=self.step.step_id,
                                                                 attach=attach, beats=True))
             answered = False
@@ -563,6 +564,7 @@ class _Follower:
                             return
                         self.heard = time.monotonic()
                         self.beats = self.beats or event.beat
+                        self.beating = self.beating or event.beat
                     lost_since, self.lost = None, False
                     if event.beat:
                         continue
@@ -586,7 +588,7 @@ class _Follower:
             # a call its daemon answered is a new loss when it breaks; one that waited on a daemon that
             # never answered (frozen, cut off) goes on with the loss before it. A daemon without beats
             # says nothing on a quiet step: a call of its that was up a while counts as answered.
-            if answered or (not self.beats and now - began > 1.0):
+            if answered or (not self.beating and now - began > 1.0):
                 lost_since = None
             lost_since = lost_since or now
             if now - lost_since > self.patience:

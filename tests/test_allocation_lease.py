@@ -201,7 +201,7 @@ def test_every_rpc_counts_as_a_busy_worker_while_it_runs(controller):
     from air.airctld.service import ControllerService
 
     class Auth:
-        def identify(self, context, method, request, target):
+        def identify(self, context, method, request, target, data=None):
             return ALICE
 
     c, clock = controller
