@@ -128,7 +128,9 @@ def convert(opt: Opt, value: str | None) -> object:
     most = _MAXIMA.get(opt.kind)
     if most is not None and any(abs(n) > most for n in (out if isinstance(out, tuple) else (out,))):
         bound = {"int": f"from {-most:,} to {most:,}", "time": f"at most {most // 60:,} minutes",
-                 "size": f"at most {most:,} MB"}.get(opt.kind, f"at most {most:,}")
+                 "size": f"at most {most:,} MB",
+                 "switches": f"at most {most:,} switches, waiting at most {most // 60:,} minutes"
+                 }.get(opt.kind, f"at most {most:,}")
         raise OptionError(f"{opt.long}={value!r}: out of range ({bound})")
     return out
 
@@ -448,4 +450,12 @@ def export_environment(spec: str, env: dict[str, str]) -> dict[str, str]:
             out[name] = value
         elif name in env:
             out[name] = env[name]
+    for name, value in out.items():   # (a request carries text: name a variable it cannot, not its value)
+        try:
+            name.encode()
+            value.encode()
+        except UnicodeEncodeError:
+            raise OptionError(f"environment variable {name.encode(errors='replace').decode()!r} is not UTF-8 "
+                              f"text, which a job cannot be given: unset it, or name what to pass with --export"
+                              ) from None
     return out

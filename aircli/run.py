@@ -83,7 +83,7 @@ def command(ctx, nodes, ntasks_per_node, nodelist, gpus_per_task, label, kill_on
     if hetstep.SEPARATOR in command:   # `srun A : B`: a heterogeneous job's components, each its own step
         sys.exit(hetstep.run(ctx.command, ctx.info_name, ctx.meta["argv"]))
     try:
-        environment = export_environment(export, dict(os.environ)) if export else dict(os.environ)
+        environment = export_environment(export or "ALL", dict(os.environ))   # (checked: UTF-8 text)
     except OptionError as e:
         raise CliError(str(e)) from None
     if het_group is not None or (os.environ.get("SLURM_HET_SIZE") and not (nodelist or nodes)):
@@ -517,8 +517,9 @@ class _Follower:
     def check(self, now: float) -> None:
         """(the watch, every second) A daemon that sends beats and has said nothing for
         keepalive.SILENCE_S is frozen or cut off: the node is lost meanwhile, and given up after the
-        patience. Its call is left as it is: cancelling it would have a daemon that is only slow
-        kill the ranks (the step's end cancels it, once the node is given up)."""
+        patience. Its call is left alone until then: cancelling it would have a daemon that is only
+        slow kill the ranks. Given up, the call is cancelled: that node's ranks are killed when its
+        daemon comes back, rather than block on output nobody reads."""
         from air.protos import keepalive
         with self.lock:
             if not self.beats or self.ended or self.cancelled:
@@ -527,8 +528,10 @@ class _Follower:
             if silence > keepalive.SILENCE_S:
                 self.lost = True
             give_up = silence > keepalive.SILENCE_S + self.patience
+            call = self.call
         if give_up:
             self._end(f"{self.node}: no word from its node daemon for {silence:.0f} s")
+            call.cancel()
 
     def stalled(self, now: float) -> None:
         """airrun itself was stopped (Ctrl-Z, a paused VM): the silence was its own."""
@@ -553,11 +556,16 @@ class _Follower:
                 if self.ended:
                     return
                 self.heard, self.beats = began, False   # (each call its own: a restart may bring an older daemon)
-                self.call = self.stub.RunStep(pb.RunStepRequest(job_id=self.step.job_id, step_id=self.step.step_id,
-                                                                attach=attach, beats=True))
+            # (made outside the lock: signing it may wait on munged, and the watch and cancel() take the lock)
+            call = self.stub.RunStep(pb.RunStepRequest(job_id=self.step.job_id, step_id=self.step.step_id,
+                                                       attach=attach, beats=True))
+            with self.lock:
+                self.call = call
+                if self.cancelled or self.ended:
+                    call.cancel()
             answered = False
             try:
-                for event in self.call:
+                for event in call:
                     answered = True
                     with self.lock:
                         if self.ended:   # (given up meanwhile: nothing more of it counts)
@@ -588,12 +596,15 @@ class _Follower:
             # a call its daemon answered is a new loss when it breaks; one that waited on a daemon that
             # never answered (frozen, cut off) goes on with the loss before it. A daemon without beats
             # says nothing on a quiet step: a call of its that was up a while counts as answered.
-            if answered or (not self.beating and now - began > 1.0):
+            reached = answered or (not self.beating and now - began > 1.0)
+            if reached:
                 lost_since = None
             lost_since = lost_since or now
             if now - lost_since > self.patience:
                 return self._end(f"{self.node}: {problem}")
-            attach = True
+            # attach only to a step the daemon has started: a first call that never reached it (a stalled
+            # connection) starts it again, since attach finds only steps a daemon adopted
+            attach = attach or reached
             time.sleep(0.25)
 
 

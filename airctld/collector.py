@@ -55,11 +55,11 @@ def paused(jobs: int) -> Iterator[None]:
                 gc.unfreeze()  # then all of it to the oldest: nothing walked, no young collection owed)
                 gc.enable()
                 global _owed
-                _owed = time.monotonic()
+                _owed = _owed or time.monotonic()   # (the earliest: bulk changes every few seconds cannot put it off)
 
 
 def settle(now: float | None = None) -> bool:
-    """A full collection, once SETTLE_S have passed since the last bulk change moved objects to the
+    """A full collection, once SETTLE_S have passed since a bulk change first moved objects to the
     oldest generation unwalked (whatever cycles were among them are freed); whether it ran. For a
     loop that runs between requests, not on their way."""
     global _owed

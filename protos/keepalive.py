@@ -13,7 +13,6 @@ from __future__ import annotations
 
 BEAT_S = 2.0
 SILENCE_S = 4 * BEAT_S
-CONNECT_TIMEOUT_S = 5
 
 # airrun's channels to the node daemons
 CLIENT_OPTIONS = (
@@ -21,7 +20,4 @@ CLIENT_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
-    # a daemon that takes the connection but never speaks HTTP/2 (frozen) fails a call within this,
-    # not gRPC's default of 20 s
-    ("grpc.min_connect_timeout_ms", CONNECT_TIMEOUT_S * 1000),
 )

@@ -113,15 +113,11 @@ def encode(schema: Message, values: dict) -> bytes:
             continue
         try:
             out += _field(f, values[f.name])
-        except UnicodeEncodeError as e:   # (a lone surrogate: what a non-UTF-8 byte becomes in a str)
-            raise ValueError(f"{schema.name}.{f.name}: {_where(e)}is not UTF-8 text") from None
+        except UnicodeEncodeError:   # (a lone surrogate: what a non-UTF-8 byte becomes in a str)
+            raise ValueError(f"{schema.name}.{f.name}: not UTF-8 text") from None
         except ValueError as e:
             raise ValueError(f"{schema.name}.{f.name}: {e}") from None
     return bytes(out)
-
-
-def _where(e: UnicodeEncodeError) -> str:
-    return f"{e.object[:40]!r} " if isinstance(e.object, str) else ""
 
 
 def _field(f: Field, value) -> bytes:
@@ -133,8 +129,8 @@ def _field(f: Field, value) -> bytes:
         for key in sorted(value, key=_map_order):
             try:
                 body = _entry(f.key, f.value, key, value[key])
-            except UnicodeEncodeError as e:
-                raise ValueError(f"[{key!r}]: {_where(e)}is not UTF-8 text") from None
+            except UnicodeEncodeError:   # (named by its key only: the value may be a secret)
+                raise ValueError(f"[{key.encode(errors='replace').decode()!r}]: not UTF-8 text") from None
             except ValueError as e:
                 raise ValueError(f"[{key!r}]: {e}") from None
             out += _varint(f.number << 3 | 2) + _varint(len(body)) + body

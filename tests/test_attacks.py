@@ -277,6 +277,10 @@ def test_captured_credential_cannot_be_replayed_on_another_method_request_or_nod
     # one made to list one job, used to list everything (another request)
     cred = dict(auth.metadata("/air.v1.Controller/ListJobs", cluster.controller, listing.SerializeToString(deterministic=True)))
     refused(controller.ListJobs, pb.JobFilter(), cred, "made for another request")
+    # the very bytes it was made for, sent to another method that takes the same message
+    cred = dict(auth.metadata("/air.v1.Controller/ListJobs", cluster.controller, listing.SerializeToString(deterministic=True)))
+    refused(controller.Requeue, listing, cred,
+            "made for another method (/air.v1.Controller/ListJobs), not /air.v1.Controller/Requeue")
     # the controller's signal to node01, taken to node02 (another node)
     kill = pb.SignalRequest(job_id=job_id, signal=9)
     cred = dict(auth.metadata("/air.v1.NodeAgent/Signal", "node01", kill.SerializeToString(deterministic=True)))

@@ -69,7 +69,7 @@ def test_short_forms_gres_flags_and_values():
     (["--gpus-per-node=h100:4294967296"], "out of range"),
     (["--mem=2000000T"], r"--mem='2000000T': out of range \(at most 1,099,511,627,776 MB\)"),
     (["-t", "99999999999"], r"--time='99999999999': out of range \(at most 71,582,788 minutes\)"),
-    (["--switches=1@99999999999"], "out of range"),
+    (["--switches=1@99999999999"], r"out of range \(at most 2,147,483,647 switches, waiting at most 35,791,394 minutes\)"),
 ])
 def test_bad_values_are_named(tokens, message):
     with pytest.raises(OptionError, match=message):
@@ -90,6 +90,16 @@ def test_environment_input_variables():
         "partition": "debug", "time": 600}
     with pytest.raises(OptionError, match=r"\$SBATCH_TIMELIMIT"):
         from_environment({"SBATCH_TIMELIMIT": "soon"})
+
+
+def test_an_environment_variable_that_is_not_text_is_named_and_its_value_never_shown():
+    with pytest.raises(OptionError, match=r"^environment variable 'TOKEN' is not UTF-8 text, which a job cannot"):
+        export_environment("ALL", {"PATH": "/bin", "TOKEN": "s3cr\udcffet"})
+    try:
+        export_environment("ALL", {"TOKEN": "s3cr\udcffet"})
+    except OptionError as e:
+        assert "s3cr" not in str(e)
+    assert export_environment("NONE", {"TOKEN": "s3cr\udcffet"}) == {}   # (not passed on: no matter)
 
 
 def test_export_forms():

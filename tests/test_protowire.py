@@ -173,7 +173,7 @@ def test_bad_values_and_bad_bytes_are_refused():
     with pytest.raises(ValueError, match="out of range for int32"):
         w.encode(schemas.JobRequest, {"nice": 2**31})
     # a value that is not UTF-8 text (what os.environ makes of such bytes) is named, with its key
-    with pytest.raises(ValueError, match=r"^SubmitRequest.job: JobRequest.environment: \['BAD'\]: '\\udcff' is not UTF-8"):
+    with pytest.raises(ValueError, match=r"^SubmitRequest.job: JobRequest.environment: \['BAD'\]: not UTF-8 text$"):
         w.encode(schemas.SubmitRequest, {"job": {"environment": {"OK": "1", "BAD": "\udcff"}}})
     with pytest.raises(ValueError, match=r"^JobFilter.uids: 4294967296 is out of range for uint32"):
         w.encode(schemas.JobFilter, {"uids": [2**32]})

@@ -220,6 +220,20 @@ def test_a_rank_the_fence_stopped_says_so_and_one_that_was_killed_otherwise_does
     assert [(e.exit_signal, e.fenced) for e in _drain(events) if e.exited] == [(15, False)]
 
 
+def test_an_airrun_attaching_after_a_daemon_restart_gets_beats_when_it_asks(runner, monkeypatch):
+    monkeypatch.setattr(steps.keepalive, "BEAT_S", 0.2)
+    runner.prepare(_step(argv=("sh", "-c", "sleep 1.5; echo done")))
+    events, stop = runner.run(1, 0, OWNER)
+    threading.Thread(target=lambda: list(events), daemon=True).start()
+    time.sleep(0.3)
+    runner.detach()
+    successor = StepRunner("n1", "127.0.0.1", spool=runner.spool, max_tasks_per_node=4)
+    assert successor.adopt(runner.spool) == {(1, 0)}
+    got = _drain(successor.attach(1, 0, OWNER, beats=True)[0])
+    assert got[0].beat and sum(e.beat for e in got) >= 3, got   # at once, then on each quiet spell
+    assert [e.data for e in got if e.data] == [b"done\n"] and [e.exit_code for e in got if e.exited] == [0]
+
+
 def test_an_outbox_says_quiet_after_its_timeout_and_still_hands_out_what_comes():
     from air.airnoded.outbox import QUIET, Outbox
     box = Outbox(4, 1000)
