@@ -100,6 +100,7 @@ def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base
                           health_auto_resume, heartbeat_s, inactive_limit_s, unkillable_timeout_s, gpus)
     from air.protos.config import load
     cfg = load(str(config))
+    _check_free(cfg)
     env = dict(os.environ, AIR_CONF=str(config))
     pids = [_spawn([sys.executable, "-P", "-m", "air.airctld", "--config", str(config)], directory / "log" / "airctld.log", env)]
     for node in cfg.nodes:
@@ -108,6 +109,28 @@ def up(directory: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, base
     pids_file.write_text("\n".join(map(str, pids)) + "\n")
     _wait_idle(config, len(cfg.nodes), pids, directory, wait_s)
     return config
+
+
+def _check_free(cfg) -> None:
+    """Refuse to start where something already listens (another local cluster, from another folder):
+    its controller would answer for this one's, which fails to start."""
+    import socket
+    from air.protos import metrics_http
+    wanted = [metrics_http.split_address(cfg.controller.address)]
+    if cfg.controller.metrics_address:
+        wanted.append(metrics_http.split_address(cfg.controller.metrics_address))
+    for node in cfg.nodes:
+        wanted.append(metrics_http.split_address(node.endpoint))
+        if node.metrics_port:
+            wanted.append((node.address, node.metrics_port))
+    for host, port in wanted:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # (a closed connection's TIME_WAIT is no user)
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                raise CliError(f"{host}:{port} is taken ({e.strerror}): is another local cluster running? "
+                               f"Stop it (aircontrol local down --dir ITS_FOLDER) or give --base-address") from None
 
 
 def metrics_urls(config: Path) -> list[str]:

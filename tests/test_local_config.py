@@ -23,3 +23,14 @@ def test_nvml_with_more_than_one_node_is_refused_in_one_line_and_starts_nothing(
                        capture_output=True, text=True)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "one node with --nvml" in r.stderr and not (tmp_path / "c").exists(), r.stderr
+
+
+def test_a_second_local_cluster_on_the_addresses_of_a_running_one_is_refused_and_spoils_nothing(cluster, tmp_path):
+    # its controller would fail to listen while the running one answered for it
+    base = cluster.controller.rpartition(":")[0]
+    proc = subprocess.run([str(BIN / "aircontrol"), "local", "up", "--nodes", "2", "--dir", str(tmp_path / "second"),
+                           "--base-address", base], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.startswith(f"aircontrol: error: {cluster.controller} is taken"), \
+        proc.stderr
+    assert not (tmp_path / "second" / "pids").exists()
+    assert "2   idle" in cluster.cli("airinfo").stdout   # (the running cluster, as it was)
