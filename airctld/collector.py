@@ -14,7 +14,7 @@ of 100,000 jobs set off a young collection that walked them all, then the next g
 full one: a quarter of a second, on the reply's way out, that freed nothing. What lives on (the jobs'
 new versions) belongs to the oldest generation anyway; what is garbage is freed by its reference
 count, or, in a cycle, by the full collection that `settle` runs from the controller's loop
-SETTLE_S after the last bulk change (Python would otherwise start one only once the oldest
+SETTLE_S after the first bulk change since the last such collection (Python would otherwise start one only once the oldest
 generation grew by a quarter, towards which what was moved there does not count)."""
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ import time
 from typing import Iterator
 
 BULK = 1000
-SETTLE_S = 10.0   # after the last bulk change: a full collection, for the cycles it moved unwalked
+SETTLE_S = 10.0   # after a bulk change: a full collection, for the cycles it moved unwalked
 
 _lock = threading.Lock()
 _pausing = 0          # changes under way that paused it
 _resume = False       # whether it ran before the first of them
-_owed: float | None = None   # (monotonic) when a bulk change last moved young objects to the oldest generation
+_owed: float | None = None   # (monotonic) when a bulk change first moved young objects, since the last settle
 
 
 @contextlib.contextmanager
