@@ -306,11 +306,14 @@ class Controller:
                 return [j.job_id for j in targets]
             now = self.clock()
             why = f"cancelled by uid {who.uid}"
-            with collector.paused(len(targets)):
-                changed = self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED, why))
-                                        for j in targets] +
-                                       [(j, events.cancelled_while_stopping(j, why)) for j in requeuing], now,
-                                       who.uid)
+            with collector.paused(len(targets)), self.store.transaction():   # (pending jobs: one bulk write)
+                alike, ended = events.stop_pending([j for j in targets if j.phase == JobPhase.PENDING], now,
+                                                   JobResult.CANCELLED, Reason.CANCELLED, why)
+                changed = self._commit(ended, now, who.uid, alike)
+                changed += self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED, why))
+                                         for j in targets if j.phase != JobPhase.PENDING] +
+                                        [(j, events.cancelled_while_stopping(j, why)) for j in requeuing], now,
+                                        who.uid)
             stopped = {j.job_id for j in requeuing}   # (already signalled: their grace time goes on)
             if kill:   # (also when signalled later: after its launch returns, or stopped again)
                 self._no_grace.update(j.job_id for j in [*changed, *ending] if j.phase == JobPhase.COMPLETING)
@@ -737,20 +740,23 @@ class Controller:
 
     # ------------------------------------------------------------ passes
 
-    def _commit(self, changes: Iterable[tuple[Job, Job]], now: float, who: int) -> list[Job]:
+    def _commit(self, changes: Iterable[tuple[Job, Job]], now: float, who: int,
+                alike: dict | None = None) -> list[Job]:
         """Write (old, new) job pairs in one transaction, and take them into memory once it (or the one
         it is part of) has committed: a transaction that fails leaves memory as it was. A run that
-        ends keeps its runtime's figures (goodput), from its latest report."""
+        ends keeps its runtime's figures (goodput), from its latest report. `alike`: see
+        Store.update_jobs (no run ends in such a change: pending jobs only)."""
         changes = list(changes)
         if not changes:
             return []
         with collector.paused(len(changes)):
-            return self._write(changes, now, who)
+            return self._write(changes, now, who, alike)
 
-    def _write(self, changes: list[tuple[Job, Job]], now: float, who: int) -> list[Job]:
-        changes = [(old, self._with_figures(old, new)) for old, new in changes]
+    def _write(self, changes: list[tuple[Job, Job]], now: float, who: int, alike: dict | None) -> list[Job]:
+        if alike is None:
+            changes = [(old, self._with_figures(old, new)) for old, new in changes]
         with self.store.transaction():
-            self.store.update_jobs(changes, now, who)
+            self.store.update_jobs(changes, now, who, alike)
             # a stop's time is kept from the first time it was asked until the job leaves COMPLETING
             self.store.add_stop_times((new.job_id, now) for _, new in changes if new.phase == JobPhase.COMPLETING)
             self.store.remove_stop_times(new.job_id for old, new in changes
@@ -770,33 +776,38 @@ class Controller:
 
     def _take(self, changes: list[tuple[Job, Job]], now: float) -> None:
         cc = self.config.controller
-        for old, new in changes:
-            self.jobs.put(new)
-            if old.phase in ACTIVE_PHASES and new.phase == JobPhase.PENDING:   # requeued: wait for the old run
+        put, moved, renewed, airrun_renewed = self.jobs.put, self.moved, self.renewed, self.airrun_renewed
+        stopped_at, no_grace, misses, step_ids = self._stopped_at, self._no_grace, self._misses, self._step_ids
+        pending, running, completing, done = JobPhase.PENDING, JobPhase.RUNNING, JobPhase.COMPLETING, JobPhase.DONE
+        for old, new in changes:   # (in locals: a bulk change takes 100,000 jobs in)
+            put(new)
+            job_id, phase, was = new.job_id, new.phase, old.phase
+            if phase == pending and was in ACTIVE_PHASES:   # requeued: wait for the old run
                 if old.start_time:   # its usage: the job forgets the run's times, the next charge needs them
                     self._requeued_runs.append(self.accounting.ended_run(old, now))
                 mono = self.mono()
-                self.fence_wait[new.job_id] = {
+                self.fence_wait[job_id] = {
                     n: self.heard.get(n, mono) + cc.fenced_by_s
                     for n in old.node_names if n in self.nodes}
-            if new.phase == JobPhase.RUNNING and old.phase != JobPhase.RUNNING:
-                self.moved[new.job_id] = self.mono()
-                if new.request.allocation:
-                    self.renewed[new.job_id] = self.airrun_renewed[new.job_id] = self.mono()
-            elif new.phase != JobPhase.RUNNING:
-                self.moved.pop(new.job_id, None)
-                self.renewed.pop(new.job_id, None)
-                self.airrun_renewed.pop(new.job_id, None)
-            if new.phase == JobPhase.DONE:
-                self._step_ids.pop(new.job_id, None)
-            if new.phase == JobPhase.COMPLETING:
-                self._stopped_at.setdefault(new.job_id, now)
+            if phase == running:
+                if was != running:
+                    moved[job_id] = self.mono()
+                    if new.request.allocation:
+                        renewed[job_id] = airrun_renewed[job_id] = self.mono()
             else:
-                self._stopped_at.pop(new.job_id, None)
-                self._no_grace.discard(new.job_id)
-            if new.phase != old.phase and new.phase != JobPhase.COMPLETING:
-                self._misses.pop(new.job_id, None)
-                self._dirty = True  # resources freed, a job that others waited behind gone, or one requeued
+                moved.pop(job_id, None)
+                renewed.pop(job_id, None)
+                airrun_renewed.pop(job_id, None)
+            if phase == done:
+                step_ids.pop(job_id, None)
+            if phase == completing:
+                stopped_at.setdefault(job_id, now)
+            else:
+                stopped_at.pop(job_id, None)
+                no_grace.discard(job_id)
+                if phase != was:
+                    misses.pop(job_id, None)
+                    self._dirty = True  # resources freed, a job that others waited behind gone, or one requeued
         try:   # last: a metric never keeps the controller from taking a change in
             self.metrics.changed(changes, now)
         except Exception:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import signal as signals
 
-from air.airctld.model import Job, NodeAlloc, evolve
+from air.airctld.model import Job, NodeAlloc, evolve, evolve_all
 from air.protos.states import ExitCode, JobPhase, JobResult, Reason, long_state
 
 
@@ -33,11 +33,26 @@ def start(job: Job, now: float, allocation: tuple[NodeAlloc, ...]) -> Job:
 def stop(job: Job, now: float, result: JobResult, reason: Reason, detail: str = "") -> Job:
     """Ask a job to end with the given result: a pending job ends now, a running one starts completing."""
     _require(job, JobPhase.PENDING, JobPhase.RUNNING, doing="cancel it")
-    if job.phase == JobPhase.PENDING:   # this run never ran: no exit of its own (not the last run's)
-        return evolve(job, phase=JobPhase.DONE, result=result, reason=reason,
-                      reason_detail=detail, end_time=now, exit_code=0, exit_signal=0)
+    if job.phase == JobPhase.PENDING:
+        return evolve(job, **_pending_stop(now, result, reason, detail))
     return evolve(job, phase=JobPhase.COMPLETING, result=result, reason=reason,
                                reason_detail=detail)
+
+
+def stop_pending(jobs: list[Job], now: float, result: JobResult, reason: Reason,
+                 detail: str = "") -> tuple[dict, list[tuple[Job, Job]]]:
+    """stop() of pending jobs: the fields it changes, the same for each job (see Store.update_jobs),
+    and each (old, new) job."""
+    for job in jobs:
+        _require(job, JobPhase.PENDING, doing="cancel it")
+    fields = _pending_stop(now, result, reason, detail)
+    return fields, list(zip(jobs, evolve_all(jobs, fields)))
+
+
+def _pending_stop(now: float, result: JobResult, reason: Reason, detail: str) -> dict:
+    """A pending job's run never ran: it has no exit of its own (not the last run's)."""
+    return dict(phase=JobPhase.DONE, result=result, reason=reason, reason_detail=detail, end_time=now,
+                exit_code=0, exit_signal=0)
 
 
 def exited(job: Job, now: float, exit_code: int, exit_signal: int, detail: str = "",

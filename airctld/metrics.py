@@ -24,6 +24,8 @@ from air.protos.reports import report_numbers
 from air.protos.signals import kind_of
 from air.protos.states import REASON_NAMES, JobPhase, Reason, long_state, node_state_name
 
+_PENDING, _RUNNING, _COMPLETING, _DONE = JobPhase.PENDING, JobPhase.RUNNING, JobPhase.COMPLETING, JobPhase.DONE
+_PREEMPTED = Reason.PREEMPTED
 log = logging.getLogger("airctld")
 
 if TYPE_CHECKING:
@@ -85,41 +87,39 @@ class ControllerMetrics:
         for old, new in changes:
             if new.phase == old.phase and new.restart_count == old.restart_count:
                 continue   # (no start, requeue or end: nothing counted)
-            mine: dict[tuple, int] = {}
+            mine: list[tuple] = []
             try:
                 self._count(old, new, now, mine)
             except Exception:   # one change that cannot be counted costs only its own counts
                 log.exception("job %d: metrics not updated", new.job_id)
                 continue
-            for key, n in mine.items():
-                counts[key] = counts.get(key, 0) + n
+            for key in mine:
+                counts[key] = counts.get(key, 0) + 1
         for (metric, *labels), n in counts.items():
             metric.labels(*labels).inc(n)
 
-    def _count(self, old: Job, new: Job, now: float, counts: dict[tuple, int]) -> None:
-        """One change's counts (added to `counts`), observations and goodput."""
-        if new.phase == JobPhase.RUNNING and old.phase == JobPhase.PENDING:
-            key = (self.starts, new.partition)
-            counts[key] = counts.get(key, 0) + 1
+    def _count(self, old: Job, new: Job, now: float, counts: list[tuple]) -> None:
+        """One change's counts (the labels of each, added to `counts`), observations and goodput.
+        (The phases are module constants: an enum's member read from its class costs 0.1 us.)"""
+        phase, was = new.phase, old.phase
+        if phase == _RUNNING and was == _PENDING:
+            counts.append((self.starts, new.partition))
             self._started(new, new.account)
-        if goodput.run_ended(old, new):
+        if old.start_time > 0 and goodput.run_ended(old, new):
             end = new.end_time or now
             g = goodput.breakdown(old.start_time, [goodput.Run(old.start_time, end, new.figures)], end)
             account = new.account   # (read where it is needed: a cancel of pending jobs never needs it)
             for category in ("starting", "restoring", "training", "checkpoint", "lost", "other"):
                 self.goodput.labels(account, category).inc(getattr(g, f"{category}_s"))
-        requeued = new.phase == JobPhase.PENDING and old.phase in (JobPhase.RUNNING, JobPhase.COMPLETING)
+        requeued = phase == _PENDING and (was == _RUNNING or was == _COMPLETING)
         if requeued:
-            key = (self.requeues, Reason(new.last_stop_reason).name)
-            counts[key] = counts.get(key, 0) + 1
+            counts.append((self.requeues, Reason(new.last_stop_reason).name))
             self._requeued_at[new.job_id] = now
-        stopped = requeued or (new.phase == JobPhase.DONE and old.phase != JobPhase.DONE)
-        if stopped and Reason.PREEMPTED in (new.last_stop_reason, new.reason):
-            key = (self.preemptions, new.partition, new.request.qos or "default")
-            counts[key] = counts.get(key, 0) + 1
-        if new.phase == JobPhase.DONE and old.phase != JobPhase.DONE:
-            key = (self.ends, new.partition, long_state(new.phase, new.result))
-            counts[key] = counts.get(key, 0) + 1
+        ended = phase == _DONE and was != _DONE
+        if (requeued or ended) and (new.last_stop_reason == _PREEMPTED or new.reason == _PREEMPTED):
+            counts.append((self.preemptions, new.partition, new.request.qos or "default"))
+        if ended:
+            counts.append((self.ends, new.partition, long_state(phase, new.result)))
             self._requeued_at.pop(new.job_id, None)
 
     def _started(self, new: Job, account: str) -> None:

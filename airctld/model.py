@@ -22,6 +22,25 @@ def evolve(record, **changes):
     return new
 
 
+def evolve_all(records: list, changes: dict) -> list:
+    """evolve() of each record (all of one type) with the same changes, checked once: a bulk change's
+    100,000 copies."""
+    if not records:
+        return []
+    first = evolve(records[0], **changes)
+    kind, make = type(first), object.__new__
+    out = [first]
+    for record in records[1:]:
+        if type(record) is not kind:
+            raise TypeError(f"evolve_all: a {type(record).__name__} among {kind.__name__}s")
+        new = make(kind)
+        fields = new.__dict__
+        fields.update(record.__dict__)
+        fields.update(changes)
+        out.append(new)
+    return out
+
+
 @dataclass(frozen=True)
 class NodeAlloc:
     node: str

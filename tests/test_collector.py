@@ -85,9 +85,9 @@ def test_a_cancel_or_hold_of_many_jobs_runs_paused_and_leaves_the_collector_runn
     seen = []
     write = c.store.update_jobs
 
-    def watched(changes, now, who):
+    def watched(changes, now, who, alike=None):
         seen.append((len(changes), gc.isenabled()))
-        write(changes, now, who)
+        write(changes, now, who, alike)
 
     c.store.update_jobs = watched
     c.hold(pb.JobFilter(), False, root)          # released: BULK jobs at once

@@ -220,3 +220,31 @@ def test_who_preempted_whom_is_kept_until_the_preemptor_is_forgotten(tmp_path):
     with store.transaction():
         store.remove_preemptions([7])
     assert store.load_preemptions() == {8: {3}}
+
+
+def test_a_store_of_schema_12_keeps_only_ended_jobs_in_its_end_time_indexes(tmp_path):
+    path = str(tmp_path / "air.db")
+    s = Store(path)
+    with s.transaction():
+        ended, waiting = s.insert_job(_job("a"), who=1000), s.insert_job(_job("b"), who=1000)
+        job = s.get_job(ended)
+        s.update_job(job, events.stop(job, 150.0, JobResult.CANCELLED, Reason.CANCELLED), 150.0, who=0)
+    for name, columns in (("jobs_end", "end_time"), ("jobs_uid_end", "uid, end_time"),
+                          ("jobs_account_end", "account, end_time")):   # schema 12's: every job
+        s.db.execute(f"DROP INDEX {name}")
+        s.db.execute(f"CREATE INDEX {name} ON jobs ({columns})")
+    s.db.execute("PRAGMA user_version = 12")
+    s.close()
+    s = Store(path)
+    for name in ("jobs_end", "jobs_uid_end", "jobs_account_end"):
+        sql = s.db.execute("SELECT sql FROM sqlite_master WHERE name = ?", [name]).fetchone()[0]
+        assert sql.endswith("WHERE phase = 4"), sql
+    # every query that names one of them still can use it (INDEXED BY fails where it cannot)
+    for req in (pb.HistoryRequest(since=100.0), pb.HistoryRequest(since=100.0, uids=[1000]),
+                pb.HistoryRequest(since=100.0, accounts=[""])):
+        found, _ = s.history(req, 10)
+        assert [e.job.job_id for e in found] == [ended, waiting]
+    assert [j.job_id for j in s.jobs_ended_after(100.0)] == [ended]
+    plan = s.db.execute("EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE end_time > 100 AND phase = 4").fetchall()
+    assert "jobs_end" in str(plan)
+    s.close()
