@@ -7,6 +7,7 @@ are not done and the recently done ones; the store holds all of them.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import shlex
 import signal
@@ -306,14 +307,18 @@ class Controller:
                 return [j.job_id for j in targets]
             now = self.clock()
             why = f"cancelled by uid {who.uid}"
-            with collector.paused(len(targets)), self.store.transaction():   # (pending jobs: one bulk write)
+            with collector.paused(len(targets)):
                 alike, ended = events.stop_pending([j for j in targets if j.phase == JobPhase.PENDING], now,
                                                    JobResult.CANCELLED, Reason.CANCELLED, why)
-                changed = self._commit(ended, now, who.uid, alike)
-                changed += self._commit([(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED, why))
-                                         for j in targets if j.phase != JobPhase.PENDING] +
-                                        [(j, events.cancelled_while_stopping(j, why)) for j in requeuing], now,
-                                        who.uid)
+                others = [(j, events.stop(j, now, JobResult.CANCELLED, Reason.CANCELLED, why))
+                          for j in targets if j.phase != JobPhase.PENDING] + \
+                         [(j, events.cancelled_while_stopping(j, why)) for j in requeuing]
+                # pending jobs in one bulk write; with others, in one transaction (none: none begun)
+                with self.store.transaction() if ended and others else contextlib.nullcontext():
+                    changed = self._commit(ended, now, who.uid, alike) + self._commit(others, now, who.uid)
+            if ended and others:   # (in the order asked, as before the bulk write)
+                place = {j.job_id: n for n, j in enumerate(targets)}
+                changed.sort(key=lambda j: place.get(j.job_id, len(place)))
             stopped = {j.job_id for j in requeuing}   # (already signalled: their grace time goes on)
             if kill:   # (also when signalled later: after its launch returns, or stopped again)
                 self._no_grace.update(j.job_id for j in [*changed, *ending] if j.phase == JobPhase.COMPLETING)

@@ -1,6 +1,7 @@
 """A bulk change (a cancel of many pending jobs) is written with one statement for all its jobs
 (Store.update_jobs' `alike`). What it leaves in the store must be exactly what writing each job's
 new version a row at a time leaves, and what the controller holds in memory."""
+import signal
 import sqlite3
 
 import pytest
@@ -48,16 +49,18 @@ def _tables(s: Store) -> tuple[list, list]:
 def test_a_bulk_stop_leaves_what_writing_each_job_leaves(jobs, data, result, reason, detail, now):
     bulk, each = _store(jobs), _store(jobs)
     chosen = data.draw(st.lists(st.sampled_from(range(1, len(jobs) + 1)), unique=True))
-    # a pass keeps pending jobs' priorities in memory only: the change writes them
-    olds = [evolve(bulk.get_job(i), priority=data.draw(st.integers(0, 10**6))) for i in chosen]
-    alike, changes = events.stop_pending(olds, now, result, reason, detail)
-    with bulk.transaction():
-        bulk.update_jobs(changes, now, 7, alike)
-    with each.transaction():
-        each.update_jobs(changes, now, 7)
-    assert _tables(bulk) == _tables(each)                    # the reference: a row at a time
-    for _, new in changes:                                    # and memory's view of each job
-        assert bulk.get_job(new.job_id) == new
+    cut = data.draw(st.integers(0, len(chosen)))
+    for part, when in ((chosen[:cut], now), (chosen[cut:], now + 1)):   # two bulk changes, one after the other
+        # a pass keeps pending jobs' priorities in memory only: the change writes them
+        olds = [evolve(bulk.get_job(i), priority=data.draw(st.integers(0, 10**6))) for i in part]
+        alike, changes = events.stop_pending(olds, when, result, reason, detail)
+        with bulk.transaction():
+            bulk.update_jobs(changes, when, 7, alike)
+        with each.transaction():
+            each.update_jobs(changes, when, 7)
+        assert _tables(bulk) == _tables(each)                # the reference: a row at a time
+        for _, new in changes:                                # and memory's view of each job
+            assert bulk.get_job(new.job_id) == new
 
 
 def _running(s: Store, job_id: int) -> Job:
@@ -68,25 +71,39 @@ def _running(s: Store, job_id: int) -> Job:
     return started
 
 
-@pytest.mark.parametrize("case", ["requeue", "same phase"])
-def test_a_bulk_change_that_cannot_be_written_alike_is_written_a_row_at_a_time(case):
-    """A requeue (the event's reason is why the run stopped, and the run gets its row) and a change
-    in which a job keeps its phase (no event) are written as each job would be."""
-    bulk, each = _store([dict(hold=False)] * 3), _store([dict(hold=False)] * 3)
-    olds = [_running(bulk, i) for i in (1, 2)]
-    assert [_running(each, i) for i in (1, 2)] == olds
+@pytest.mark.parametrize("case", ["requeue", "running", "no phase"])
+def test_a_change_that_is_no_bulk_change_of_pending_jobs_is_refused_before_any_write(case):
+    """The controller keeps no run's figures for a bulk change, and the store writes only its fields:
+    a job that ends a run (a requeue, a running job's end) must go a row at a time."""
+    s = _store([dict(hold=False)] * 3)
+    before = _tables(s)
     if case == "requeue":
+        old = _running(s, 1)
         fields = dict(phase=JobPhase.PENDING, result=JobResult.NONE, reason=Reason.NONE, reason_detail="lost")
-        changes = [(j, events.node_lost(j, 110.0, Reason.NODE_FAIL, "lost")) for j in olds]
+        changes = [(old, events.node_lost(old, 110.0, Reason.NODE_FAIL, "lost"))]
+    elif case == "running":
+        old = _running(s, 1)
+        fields = dict(phase=JobPhase.DONE, result=JobResult.CANCELLED, reason=Reason.CANCELLED, reason_detail="x")
+        changes = [(old, evolve(old, **fields))]
     else:
-        fields = dict(phase=JobPhase.RUNNING, result=JobResult.NONE, reason=Reason.NONE, reason_detail="x")
-        changes = [(j, evolve(j, **fields)) for j in olds]
+        old = s.get_job(1)
+        fields = dict(result=JobResult.CANCELLED, reason=Reason.CANCELLED, reason_detail="x")
+        changes = [(old, evolve(old, **fields))]
+    before = _tables(s)
+    with pytest.raises(ValueError, match="not a bulk change of pending jobs"), s.transaction():
+        s.update_jobs(changes, 110.0, 7, fields)
+    assert _tables(s) == before
+
+
+def test_a_bulk_change_that_names_a_job_twice_is_written_as_a_row_at_a_time_writes_it():
+    bulk, each = _store([dict(hold=False)] * 2), _store([dict(hold=False)] * 2)
+    olds = [bulk.get_job(1), bulk.get_job(2), bulk.get_job(1)]
+    alike, changes = events.stop_pending(olds, 5.0, JobResult.CANCELLED, Reason.CANCELLED, "x")
     with bulk.transaction():
-        bulk.update_jobs(changes, 110.0, 7, fields)
+        bulk.update_jobs(changes, 5.0, 0, alike)
     with each.transaction():
-        each.update_jobs(changes, 110.0, 7)
+        each.update_jobs(changes, 5.0, 0)
     assert _tables(bulk) == _tables(each)
-    assert bulk.db.execute("SELECT count(*) FROM runs").fetchone()[0] == (2 if case == "requeue" else 0)
 
 
 def _submit(c, **fields):
@@ -138,3 +155,35 @@ def test_a_cancel_whose_second_write_fails_changes_nothing(controller, monkeypat
     for job_id, job in before.items():
         assert c.jobs.get(job_id) == job and c.store.get_job(job_id).phase == job.phase
     assert all(c.store.get_job(i).phase == JobPhase.RUNNING for i in running)
+
+
+def test_a_kill_of_stopping_jobs_alone_needs_no_write(controller, tmp_path):
+    """aircancel -s KILL of jobs already stopping changes nothing in the store: it works while
+    another process holds the store's write lock (a backup, say)."""
+    c, clock = controller
+    _submit(c)
+    c._dirty = True
+    c.tick()
+    job_id = c.jobs.in_phase(JobPhase.RUNNING)[0].job_id
+    c.cancel(pb.JobFilter(job_ids=[job_id]), 0, ROOT)
+    assert c.jobs.get(job_id).phase == JobPhase.COMPLETING
+    c.store.db.execute("PRAGMA busy_timeout=200")
+    other = sqlite3.connect(str(tmp_path / "air.db"))
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        assert c.cancel(pb.JobFilter(job_ids=[job_id]), signal.SIGKILL, ROOT) == [job_id]
+    finally:
+        other.rollback()
+        other.close()
+    assert job_id in c._no_grace
+
+
+def test_a_cancel_of_pending_and_running_jobs_answers_in_the_order_asked(controller):
+    c, clock = controller
+    first, second = _submit(c), _submit(c)
+    c._dirty = True
+    c.tick()
+    queued = [_submit(c) for _ in range(3)]
+    assert c.jobs.get(first).phase == JobPhase.RUNNING and c.jobs.get(queued[0]).phase == JobPhase.PENDING
+    asked = [queued[2], first, queued[0], second, queued[1]]
+    assert c.cancel(pb.JobFilter(job_ids=asked), 0, ROOT) == asked
