@@ -64,6 +64,8 @@ class Controller:
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._rows_lock = threading.Lock()
+        self._listings_making = 0   # listings making many rows on their way (see _making_rows)
         self._actions = ThreadPoolExecutor(max_workers=16, thread_name_prefix="act")
         self._misses: dict[int, int] = {}
         self._launching: set[tuple[int, int]] = set()   # (job, run) whose launch has not returned yet
@@ -151,6 +153,7 @@ class Controller:
             self.prime()
         except Exception:   # (the first pass does it then)
             log.exception("working out priorities at start failed")
+        threading.Thread(target=self._keeping_rows, name="rows", daemon=True).start()
         while not self._stopping.is_set():
             self._wake.wait(interval)
             self._wake.clear()
@@ -609,23 +612,24 @@ class Controller:
         arrays: dict[int, tuple[int, list[Job]]] = {}   # array -> (its row's place, its pending tasks)
         expand, pending, append = filt.expand_arrays, JobPhase.PENDING, lines.append
         others = zip(jobs, rows)
-        for row in plain:   # (outside the lock: a row is made from the version of the job picked)
-            if row is not None:
+        with self._making_rows(rows.count(None)):
+            for row in plain:   # (outside the lock: a row is made from the version of the job picked)
+                if row is not None:
+                    append(row)
+                    continue
+                job, row = next(others)
+                if job is None:   # (ended before the listing's horizon)
+                    continue
+                if job.array_job_id and not expand and job.phase == pending:
+                    arrays.setdefault(job.array_job_id, (len(lines), []))[1].append(job)
+                    if len(arrays[job.array_job_id][1]) == 1:
+                        lines.append("")
+                    continue
+                if row is None:
+                    row = _row(items, job)
+                    if job.phase in (JobPhase.PENDING, JobPhase.DONE):
+                        made.append((job, row))
                 append(row)
-                continue
-            job, row = next(others)
-            if job is None:   # (ended before the listing's horizon)
-                continue
-            if job.array_job_id and not expand and job.phase == pending:
-                arrays.setdefault(job.array_job_id, (len(lines), []))[1].append(job)
-                if len(arrays[job.array_job_id][1]) == 1:
-                    lines.append("")
-                continue
-            if row is None:
-                row = squeue.render(items, [pb.Job.FromString(_brief(job))], header=False)[0]
-                if job.phase in (JobPhase.PENDING, JobPhase.DONE):
-                    made.append((job, row))
-            append(row)
         if made:
             with self._lock:   # (the table changes only under it: a job changed or forgotten meanwhile
                 for job, row in made:   # keeps no row)
@@ -638,6 +642,58 @@ class Controller:
         if lines:
             lines.append("")   # (the last row's newline)
         return "\n".join(lines)
+
+    @contextlib.contextmanager
+    def _making_rows(self, count: int):
+        """A listing about to make `count` rows on its way: keep_rows waits meanwhile, if many (it
+        would make the same rows again: an airq right after a cancel of 100,000 jobs took twice as
+        long)."""
+        many = count > 500
+        if many:
+            with self._rows_lock:
+                self._listings_making += 1
+        try:
+            yield
+        finally:
+            if many:
+                with self._rows_lock:
+                    self._listings_making -= 1
+
+    def keep_rows(self, limit: int = 500) -> int:
+        """Make up to `limit` of the rows list_rows keeps (pending and ended jobs'), ahead of the
+        listing that would make them on its way: after 100,000 submissions, or a pass that gave them
+        all a reason, the first plain airq made every row (2 s). How many were made."""
+        if self._listings_making:
+            return 0
+        with self._lock:
+            jobs = self.jobs.unrendered(limit)
+        if not jobs:
+            return 0
+        items = squeue.compile_format(squeue.SQUEUE_DEFAULT, squeue.job_fields(self.clock()))
+        made, failed = [], []
+        for job in jobs:   # (outside the lock, as a listing's: the row is tied to this version of the job)
+            try:
+                made.append((job, _row(items, job)))
+            except Exception:
+                log.exception("job %d: its row for airq was not made", job.job_id)
+                failed.append(job)
+        with self._lock:
+            for job, row in made:
+                self.jobs.keep_row(job, row)
+            for job in failed:
+                self.jobs.not_rendered(job)
+        return len(jobs)
+
+    def _keeping_rows(self) -> None:
+        """keep_rows until the controller stops: a batch, then a pause that leaves the interpreter to
+        requests (a batch of 500 rows takes about 12 ms)."""
+        while not self._stopping.is_set():
+            try:
+                made = self.keep_rows()
+            except Exception:
+                log.exception("airq's rows were not made")
+                made = 0
+            self._stopping.wait(0.005 if made else 0.1)
 
     def _settled(self, job: Job | None) -> Job | None:
         """A job read from the store, with the QOS it ran under: jobs stored before the QOS was recorded
@@ -934,6 +990,11 @@ def _strip_private(view: pb.Job) -> None:
     """What only a job's owner, root and operators may read: the script, environment and arguments."""
     for name in ("script", "environment", "argv", "submit_line"):
         view.request.ClearField(name)
+
+
+def _row(items, job: Job) -> str:
+    """The job's row in squeue's default format (`items`: that format, compiled)."""
+    return squeue.render(items, [pb.Job.FromString(_brief(job))], header=False)[0]
 
 
 def _brief(job: Job) -> bytes:

@@ -1,13 +1,15 @@
 """The controller's jobs in memory, indexed by phase so that each pass touches only what it needs."""
 from __future__ import annotations
 
+import itertools
 from typing import Iterator
 
 from air.airctld.model import Job
 from air.protos.states import ACTIVE_PHASES, JobPhase
 
 
-_PENDING = JobPhase.PENDING   # (an enum's member read from its class costs 0.1 us; put is called per job)
+# (an enum's member read from its class costs 0.1 us; put is called per job)
+_PENDING, _DONE = JobPhase.PENDING, JobPhase.DONE
 
 
 def _shown(job: Job) -> tuple:
@@ -26,6 +28,9 @@ class JobTable:
         # every job, in the table's order: its kept row while it is pending and no array's task (a
         # listing shows that row as it is), None otherwise (a listing looks at the job)
         self._plain: dict[int, str | None] = {}
+        # jobs whose row may be kept (pending and ended ones; a pending array task is listed in its
+        # array's row) and is not: what Controller.keep_rows renders, ahead of a listing
+        self._unrendered: dict[int, None] = {}
         for job in jobs:
             self.put(job)
 
@@ -44,6 +49,10 @@ class JobTable:
         self._plain[job.job_id] = None
         if kept is not None and kept[0] is old and old.request is job.request and _shown(old) == _shown(job):
             self._keep(job, kept[1])   # nothing the row shows changed (its priority, say)
+        elif job.phase == _DONE or job.phase == _PENDING and not job.array_job_id:
+            self._unrendered[job.job_id] = None
+        else:
+            self._unrendered.pop(job.job_id, None)
 
     def remove(self, job_id: int) -> None:
         self._plain.pop(job_id, None)   # (first: a listing never meets an id without its job)
@@ -52,6 +61,7 @@ class JobTable:
         self._held.pop(job_id, None)
         self._brief.pop(job_id, None)
         self._rows.pop(job_id, None)
+        self._unrendered.pop(job_id, None)
 
     def row(self, job: Job) -> str | None:
         """The job's row in squeue's default format, if one was kept for this very version of it."""
@@ -84,8 +94,18 @@ class JobTable:
         if self._jobs.get(job.job_id) is job:
             self._keep(job, row)
 
+    def unrendered(self, limit: int) -> list[Job]:
+        """Up to `limit` jobs whose rows may be kept and are not, oldest change first."""
+        return [self._jobs[i] for i in itertools.islice(self._unrendered, limit)]
+
+    def not_rendered(self, job: Job) -> None:
+        """A job whose row could not be made: not offered again until it changes (a listing tries)."""
+        if self._jobs.get(job.job_id) is job:
+            self._unrendered.pop(job.job_id, None)
+
     def _keep(self, job: Job, row: str) -> None:
         self._rows[job.job_id] = (job, row)
+        self._unrendered.pop(job.job_id, None)
         if job.phase == JobPhase.PENDING and not job.array_job_id:
             self._plain[job.job_id] = row
 

@@ -62,6 +62,50 @@ def test_kept_rows_are_the_rows_airq_would_make_whatever_the_filter(controller):
                 assert c.list_rows(filt, who) == _by_hand(c, clock, filt, who), (round_, filt, who)
 
 
+def test_rows_made_ahead_of_any_listing_are_the_rows_airq_would_make(controller):
+    c, clock = controller
+    ids = _queue(c, clock, seed=11)
+    made = 0
+    while n := c.keep_rows(limit=7):
+        made += n
+    assert made and c.jobs.unrendered(10**6) == []
+    for job_id in ids:   # every pending (no array's task) and ended job's row is kept, before a listing
+        job = c.jobs.get(job_id)
+        want = job.phase == JobPhase.DONE or job.phase == JobPhase.PENDING and not job.array_job_id
+        assert (c.jobs.row(job) is not None) == want, job
+    for filt in (pb.JobFilter(rendered=True), pb.JobFilter(rendered=True, expand_arrays=True),
+                 pb.JobFilter(rendered=True, uids=[BOB.uid])):
+        for who in (ALICE, ROOT):
+            assert c.list_rows(filt, who) == _by_hand(c, clock, filt, who), (filt, who)
+    held = next(c.jobs.get(i) for i in ids if c.jobs.get(i).hold)
+    c.hold(pb.JobFilter(job_ids=[held.job_id]), False, ROOT)   # a change: its row is made again
+    assert [j.job_id for j in c.jobs.unrendered(10)] == [held.job_id]
+    assert c.keep_rows() == 1 and c.jobs.row(c.jobs.get(held.job_id)) is not None
+
+
+def test_rows_are_not_made_ahead_while_a_listing_makes_many_on_its_way(controller):
+    c, clock = controller
+    _queue(c, clock, seed=5)
+    with c._making_rows(501):   # (a listing that makes the same rows would take twice as long)
+        assert c.keep_rows() == 0
+    with c._making_rows(10):
+        assert c.keep_rows() > 0
+
+
+def test_a_row_that_cannot_be_made_is_not_tried_again_until_its_job_changes(controller, monkeypatch):
+    from air.airctld import controller as module
+    c, clock = controller
+    job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True), ALICE)
+    real = module._row
+    monkeypatch.setattr(module, "_row", lambda items, job: 1 / 0 if job.job_id == job_id else real(items, job))
+    other, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True), ALICE)
+    assert c.keep_rows() == 2 and c.keep_rows() == 0   # (logged, and not offered again)
+    assert c.jobs.row(c.jobs.get(other)) is not None and c.jobs.row(c.jobs.get(job_id)) is None
+    monkeypatch.undo()
+    c.hold(pb.JobFilter(job_ids=[job_id]), False, ALICE)
+    assert c.keep_rows() == 1 and c.jobs.row(c.jobs.get(job_id)) is not None
+
+
 def test_a_row_changes_with_its_job_and_a_running_jobs_time_moves(controller):
     c, clock = controller
     job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True, name="watched"), ALICE)
