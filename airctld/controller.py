@@ -671,7 +671,10 @@ class Controller:
             return 0
         items = squeue.compile_format(squeue.SQUEUE_DEFAULT, squeue.job_fields(self.clock()))
         made, failed = [], []
+        began = time.perf_counter()
         for job in jobs:   # (outside the lock, as a listing's: the row is tied to this version of the job)
+            if time.perf_counter() - began > 0.05:   # (a row of a job with a script of megabytes takes 1 ms)
+                break
             try:
                 made.append((job, _row(items, job)))
             except Exception:
@@ -682,18 +685,19 @@ class Controller:
                 self.jobs.keep_row(job, row)
             for job in failed:
                 self.jobs.not_rendered(job)
-        return len(jobs)
+        return len(made) + len(failed)
 
     def _keeping_rows(self) -> None:
-        """keep_rows until the controller stops: a batch, then a pause that leaves the interpreter to
-        requests (a batch of 500 rows takes about 12 ms)."""
+        """keep_rows until the controller stops: a batch (at most 50 ms), then a pause as long, that
+        leaves the interpreter to requests and passes."""
         while not self._stopping.is_set():
+            began = time.perf_counter()
             try:
                 made = self.keep_rows()
             except Exception:
                 log.exception("airq's rows were not made")
                 made = 0
-            self._stopping.wait(0.005 if made else 0.1)
+            self._stopping.wait(max(0.005, time.perf_counter() - began) if made else 0.1)
 
     def _settled(self, job: Job | None) -> Job | None:
         """A job read from the store, with the QOS it ran under: jobs stored before the QOS was recorded

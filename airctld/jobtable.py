@@ -95,7 +95,7 @@ class JobTable:
             self._keep(job, row)
 
     def unrendered(self, limit: int) -> list[Job]:
-        """Up to `limit` jobs whose rows may be kept and are not, oldest change first."""
+        """Up to `limit` jobs whose rows may be kept and are not, first offered first."""
         return [self._jobs[i] for i in itertools.islice(self._unrendered, limit)]
 
     def not_rendered(self, job: Job) -> None:

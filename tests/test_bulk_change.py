@@ -95,6 +95,16 @@ def test_a_change_that_is_no_bulk_change_of_pending_jobs_is_refused_before_any_w
     assert _tables(s) == before
 
 
+def test_rows_left_in_the_scratch_table_change_no_other_job():
+    s = _store([dict(hold=False)] * 2)
+    s.db.execute("INSERT INTO temp.changing (id, priority) VALUES (2, 0)")   # (a failure outside a transaction)
+    before = s.get_job(2)
+    alike, changes = events.stop_pending([s.get_job(1)], 5.0, JobResult.CANCELLED, Reason.CANCELLED, "x")
+    with s.transaction():
+        s.update_jobs(changes, 5.0, 0, alike)
+    assert s.get_job(1) == changes[0][1] and s.get_job(2) == before
+
+
 def test_a_bulk_change_that_names_a_job_twice_is_written_as_a_row_at_a_time_writes_it():
     bulk, each = _store([dict(hold=False)] * 2), _store([dict(hold=False)] * 2)
     olds = [bulk.get_job(1), bulk.get_job(2), bulk.get_job(1)]

@@ -5,7 +5,7 @@ between listings: a kept row never outlives the version of the job it shows."""
 import random
 
 from air.airctld import events
-from air.airctld.model import NodeAlloc
+from air.airctld.model import NodeAlloc, evolve
 from air.protos import air_pb2 as pb
 from air.protos import squeue
 from air.protos.credential import Identity
@@ -80,16 +80,32 @@ def test_rows_made_ahead_of_any_listing_are_the_rows_airq_would_make(controller)
     held = next(c.jobs.get(i) for i in ids if c.jobs.get(i).hold)
     c.hold(pb.JobFilter(job_ids=[held.job_id]), False, ROOT)   # a change: its row is made again
     assert [j.job_id for j in c.jobs.unrendered(10)] == [held.job_id]
-    assert c.keep_rows() == 1 and c.jobs.row(c.jobs.get(held.job_id)) is not None
+    job = c.jobs.get(held.job_id)   # a job that starts first: its row (TIME moves) is neither kept nor made
+    started = c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (), 1),)))], clock.now, 0)[0]
+    assert c.jobs.unrendered(10) == [] and c.keep_rows() == 0 and c.jobs.row(started) is None
+    done = c._commit([(started, events.exited(started, clock.now + 9, 0, 0))], clock.now + 9, 0)[0]
+    assert c.jobs.unrendered(10) == [done]
+    c.jobs.remove(done.job_id)   # forgotten (retention) before its row is made
+    assert c.keep_rows() == 0 and c.jobs.unrendered(10) == []
 
 
-def test_rows_are_not_made_ahead_while_a_listing_makes_many_on_its_way(controller):
+def test_rows_are_not_made_ahead_while_a_listing_makes_many_on_its_way(controller, monkeypatch):
+    from air.airctld import controller as module
     c, clock = controller
-    _queue(c, clock, seed=5)
-    with c._making_rows(501):   # (a listing that makes the same rows would take twice as long)
-        assert c.keep_rows() == 0
-    with c._making_rows(10):
-        assert c.keep_rows() > 0
+    for _ in range(501):
+        c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True), ALICE)
+    real, ahead = module._row, []
+
+    def row(items, job):   # what the thread would do while the listing makes its rows
+        if not ahead:
+            ahead.append(c.keep_rows())
+        return real(items, job)
+    monkeypatch.setattr(module, "_row", row)
+    c.list_rows(pb.JobFilter(rendered=True), ROOT)
+    assert ahead == [0]   # (a listing that makes the same rows would take twice as long)
+    with c._making_rows(10):   # a listing that makes a few: the thread goes on
+        c.jobs.put(evolve(c.jobs.get(1), reason=Reason.DEPENDENCY))
+        assert c.keep_rows() == 1
 
 
 def test_a_row_that_cannot_be_made_is_not_tried_again_until_its_job_changes(controller, monkeypatch):
