@@ -662,7 +662,7 @@ class Controller:
     def keep_rows(self, limit: int = 500) -> int:
         """Make up to `limit` of the rows list_rows keeps (pending and ended jobs'), ahead of the
         listing that would make them on its way: after 100,000 submissions, or a pass that gave them
-        all a reason, the first plain airq made every row (2 s). How many were made."""
+        all a reason, the first plain airq made every row (2 s). How many jobs it took (0: none waiting)."""
         if self._listings_making:
             return 0
         with self._lock:
