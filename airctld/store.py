@@ -332,8 +332,8 @@ class Store:
         `alike`: a bulk change of pending jobs (a cancel of 100,000): the fields in which every new
         version differs from its old one, and their values, the same for all. They are written with one
         statement for all the jobs and one for their events, where a row at a time took three times as
-        long. Every job must be pending, and end pending: a job that ends no run has no figures or run
-        row to write, and its event's reason is its own (ValueError otherwise, before any write)."""
+        long. Every job must be pending, and leave pending: such a job ends no run, so it has no figures
+        or run row to write, and its event's reason is its own (ValueError otherwise, before any write)."""
         if alike is not None:
             return self._update_alike(changes, now, who, alike)
         rows, events, runs = [], [], []
@@ -372,7 +372,7 @@ class Store:
         if len({row[0] for row in rows}) < len(rows):   # (a job twice: as a row at a time writes it)
             return self.update_jobs(changes, now, who)
         conn = self.db.conn
-        conn.execute("DELETE FROM temp.changing")   # (empty, but for a failure in an earlier one outside a transaction)
+        conn.execute("DELETE FROM temp.changing")   # (empty, unless an earlier one failed outside a transaction)
         conn.executemany("INSERT INTO temp.changing (id, priority) VALUES (?, ?)", rows)
         conn.execute(f"UPDATE jobs SET {', '.join(f + ' = ?' for f in alike)}, "
                      "priority = (SELECT priority FROM temp.changing AS c WHERE c.id = jobs.id) "
