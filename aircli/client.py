@@ -70,10 +70,11 @@ class Client:
         dicts (protos.schemas.SubmitRequest and SubmitReply)."""
         return self._call_fields("Submit", request, timeout)
 
-    def list_jobs_fields(self, request: dict, timeout: float = 30.0) -> dict:
+    def list_jobs_fields(self, request: dict, timeout: float = 30.0,
+                         as_sent: frozenset[str] = frozenset()) -> dict:
         """ListJobs, without importing protobuf: a JobFilter as protos.protowire's dict, the reply as one
-        (its jobs left as their bytes)."""
-        return self._call_fields("ListJobs", request, timeout)
+        (its jobs left as their bytes; `as_sent`: see protowire.decode)."""
+        return self._call_fields("ListJobs", request, timeout, as_sent)
 
     def cancel(self, request: pb.CancelRequest, timeout: float = 30.0) -> pb.CancelReply:
         return self._call("Cancel", request, timeout)
@@ -143,7 +144,8 @@ class Client:
             raise CliError(f"airctld at {self.address} sent a reply that is not a {reply_type.__name__}",
                            "INTERNAL") from None
 
-    def _call_fields(self, name: str, request: dict, timeout: float) -> dict:
+    def _call_fields(self, name: str, request: dict, timeout: float,
+                     as_sent: frozenset[str] = frozenset()) -> dict:
         from air.protos import protowire, schemas
         request_schema, reply_schema = schemas.RPCS[name]
         try:
@@ -152,7 +154,7 @@ class Client:
             raise CliError(f"cannot send this request: {e}") from None
         reply = self._send(f"/{schemas.SERVICE}/{name}", data, timeout)
         try:
-            return protowire.decode(reply_schema, reply)
+            return protowire.decode(reply_schema, reply, as_sent)
         except protowire.DecodeError:
             raise CliError(f"airctld at {self.address} sent a reply that is not a {reply_schema.name}",
                            "INTERNAL") from None

@@ -103,10 +103,13 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
         raise click.BadParameter(str(e), param_hint="'-O'" if long_fmt else "'-o'") from None
     sent: list[bytes] | None = None
     if not (fmt or long_ or as_json or show_priority or show_start):   # squeue's default rows, kept rendered
-        plain = Client(config).list_jobs_fields({**wanted, "rendered": True, "expand_arrays": expand_arrays})
-        if plain["rendered"] or not plain["jobs"]:
-            head = squeue.render(items, [], header=True)[0] + "\n" if not noheader else ""
-            sys.stdout.write(head + plain["rendered"])
+        plain = Client(config).list_jobs_fields({**wanted, "rendered": True, "expand_arrays": expand_arrays},
+                                                as_sent=frozenset({"rendered"}))
+        if plain["rendered"] or not plain["jobs"]:   # (the rows' megabytes written as they came: no copy)
+            sys.stdout.write(squeue.render(items, [], header=True)[0] + "\n" if not noheader else "")
+            if plain["rendered"]:
+                sys.stdout.flush()
+                sys.stdout.buffer.write(plain["rendered"])
             return
         sent = plain["jobs"]   # (a controller from before rendered rows sends jobs)
     from air.aircli import formats

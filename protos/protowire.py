@@ -209,10 +209,12 @@ def _number(kind: str, n: int):
     return n
 
 
-def _value(kind: str, wiretype: int, raw, message: Message | None = None):
+def _value(kind: str, wiretype: int, raw, message: Message | None = None, as_sent: bool = False):
     expected = _wiretype(kind)
     if wiretype != expected:
         raise DecodeError(f"a {kind} field sent as wire type {wiretype}")
+    if as_sent:
+        return raw
     if kind == STRING:
         try:
             return str(raw, "utf-8")
@@ -227,9 +229,11 @@ def _value(kind: str, wiretype: int, raw, message: Message | None = None):
     return _number(kind, raw)
 
 
-def decode(schema: Message, data) -> dict:
+def decode(schema: Message, data, as_sent: frozenset[str] = frozenset()) -> dict:
     """The message in `data`: every field of the schema, a default where absent (None for a
-    message), the last value for a repeated scalar field; DecodeError for bytes that are not one."""
+    message), the last value for a repeated scalar field; DecodeError for bytes that are not one.
+    `as_sent`: singular length-delimited fields given as the memoryview of their bytes in `data`,
+    unchecked (airq writes its megabytes of rows as they came)."""
     by_number = {f.number: f for f in schema.fields}
     out = {f.name: _default(f) for f in schema.fields}
     for number, wiretype, raw in _fields(memoryview(data)):
@@ -250,7 +254,7 @@ def decode(schema: Message, data) -> dict:
         elif f.repeated:
             out[f.name].append(_value(f.kind, wiretype, raw, f.message))
         else:
-            out[f.name] = _value(f.kind, wiretype, raw, f.message)
+            out[f.name] = _value(f.kind, wiretype, raw, f.message, f.name in as_sent)
     return out
 
 

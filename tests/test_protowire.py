@@ -190,3 +190,15 @@ def test_bad_values_and_bad_bytes_are_refused():
     assert w.decode(schemas.SubmitReply, b"\x08\x07" + b"\x1a\x02hi" + b"\x25" + bytes(4)) == \
         {"job_id": 7, "message": ""}
     assert math.isnan(w.decode(w.Message("D", (w.Field("d", 1, w.DOUBLE),)), b"\x09" + bytes(6) + b"\xf8\x7f")["d"])
+
+
+def test_a_field_asked_as_sent_is_the_bytes_that_came_unchecked():
+    rows = "  7 gpu  job  alice PD  0:00  1 (Priority)\n".encode() * 3
+    data = pb.ListJobsReply(rendered=rows.decode()).SerializeToString()
+    got = w.decode(schemas.ListJobsReply, data, as_sent=frozenset({"rendered"}))
+    assert isinstance(got["rendered"], memoryview) and bytes(got["rendered"]) == rows
+    assert w.decode(schemas.ListJobsReply, data)["rendered"] == rows.decode()   # (a str otherwise)
+    bad = b"\x12\x02\xff\xfe"   # field 2, two bytes that are not UTF-8
+    assert bytes(w.decode(schemas.ListJobsReply, bad, as_sent=frozenset({"rendered"}))["rendered"]) == b"\xff\xfe"
+    with pytest.raises(w.DecodeError, match="not UTF-8"):
+        w.decode(schemas.ListJobsReply, bad)

@@ -378,7 +378,7 @@ def test_a_plain_airq_shows_the_jobs_a_controller_without_rendered_rows_sends(mo
         def __init__(self, config=None):
             pass
 
-        def list_jobs_fields(self, request):
+        def list_jobs_fields(self, request, **options):
             sent.append(request)
             return {"jobs": [pb.Job(job_id=7, user="alice", partition="gpu", phase=JobPhase.PENDING,
                                     reason=Reason.PRIORITY, request=pb.JobRequest(nodes=1, name="old")).SerializeToString()],
