@@ -40,9 +40,9 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
     longest = cc.max_name_chars
     for field, what in (("name", "job name"), ("account", "account"), ("qos", "QOS"), ("partition", "partition")):
         value = getattr(req, field)
-        if len(value) > longest or any(c < " " for c in value):
+        if len(value) > longest or not value.isprintable():   # (no control, format or bidi character: shown on
             raise InvalidRequest(f"{what} {value[:40]!r}: at most {longest} printable characters (max_name_chars)")
-    if len(req.dependency) > MAX_DEPENDENCY_CHARS or any(c < " " for c in req.dependency):
+    if len(req.dependency) > MAX_DEPENDENCY_CHARS or not req.dependency.isprintable():   # others' terminals)
         raise InvalidRequest(f"dependency {req.dependency[:40]!r}...: at most {MAX_DEPENDENCY_CHARS} printable "
                              "characters")
     if not req.workdir.startswith("/"):
@@ -61,9 +61,9 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
         raise InvalidRequest(f"submit host {req.submit_host[:40]!r}: a host name of at most 255 characters")
     for field in ("comment", "wckey", "mail_type", "mail_user"):
         value = getattr(req, field)
-        if len(value) > MAX_COMMENT or any(c < " " for c in value):
+        if len(value) > MAX_COMMENT or not value.isprintable():
             raise InvalidRequest(f"--{field.replace('_', '-')}: at most {MAX_COMMENT} printable characters")
-    if len(req.constraint) > MAX_CONSTRAINT_CHARS or any(c < " " for c in req.constraint):
+    if len(req.constraint) > MAX_CONSTRAINT_CHARS or not req.constraint.isprintable():
         raise InvalidRequest(f"--constraint: at most {MAX_CONSTRAINT_CHARS} printable characters")
     for flag, names in (("-w/--nodelist", req.nodelist), ("-x/--exclude", req.exclude)):
         if len(names) > MAX_NODE_NAMES or any(len(n) > longest or not _NODE_NAME.fullmatch(n) for n in names):

@@ -202,3 +202,5 @@ def test_a_field_asked_as_sent_is_the_bytes_that_came_unchecked():
     assert bytes(w.decode(schemas.ListJobsReply, bad, as_sent=frozenset({"rendered"}))["rendered"]) == b"\xff\xfe"
     with pytest.raises(w.DecodeError, match="not UTF-8"):
         w.decode(schemas.ListJobsReply, bad)
+    with pytest.raises(w.DecodeError, match="wire type 0"):   # (its wire type is checked all the same)
+        w.decode(schemas.ListJobsReply, b"\x10\x05", as_sent=frozenset({"rendered"}))

@@ -4,6 +4,8 @@ pending, held, running and ended jobs, array tasks of two arrays interleaved, an
 between listings: a kept row never outlives the version of the job it shows."""
 import random
 
+import pytest
+
 from air.airctld import events
 from air.airctld.model import NodeAlloc, evolve
 from air.protos import air_pb2 as pb
@@ -388,3 +390,35 @@ def test_a_plain_airq_shows_the_jobs_a_controller_without_rendered_rows_sends(mo
     assert client.run(queue.command, "airq", ["-h", "-u", "0", "-j", "7"]) == 0
     assert capsys.readouterr().out.split() == ["7", "gpu", "old", "alice", "PD", "0:00", "1", "(Priority)"]
     assert sent == [{"uids": [0], "job_ids": [7], "array_tasks": [], "rendered": True, "expand_arrays": False}]
+
+
+@pytest.mark.parametrize("stdout", ["bytes", "text only", "latin-1"])
+def test_a_plain_airq_writes_its_header_then_the_rows_sent_whatever_its_stdout(monkeypatch, stdout):
+    """The rows are written as the controller sent them (UTF-8 bytes) where stdout takes them, and
+    decoded where it is text only (no buffer) or in another encoding."""
+    import contextlib
+    import io
+    from air.aircli import client, queue
+    rows = "      7       gpu     café    alice PD       0:00      1 (Priority)\n"
+
+    class Current:
+        def __init__(self, config=None):
+            pass
+
+        def list_jobs_fields(self, request, **options):
+            data = pb.ListJobsReply(rendered=rows).SerializeToString()
+            from air.protos import protowire, schemas
+            return protowire.decode(schemas.ListJobsReply, data, options.get("as_sent", frozenset()))
+
+    monkeypatch.setattr(client, "Client", Current)
+    raw = io.BytesIO()
+    out = io.StringIO() if stdout == "text only" else \
+        io.TextIOWrapper(raw, encoding="utf-8" if stdout == "bytes" else "latin-1")
+    with contextlib.redirect_stdout(out):
+        assert client.run(queue.command, "airq", []) == 0
+        out.flush()
+    text = out.getvalue() if stdout == "text only" else \
+        raw.getvalue().decode("utf-8" if stdout == "bytes" else "latin-1")
+    head, row = text.splitlines()
+    assert head.split() == ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"]
+    assert row + "\n" == rows

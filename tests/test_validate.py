@@ -29,6 +29,9 @@ def test_good_request_passes():
     (dict(mem_per_gpu_mb=(1 << 30) + 1), "--mem-per-gpu=1073741825M: at most"),
     (dict(name="n" * 300), "at most 256 printable characters"),
     (dict(name="bad\nname"), "at most 256 printable characters"),
+    (dict(name="\u009b2J\u009bH"), "at most 256 printable characters"),   # (CSI: a terminal's escape)
+    (dict(name="txt\u202egnp.exe"), "at most 256 printable characters"),   # (a bidi override)
+    (dict(comment="a\x7fb"), "--comment: at most"),
     (dict(output="/tmp/a\0b"), "without NUL or newline"),
     (dict(environment={"BIG": "x" * 200}), "the environment is 205 bytes; the limit is 100"),
     (dict(environment={"1BAD": "x"}), "environment variable name '1BAD' is not valid"),
