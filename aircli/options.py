@@ -149,7 +149,7 @@ def _convert(opt: Opt, value: str | None) -> object:
     if opt.kind == "hostlist":
         return parse_hostlist(opt.long, value)
     if opt.kind == "constraint":
-        if len(value) > MAX_CONSTRAINT_CHARS or any(c < " " for c in value):
+        if len(value) > MAX_CONSTRAINT_CHARS or not value.isprintable():   # (as airctld/validate.py)
             raise OptionError(f"{opt.long}: at most {MAX_CONSTRAINT_CHARS} printable characters")
         return value
     if opt.kind == "count":

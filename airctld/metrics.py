@@ -105,7 +105,7 @@ class ControllerMetrics:
         if phase == _RUNNING and was == _PENDING:
             counts.append((self.starts, new.partition))
             self._started(new, new.account)
-        if old.start_time > 0 and goodput.run_ended(old, new):
+        if goodput.run_ended(old, new):
             end = new.end_time or now
             g = goodput.breakdown(old.start_time, [goodput.Run(old.start_time, end, new.figures)], end)
             account = new.account   # (read where it is needed: a cancel of pending jobs never needs it)

@@ -38,11 +38,12 @@ def check_request(req: pb.JobRequest, cc: ControllerConfig) -> None:
     if not req.script.startswith("#!"):
         raise InvalidRequest("the batch script must start with a #! line, such as #!/bin/bash")
     longest = cc.max_name_chars
+    # text others see (airq, airacct) is printable: no control, format or bidi character for their terminals
     for field, what in (("name", "job name"), ("account", "account"), ("qos", "QOS"), ("partition", "partition")):
         value = getattr(req, field)
-        if len(value) > longest or not value.isprintable():   # (no control, format or bidi character: shown on
+        if len(value) > longest or not value.isprintable():
             raise InvalidRequest(f"{what} {value[:40]!r}: at most {longest} printable characters (max_name_chars)")
-    if len(req.dependency) > MAX_DEPENDENCY_CHARS or not req.dependency.isprintable():   # others' terminals)
+    if len(req.dependency) > MAX_DEPENDENCY_CHARS or not req.dependency.isprintable():
         raise InvalidRequest(f"dependency {req.dependency[:40]!r}...: at most {MAX_DEPENDENCY_CHARS} printable "
                              "characters")
     if not req.workdir.startswith("/"):

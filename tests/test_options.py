@@ -162,7 +162,8 @@ def test_sbatch_options_recorded_refused_or_checked():
                             (["-w", "/etc/hosts"], "^--nodelist=/etc/hosts: AIR takes a host list here, not a file$"),
                             (["-x", "node[1-100000000]"], "^--exclude=node.*: not a host list"),
                             (["-w", "node[01-"], "^--nodelist=node\\[01-: not a host list"),
-                            (["-C", "a\nb"], "^--constraint: at most 1024 printable characters$")):
+                            (["-C", "a\nb"], "^--constraint: at most 1024 printable characters$"),
+                            (["-C", "a\u202eb"], "^--constraint: at most 1024 printable characters$")):
         with pytest.raises(OptionError, match=message):
             parse_tokens(tokens)
     # -w without -N: as many nodes as it lists; with -N, -N stays (the controller refuses fewer)
