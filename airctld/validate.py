@@ -112,7 +112,7 @@ def _check_het(req: pb.JobRequest, longest: int) -> None:
         raise InvalidRequest(f"the components of a heterogeneous job ask for {sum(c.nodes for c in req.het)} nodes "
                              f"in all, each at least 1; the job for {max(req.nodes, 1)}")
     for c in req.het:
-        if len(c.name) > longest or any(ch < " " for ch in c.name):
+        if len(c.name) > longest or not c.name.isprintable():
             raise InvalidRequest(f"component name {c.name[:40]!r}: at most {longest} printable characters "
                                  "(max_name_chars)")
     if req.array or req.allocation or req.nodelist:

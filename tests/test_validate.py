@@ -43,6 +43,8 @@ def test_good_request_passes():
     (dict(nodes=1, het=[pb.HetComponent(name="a", nodes=1)]), "has 2 to 128 components, not 1"),
     (dict(nodes=2, het=[pb.HetComponent(name="a" * 300, nodes=1), pb.HetComponent(nodes=1)]),
      "component name 'aaaa"),
+    (dict(nodes=2, het=[pb.HetComponent(name="a\u202eb", nodes=1), pb.HetComponent(name="c", nodes=1)]),
+     "component name 'a\\\\u202eb'"),
     (dict(nodes=2, array="0-3", het=[pb.HetComponent(nodes=1), pb.HetComponent(nodes=1)]),
      "a heterogeneous job cannot be an array"),
     (dict(rlimits={"NOFILE": 10, "LOCKS": 5}), "'LOCKS' is not a limit"),
