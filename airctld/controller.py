@@ -612,7 +612,7 @@ class Controller:
         arrays: dict[int, tuple[int, list[Job]]] = {}   # array -> (its row's place, its pending tasks)
         expand, pending, append = filt.expand_arrays, JobPhase.PENDING, lines.append
         others = zip(jobs, rows)
-        with self._making_rows(rows.count(None)):
+        with self._making_rows(sum(row is None and _kept(job, expand) for job, row in zip(jobs, rows))):
             for row in plain:   # (outside the lock: a row is made from the version of the job picked)
                 if row is not None:
                     append(row)
@@ -627,7 +627,7 @@ class Controller:
                     continue
                 if row is None:
                     row = _row(items, job)
-                    if job.phase in (JobPhase.PENDING, JobPhase.DONE):
+                    if _kept(job, expand):
                         made.append((job, row))
                 append(row)
         if made:
@@ -648,7 +648,7 @@ class Controller:
         """A listing about to make `count` rows on its way: keep_rows waits meanwhile, if many (it
         would make the same rows again: an airq right after a cancel of 100,000 jobs took twice as
         long)."""
-        many = count > 500
+        many = count > MANY_ROWS
         if many:
             with self._rows_lock:
                 self._listings_making += 1
@@ -951,6 +951,7 @@ class Controller:
 
 FORGET_EVERY_S = 1.0   # how often ended jobs past the visibility window are dropped from memory
 RPC_WORKERS = 16   # the threads that serve RPCs (airctld's gRPC server)
+MANY_ROWS = 500   # a listing that makes more rows than this on its way holds keep_rows back
 SATURATION_CREDIT = 5   # inactive limits of busy RPC workers that airrun's renewals are excused for
 
 
@@ -994,6 +995,13 @@ def _strip_private(view: pb.Job) -> None:
     """What only a job's owner, root and operators may read: the script, environment and arguments."""
     for name in ("script", "environment", "argv", "submit_line"):
         view.request.ClearField(name)
+
+
+def _kept(job: Job | None, expand: bool) -> bool:
+    """A row list_rows keeps once made: a pending job's (but an array's task shown in its array's
+    row), or an ended one's. A running job's TIME moves: its row is made for each listing."""
+    return job is not None and (job.phase == JobPhase.DONE or job.phase == JobPhase.PENDING
+                                and (expand or not job.array_job_id))
 
 
 def _row(items, job: Job) -> str:

@@ -110,6 +110,29 @@ def test_rows_are_not_made_ahead_while_a_listing_makes_many_on_its_way(controlle
         assert c.keep_rows() == 1
 
 
+def test_running_jobs_rows_made_by_a_listing_do_not_hold_the_thread_back(controller, monkeypatch):
+    """A running job's row is made for each listing and never kept: many running jobs are no reason
+    to keep pending jobs' rows waiting."""
+    from air.airctld import controller as module
+    c, clock = controller
+    monkeypatch.setattr(module, "MANY_ROWS", 3)
+    for _ in range(5):
+        job = c.jobs.get(c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp"), ALICE)[0])
+        c._commit([(job, events.start(job, clock.now, (NodeAlloc("n1", (), 1),)))], clock.now, 0)
+    held, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", hold=True), ALICE)
+    real, ahead = module._row, []
+
+    def row(items, job):   # (the thread's own rows are made with the real _row)
+        if not ahead:
+            monkeypatch.setattr(module, "_row", real)
+            ahead.append(c.keep_rows())
+        return real(items, job)
+    monkeypatch.setattr(module, "_row", row)
+    text = c.list_rows(pb.JobFilter(rendered=True), ROOT)
+    assert ahead == [1] and len(text.splitlines()) == 6
+    assert c.jobs.row(c.jobs.get(held)) is not None
+
+
 def test_a_row_that_cannot_be_made_is_not_tried_again_until_its_job_changes(controller, monkeypatch):
     from air.airctld import controller as module
     c, clock = controller
