@@ -148,7 +148,9 @@ class Launcher:
 
     def launch(self, job: pb.Job) -> None:
         """Start the batch script of this run of the job; a failure to start is reported as the run's
-        exit. A run older than one seen here is refused (StaleRun); an older run still here is killed."""
+        exit. A run older than one seen here is refused (StaleRun); an older run still here is killed. A
+        run launched here before is never started again, running or ended: a launch whose answer was lost
+        is retried, and may come after the run's end."""
         run = job.restart_count
         with self._lock:
             if (job.job_id, run) in self.jobs or (job.job_id, run) in self._starting:
@@ -156,6 +158,10 @@ class Launcher:
             newest = self._newest.get(job.job_id, -1)
             if run < newest:
                 raise StaleRun(f"run {run} of job {job.job_id} is older than run {newest}, launched here already")
+            if run == newest:   # a retried launch whose first try was served (its answer lost) and has ended
+                log.info("job %d: run %d was launched here already and has ended; not started again", job.job_id,
+                         run)
+                return
             self._newest.pop(job.job_id, None)
             self._newest[job.job_id] = run
             while len(self._newest) > MAX_RUNS_REMEMBERED:

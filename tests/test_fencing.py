@@ -203,6 +203,30 @@ def test_a_node_refuses_a_launch_of_an_older_run_and_kills_an_older_run_it_finds
     wait_for(lambda: len(exits) == 2, timeout=10, what="run 2's end")
 
 
+def test_a_retried_launch_of_a_run_that_has_ended_never_starts_it_again(tmp_path):
+    """The controller retries a launch whose answer was lost; the first try may have run the script to
+    its end already, before this daemon or after it restarted (the run's folder stays until the
+    controller has its exit)."""
+    os.chmod(tmp_path, 0o755)
+    spool, marker = tmp_path / "spool", tmp_path / "ran"
+    spool.mkdir(mode=0o755)
+    exits = []
+    launcher = Launcher("n1", spool, exits.append)
+    job = pb.Job(job_id=5, uid=os.getuid(), gid=os.getgid(), restart_count=0,
+                 request=pb.JobRequest(script=f"#!/bin/sh\necho ran >> {marker}\n", workdir=str(tmp_path)),
+                 allocation=[pb.NodeAlloc(node="n1")])
+    launcher.launch(job)
+    wait_for(lambda: len(exits) == 1, timeout=10, what="run 0's end")
+    launcher.launch(job)                                   # the retry
+    successor = Launcher("n1", spool, exits.append)        # a daemon restarted before the exit was taken
+    assert successor.adopt() == [(5, 0)]
+    wait_for(lambda: len(exits) == 2, timeout=10, what="run 0's end, found by the successor")
+    successor.launch(job)
+    time.sleep(1.0)                                        # (long enough for a script started again to write)
+    assert marker.read_text() == "ran\n" and launcher.runs() == successor.runs() == []
+    assert [(e.job_id, e.run, e.exit_code) for e in exits] == [(5, 0, 0)] * 2
+
+
 def test_a_local_cluster_taken_down_leaves_no_job_running():
     """A node daemon that stops leaves its jobs for the next one (a restart keeps them); a local cluster
     taken down has no next one, so `aircontrol local down` kills them."""
