@@ -15,6 +15,7 @@ from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound, Overt
 from air.airctld.events import TransitionError
 from air.airctld.jobtable import JobTable
 from air.airctld.model import Job, Node, evolve
+from air.airctld.nodes import CALL_TIMEOUT_S
 from air.airctld.policy import Policy
 from air.airctld.store import Store
 from air.protos import air_pb2 as pb
@@ -73,6 +74,9 @@ class NodeReports:
         self.last_progress = last_progress
         self.moved = moved
         self.latest_report = latest_report
+        # a launch an earlier controller sent before it died may still reach its node until the launch's
+        # deadline: until then, any running job may be on its way to its node (see heartbeat)
+        self._inherited_until = mono() + CALL_TIMEOUT_S
         self.telemetry: dict[str, list[pb.GpuStatus]] = {}   # node -> its GPUs' latest reading
         self._beats: dict[str, tuple[str, tuple[int, int]]] = {}   # node -> its newest heartbeat taken (see heartbeat)
 
@@ -166,6 +170,7 @@ class NodeReports:
             running = set(req.running)
             runs = {(r.job_id, r.run) for r in req.runs}
             launching = {j for j, _ in self._launching}
+            inherited = self.mono() < self._inherited_until
             for job_id, waits in list(self.fence_wait.items()):   # this node answers: without that job's runs?
                 job = self.jobs.get(job_id)
                 if req.name not in waits or job is None:
@@ -174,8 +179,8 @@ class NodeReports:
                     # (killed below as stale): its node renews its lease by answering, so the fence's
                     # deadline says nothing while it does; the job waits until the node reports it gone
                     waits[req.name] = max(waits[req.name], self.heard[req.name] + self.config.controller.fenced_by_s)
-                elif job_id not in launching:   # (a launch of an earlier run may still reach the node)
-                    del waits[req.name]
+                elif job_id not in launching and not inherited:   # (no launch of an earlier run may still
+                    del waits[req.name]                               # reach the node)
                 if not waits:   # the job may start again now, not at the fence's deadline
                     del self.fence_wait[job_id]
                     self._mark_dirty()
@@ -189,7 +194,8 @@ class NodeReports:
                 if job.batch_node != req.name:
                     continue   # another node's heartbeat says nothing about this job's batch script
                 here = job.job_id in running and (job.job_id, job.restart_count) in runs
-                if here or job.job_id in current_exits or (job.job_id, job.restart_count) in self._launching:
+                if here or job.job_id in current_exits or (job.job_id, job.restart_count) in self._launching \
+                        or inherited:
                     self._misses.pop(job.job_id, None)
                     continue
                 misses = self._misses[job.job_id] = self._misses.get(job.job_id, 0) + 1

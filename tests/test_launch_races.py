@@ -8,6 +8,7 @@ import pytest
 from air.airctld import events
 from air.airctld.errors import Overtaken
 from air.airctld.model import NodeAlloc
+from air.airctld.nodes import CALL_TIMEOUT_S
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
 from air.protos.states import JobPhase, JobResult, NodeState, Reason
@@ -145,6 +146,7 @@ def test_a_heartbeat_taken_after_a_newer_one_of_the_same_node_is_ignored(control
     # request) while its daemon gives up on it and sends heartbeat 2: run 0 alive, a critical GPU fault
     # that requeues the job. Heartbeat 1, taken last, must not clear the job's fence wait on n1.
     c, clock = controller
+    clock.now += CALL_TIMEOUT_S   # (a controller up for a while: no launch of an earlier one may be out)
     c.clients = Recorder()
     job = _start(c, clock, "n1")
 
@@ -179,6 +181,7 @@ def test_a_requeued_job_waits_for_the_launch_of_its_earlier_run_to_return(contro
     # heartbeat, sent before the launch reached it, has no run of the job. Run 1 must not start (on n2)
     # until that launch has returned: it may still start run 0 on n1.
     c, clock = controller
+    clock.now += CALL_TIMEOUT_S   # (a controller up for a while: no launch of an earlier one may be out)
     job = _start(c, clock, "n1")
     c._launching.add((job.job_id, job.restart_count))
     seen = []
@@ -204,3 +207,21 @@ def test_a_requeued_job_waits_for_the_launch_of_its_earlier_run_to_return(contro
     c._dirty = True
     c.tick()
     assert c.jobs.get(job.job_id).phase == JobPhase.RUNNING and c.jobs.get(job.job_id).restart_count == 1
+
+
+def test_a_restarted_controller_waits_out_the_launches_its_predecessor_may_have_sent(controller):
+    """airctld was killed just after it sent a run's launch, and started again: that launch may still
+    reach n1 (its deadline is CALL_TIMEOUT_S). Until then n1's heartbeats without the run count for
+    nothing: the job is not lost, nor started again elsewhere while n1 may still start it."""
+    c, clock = controller   # (built at clock.now: as a controller that has just started)
+    job = _start(c, clock, "n1")                  # running, as the store had it; its launch is out
+    began = clock.now
+    for _ in range(4):
+        _beat(c, "n1")                            # n1 has not had the launch (yet)
+        clock.now += 2
+    assert clock.now < began + CALL_TIMEOUT_S and c.jobs.get(job.job_id).phase == JobPhase.RUNNING
+    clock.now = began + CALL_TIMEOUT_S
+    _beat(c, "n1")
+    _beat(c, "n1")
+    now = c.jobs.get(job.job_id)
+    assert (now.phase, now.restart_count, now.last_stop_reason) == (JobPhase.PENDING, 1, Reason.JOB_LOST)

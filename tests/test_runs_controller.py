@@ -6,6 +6,7 @@ import pytest
 from air.airctld import events
 from air.airctld.errors import Conflict
 from air.airctld.model import NodeAlloc
+from air.airctld.nodes import CALL_TIMEOUT_S
 from fakeclock import Clock, build as _build
 from air.protos import air_pb2 as pb
 from air.protos.credential import Identity
@@ -49,6 +50,7 @@ def test_a_stale_runs_exit_and_report_never_count_for_the_current_run(controller
 
 def test_a_requeued_job_waits_until_its_last_run_is_gone_from_every_node(controller):
     c, clock = controller
+    clock.now += CALL_TIMEOUT_S   # (a controller up for a while: no launch of an earlier one may be out)
     job = _running_on(c, clock, "n1")
     _beat(c, "n1", runs=[(job.job_id, 0)])
     c._commit([(job, events.node_lost(job, clock.now, Reason.NODE_FAIL, "GPU fault"))], clock.now, 0)
