@@ -112,6 +112,14 @@ class Agent:
         """Since the start of the last call to airctld that got an answer (the lease)."""
         return max(0.0, lease_clock() - self._lease)
 
+    def fenced(self) -> str:
+        """Why this node starts nothing now ("": it may): its lease is past the fence time, so the
+        runs it has are being stopped, and a launch or step that arrives now was sent before that."""
+        silent = self.seconds_since_controller()
+        if silent < self.config.controller.fence_after_s:
+            return ""
+        return f"{self.node.name} is fenced: no word from the controller for {silent:.1f} s"
+
     def describe(self) -> pb.Node:
         cpus = self.node.cpus or os.cpu_count() or 1
         memory = self.node.memory_mb or psutil.virtual_memory().total // (1024 * 1024)
@@ -448,6 +456,8 @@ class AgentService:
         if left is not None and left <= 0:   # the controller has given up on it (and may have requeued the
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,   # job): a launch that waited here never starts
                           f"the launch of job {request.job.job_id} came too late")
+        if fenced := self.agent.fenced():   # (answered as not reached: the controller tries again, then requeues)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{fenced}; job {request.job.job_id} is not started")
         try:
             self.agent.launcher.launch(request.job)
         except StaleRun as e:
@@ -494,6 +504,8 @@ class AgentService:
 
     def RunStep(self, request: pb.RunStepRequest, context):
         who = self._identify(context, "RunStep", request)
+        if fenced := self.agent.fenced():   # (airrun follows again, as for a daemon away, and gives the node up
+            context.abort(grpc.StatusCode.UNAVAILABLE, fenced)   # if it stays fenced)
         steps = self.agent.steps
         try:
             events, stop = (steps.attach if request.attach else steps.run)(request.job_id, request.step_id, who.uid,

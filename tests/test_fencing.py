@@ -258,3 +258,48 @@ def test_the_keeper_finds_nothing_to_stop_in_a_spool_that_is_gone(tmp_path):
     from air.airnoded import fence
     assert fence.stop_runs(tmp_path / "gone", signal.SIGKILL) == []
     assert fence.main(["--kill-runs", str(tmp_path / "gone")]) == 0
+
+
+def test_a_fenced_node_starts_no_launch_or_step_that_arrives_late():
+    """A launch or a step sent before the node fenced itself, and taken after (a daemon frozen with the
+    request in its socket, a slow network), is answered as not reached: the controller tries again and
+    then requeues, airrun follows again and then gives the node up."""
+    from types import SimpleNamespace
+
+    import grpc
+
+    from air.airnoded import agent as module
+    from air.protos.credential import Identity
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        def time_remaining(self):
+            return 5.0
+
+        def abort(self, code, details):
+            raise Aborted(code, details)
+
+    started = []
+    controller = SimpleNamespace(fence_after_s=5.5, service_uid=lambda: 0)
+    agent = module.Agent.__new__(module.Agent)
+    agent.config, agent.node = SimpleNamespace(controller=controller), SimpleNamespace(name="n1")
+    agent.auth = SimpleNamespace(identify=lambda *a: Identity(0, 0))
+    agent.launcher = SimpleNamespace(launch=started.append)
+    agent.steps = SimpleNamespace(run=lambda *a, **k: started.append(a), attach=lambda *a, **k: started.append(a))
+    service = module.AgentService(agent)
+    job = pb.Job(job_id=5, restart_count=0)
+    agent._lease = module.lease_clock() - 2.0      # answered 2 s ago: not fenced
+    assert agent.fenced() == ""
+    service.Launch(pb.LaunchRequest(job=job, batch=True), Context())
+    assert started == [job]
+    agent._lease = module.lease_clock() - 6.0      # past the fence time
+    with pytest.raises(Aborted) as e:
+        service.Launch(pb.LaunchRequest(job=job, batch=True), Context())
+    assert e.value.args[0] == grpc.StatusCode.UNAVAILABLE and "n1 is fenced: no word from the controller" in \
+        e.value.args[1]
+    with pytest.raises(Aborted) as e:
+        next(iter(service.RunStep(pb.RunStepRequest(job_id=5, step_id=0), Context())))
+    assert e.value.args[0] == grpc.StatusCode.UNAVAILABLE
+    assert started == [job]
