@@ -69,6 +69,7 @@ class Controller:
         self._actions = ThreadPoolExecutor(max_workers=16, thread_name_prefix="act")
         self._misses: dict[int, int] = {}
         self._launching: set[tuple[int, int]] = set()   # (job, run) whose launch has not returned yet
+        self._unanswered: dict[int, tuple[int, str]] = {}   # job -> (run, why): its launch was never answered
         now, mono = clock(), monotonic()
         self.jobs = JobTable([self._settled(j) for j in store.load_jobs(now - config.controller.min_job_age_s)])
         # job -> its last step's number (steps are numbered on, across runs and restarts; from the store
@@ -123,15 +124,16 @@ class Controller:
         self._preempted: dict[int, set[int]] = store.load_preemptions()   # preemptor -> its victims so far
         self.metrics = ControllerMetrics(config.controller.metrics_user_labels)
         store.on_commit_time = self.metrics.commit_seconds.observe
+        # (the lambdas: what tests put in their place)
         self.launcher = Launcher(self._lock, self.jobs, self.nodes, lambda: self.clients, self.clock,
                                  lambda *a: self._commit(*a), lambda *a: self._send_signal(*a), self._wake,
-                                 self._stopping, self._launching)   # (the lambdas: what tests put in their place)
+                                 self._stopping, self._launching, self._unanswered)
         self.reports = NodeReports(
             config, store, self.policy, self._lock, self.jobs, self.nodes, self.clock, self.mono,
             lambda: self.clients, lambda *a: self._commit(*a), lambda *a: self._send_signal(*a), self._wake,
             self._mark_dirty, heard=self.heard, suspect=self.suspect, fence_wait=self.fence_wait,
-            misses=self._misses, warned=self._warned, launching=self._launching, last_progress=self.last_progress,
-            moved=self.moved, latest_report=self.latest_report)
+            misses=self._misses, warned=self._warned, launching=self._launching, unanswered=self._unanswered,
+            last_progress=self.last_progress, moved=self.moved, latest_report=self.latest_report)
         self.passes = SchedulingPass(
             store, self._lock, self.jobs, self.nodes, self.planner, self.accounting, self.metrics, self.clock,
             self.mono, lambda *a: self._commit(*a), lambda job: self._actions.submit(self.launcher.launch, job),

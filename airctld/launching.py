@@ -1,10 +1,11 @@
 """Launching a run of a job on its batch node, with retries for a node that does not answer.
 
 A Launch that times out may still have started the run. Node daemons treat a repeated launch of
-the same run as a no-op and refuse an older run, so the controller retries the same run's launch a
-few times. If the node never answers, the job is requeued (a new run number) when it allows it, and
-ends as LaunchFailed when not; either way a run the node did start is older than the job's run, so
-the node's next heartbeat reports it as stale and the node kills it: the job never runs twice.
+the same run as a no-op (running or ended) and refuse an older run, so the controller retries the
+same run's launch a few times. If the node never answers, its heartbeats decide: a run they report
+goes on (the node had started it), and a run two of them do not report is requeued (a new run
+number) when the job allows it, or ends as LaunchFailed, with the launch's timeouts as its reason.
+A node that goes silent altogether is a failed node, and its jobs are requeued as for any other.
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ class Launcher:
     clients: the node clients now (tests swap them); commit: the controller's way to record a job's
     change; signal: to stop a run that was cancelled while its launch was in flight; wake: a pass is
     due; stopping: the controller is shutting down; launching: (job, run) whose launch has not
-    returned, shared with the passes and node reports."""
+    returned, shared with the passes and node reports; unanswered: job -> (run, why) whose launch
+    was never answered, left to its node's heartbeats (node reports settle it)."""
 
     tries = 3
     backoff_s = (1.0, 2.0)   # the waits before the second and the third try
@@ -41,7 +43,7 @@ class Launcher:
     def __init__(self, lock, jobs: JobTable, nodes: Mapping[str, Node], clients: Callable[[], object],
                  clock: Callable[[], float], commit: Callable[[list[tuple[Job, Job]], float, int], list[Job]],
                  signal: Callable[[Job, int], None], wake: threading.Event, stopping: threading.Event,
-                 launching: set[tuple[int, int]]):
+                 launching: set[tuple[int, int]], unanswered: dict[int, tuple[int, str]]):
         self._lock = lock
         self.jobs = jobs
         self.nodes = nodes
@@ -52,6 +54,7 @@ class Launcher:
         self._wake = wake
         self._stopping = stopping
         self._launching = launching
+        self._unanswered = unanswered
 
     def launch(self, job: Job) -> None:
         node, run = job.batch_node, job.restart_count
@@ -71,8 +74,14 @@ class Launcher:
                     backoff = self.backoff_s[min(attempt, len(self.backoff_s)) - 1]
                     if self._stopping.wait(backoff) or not self._still_launching(job):
                         return   # shutting down, or the job was cancelled or its node failed meanwhile
-            self._launch_ended(job, f"launch of run {run} on {node} timed out {self.tries} times; "
-                                    f"a run {node} started anyway is killed as stale", unanswered=True)
+            detail = f"launch of run {run} on {node} timed out {self.tries} times"
+            with self._lock:
+                if self._still_launching(job):   # (a job asked to stop meanwhile is settled now)
+                    self._unanswered[job.job_id] = (run, f"{detail}, and {node} does not have it")
+                    log.warning("job %d: %s; %s's heartbeats decide: the run goes on if %s has it",
+                                job.job_id, detail, node, node)
+                    return
+            self._launch_ended(job, f"{detail}; a run {node} started anyway is killed as stale", unanswered=True)
         except Exception as e:
             self._launch_ended(job, f"launch of run {run} on {node} failed: {_describe(e)}", unanswered=False)
         finally:

@@ -42,7 +42,8 @@ class NodeReports:
     job start. Shared with the controller: heard (node -> last heard, monotonic), suspect (nodes a step
     lost), fence_wait (a requeued job's nodes that may still run it), misses (heartbeats without a
     running job), warned (jobs given their --signal warning: read), launching ((job, run) whose launch
-    has not returned: read), last_progress, moved and latest_report (a job's progress). Its own:
+    has not returned: read), unanswered (job -> (run, why) whose launch was never answered: the
+    heartbeats of its node settle it), last_progress, moved and latest_report (a job's progress). Its own:
     telemetry (node -> its GPUs' latest reading) and the newest heartbeat taken from each node."""
 
     def __init__(self, config: Config, store: Store, policy: Policy, lock, jobs: JobTable, nodes: dict[str, Node],
@@ -51,7 +52,8 @@ class NodeReports:
                  signal: Callable[[Job, int], None], wake: threading.Event, dirty: Callable[[], None], *,
                  heard: dict[str, float], suspect: dict[str, float], fence_wait: dict[int, dict[str, float]],
                  misses: dict[int, int], warned: set[int], launching: set[tuple[int, int]],
-                 last_progress: dict[int, float], moved: dict[int, float], latest_report: dict[int, str]):
+                 unanswered: dict[int, tuple[int, str]], last_progress: dict[int, float], moved: dict[int, float],
+                 latest_report: dict[int, str]):
         self.config = config
         self.store = store
         self.policy = policy
@@ -71,6 +73,7 @@ class NodeReports:
         self._misses = misses
         self._warned = warned
         self._launching = launching
+        self._unanswered = unanswered
         self.last_progress = last_progress
         self.moved = moved
         self.latest_report = latest_report
@@ -197,10 +200,15 @@ class NodeReports:
                 if here or job.job_id in current_exits or (job.job_id, job.restart_count) in self._launching \
                         or inherited:
                     self._misses.pop(job.job_id, None)
+                    if here:   # (its unanswered launch had started it after all)
+                        self._unanswered.pop(job.job_id, None)
                     continue
                 misses = self._misses[job.job_id] = self._misses.get(job.job_id, 0) + 1
+                unanswered = self._unanswered.get(job.job_id, (-1, ""))
                 if misses >= MISSES_BEFORE_LOST and job.phase == JobPhase.COMPLETING:
                     changes.append((job, events.finished(job, now, 0, 0)))  # stopped before it ran
+                elif misses >= MISSES_BEFORE_LOST and unanswered[0] == job.restart_count:
+                    changes.append((job, events.launch_unanswered(job, now, unanswered[1])))
                 elif misses >= MISSES_BEFORE_LOST:
                     changes.append((job, events.node_lost(job, now, Reason.JOB_LOST,
                                                      f"node {req.name} no longer has the job")))
@@ -210,6 +218,9 @@ class NodeReports:
                     failing = self._health(node, req.health, now, {old.job_id for old, _ in changes})
                     changes += failing
                 self._commit(changes, now, CONTROLLER_UID)
+            for job_id in [j for j, (run, _) in self._unanswered.items()   # (settled, or stopped since)
+                           if (x := self.jobs.get(j)) is None or x.phase != JobPhase.RUNNING or x.restart_count != run]:
+                del self._unanswered[job_id]
             for old, _ in failing:
                 self._signal(old, 0)
             kill = [i for i in running if (j := self.jobs.get(i)) is None

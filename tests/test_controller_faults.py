@@ -12,6 +12,7 @@ import pytest
 from air.protos import config as cfg
 from air.airctld.controller import Controller
 from air.airctld.errors import StoreFailed
+from air.airctld.nodes import CALL_TIMEOUT_S
 from air.airctld.service import ControllerService
 from air.airctld.store import Store
 from fakeclock import Clock
@@ -285,38 +286,59 @@ def _wait(predicate, what, timeout=10.0):
         time.sleep(0.01)
 
 
-def test_a_launch_that_times_out_is_retried_then_requeued_and_a_late_start_is_killed_as_stale(make):
+def _beat(c, *runs):
+    return c.heartbeat(pb.HeartbeatRequest(name="n1", running=sorted({j for j, _ in runs}),
+                                           runs=[pb.RunRef(job_id=j, run=r) for j, r in runs]))
+
+
+def test_a_launch_that_times_out_is_retried_then_left_to_the_nodes_heartbeats(make):
+    """The node never answers the launch (3 tries of the same run). Its heartbeats decide: a run they
+    report goes on (the node had started it: nothing is lost), one they do not is requeued with the
+    launch's timeouts as its reason."""
     build, _ = make
-    clients = Clients(silent=10)
+    clients = Clients(silent=100)
     c = build(clients)
+    c.clock.now += CALL_TIMEOUT_S   # (up for a while: no launch of an earlier controller may be out)
     c.launcher.backoff_s = (0.01, 0.01)
-    job_id = _start(c)
-    _wait(lambda: c.jobs.get(job_id).phase == JobPhase.PENDING and not c._launching, "the requeue")
-    job = c.jobs.get(job_id)
-    assert clients.launches == [(job_id, 0)] * 3   # the same run each time: a node runs it once at most
-    assert job.restart_count == 1 and job.last_stop_reason == Reason.LAUNCH_FAILED
-    assert job.reason_detail.startswith("launch of run 0 on n1 timed out 3 times")
-    # the node had started run 0 after all: its heartbeat says so, and is told to kill it
-    reply = c.heartbeat(pb.HeartbeatRequest(name="n1", running=[job_id], runs=[pb.RunRef(job_id=job_id, run=0)]))
-    assert [(r.job_id, r.run) for r in reply.stale] == [(job_id, 0)] and list(reply.kill) == [job_id]
-    assert c.jobs.get(job_id).phase == JobPhase.PENDING   # still queued, for its run 1
-    assert [e["detail"] for e in c.store.events(job_id)][-1].startswith("launch of run 0 on n1 timed out")
+    started = _start(c)
+    _wait(lambda: not c._launching, "the tries")
+    assert clients.launches == [(started, 0)] * 3   # the same run each time: a node runs it once at most
+    for _ in range(3):                              # the node had started it after all
+        reply = _beat(c, (started, 0))
+        assert not reply.stale and not reply.kill
+    assert c.jobs.get(started).phase == JobPhase.RUNNING and started not in c._unanswered
+    never = _start(c)
+    _wait(lambda: not c._launching, "the tries")
+    _beat(c, (started, 0))
+    assert c.jobs.get(never).phase == JobPhase.RUNNING   # one heartbeat without it: it may be late
+    _beat(c, (started, 0))
+    job = c.jobs.get(never)
+    assert job.phase == JobPhase.PENDING and job.restart_count == 1 and job.last_stop_reason == Reason.LAUNCH_FAILED
+    assert job.reason_detail == "launch of run 0 on n1 timed out 3 times, and n1 does not have it"
+    assert [e["detail"] for e in c.store.events(never)][-1] == job.reason_detail
+    assert c.jobs.get(started).phase == JobPhase.RUNNING and not c._unanswered
+    # the node starts run 0 after all, later still: it is stale, and killed
+    reply = _beat(c, (started, 0), (never, 0))
+    assert [(r.job_id, r.run) for r in reply.stale] == [(never, 0)] and list(reply.kill) == [never]
 
 
 def test_a_launch_answered_on_a_retry_runs_and_a_job_that_may_not_requeue_ends_launch_failed(make):
     build, _ = make
     clients = Clients(silent=1)
     c = build(clients)
+    c.clock.now += CALL_TIMEOUT_S   # (up for a while: no launch of an earlier controller may be out)
     c.launcher.backoff_s = (0.01, 0.01)
     job_id = _start(c)
     _wait(lambda: not c._launching, "the launch")
     assert clients.launches == [(job_id, 0), (job_id, 0)] and c.jobs.get(job_id).phase == JobPhase.RUNNING
     clients.silent = 10
     other = _start(c, no_requeue=True)
-    _wait(lambda: c.jobs.get(other).phase == JobPhase.DONE, "the launch to fail")
+    _wait(lambda: not c._launching, "the tries")
+    _beat(c, (job_id, 0))
+    _beat(c, (job_id, 0))
     job = c.jobs.get(other)
-    assert job.result == JobResult.FAILED and job.reason == Reason.LAUNCH_FAILED and job.restart_count == 0
-    assert "launch of run 0 on n1 timed out 3 times" in job.reason_detail
+    assert job.phase == JobPhase.DONE and job.result == JobResult.FAILED and job.reason == Reason.LAUNCH_FAILED
+    assert job.restart_count == 0 and "launch of run 0 on n1 timed out 3 times" in job.reason_detail
 
 
 def test_a_node_starts_a_run_once_when_its_launch_is_retried_while_the_first_is_still_starting(tmp_path):
