@@ -31,6 +31,8 @@ LEASE = "lease"
 KEEPER_PID = "fence.pid"
 CGROUP = "cgroup"     # in a run's folder: the run's cgroup, when it has one
 FENCED = "fenced"     # in a run's folder: written before a fence signals the run
+KEEPER_FENCED = "keeper-fenced"   # in the spool: the keeper's fences of runs the daemon had not fenced
+MAX_KEEPER_RECORD = 1 << 16
 CHECK_EVERY_S = 0.2
 KILLS = 25            # SIGKILLs sent to a fenced run at most (never a signal loop on recycled numbers)
 LEASE_WIDTH = 32      # the lease is rewritten in place, a fixed width: no new inode on a full disk
@@ -71,11 +73,14 @@ def lease(spool: Path) -> float | None:
     return value or None
 
 
-def mark_fenced(folder: Path) -> None:
+def mark_fenced(folder: Path) -> bool:
+    """Mark the run fenced (before it is signalled); whether it was not yet."""
+    first = not was_fenced(folder)
     try:
         jobfiles.write_root_file(folder, FENCED, b"1\n", 0o600)
     except OSError:
         pass
+    return first
 
 
 def was_fenced(folder: Path) -> bool:
@@ -99,14 +104,16 @@ def _cgroup_pids(folder: Path) -> list[int]:
         return []
 
 
-def stop_runs(spool: Path, sig: int, only: set[str] | None = None) -> list[str]:
-    """Send `sig` to every run folder's process groups and cgroup; the names of the runs signalled."""
+def stop_runs(spool: Path, sig: int, only: set[str] | None = None, first: list[str] | None = None) -> list[str]:
+    """Send `sig` to every run folder's process groups and cgroup; the names of the runs signalled
+    (those no fence had marked before, also appended to `first`)."""
     done = []
     for entry in _entries(spool):
         if jobfiles.parse_job_dir(entry.name) is None or (only is not None and entry.name not in only):
             continue
         folder = Path(entry.path)
-        mark_fenced(folder)
+        if mark_fenced(folder) and first is not None:
+            first.append(entry.name)
         targets = shepherding.live_groups(folder)
         for pgid in targets:
             try:
@@ -144,14 +151,59 @@ def keep(spool: Path, after: float, grace: float) -> None:
             continue
         silent = now() - began
         runs = {e.name for e in _entries(spool) if jobfiles.parse_job_dir(e.name) is not None}
+        first: list[str] = []   # (runs the daemon had not fenced: frozen, or gone)
         if silent >= after + grace:
             due = {name for name in runs if kills.get(name, 0) < KILLS}
-            for name in stop_runs(spool, signal.SIGKILL, only=due):
+            for name in stop_runs(spool, signal.SIGKILL, only=due, first=first):
                 kills[name] = kills.get(name, 0) + 1
             termed |= runs
-        for name in stop_runs(spool, signal.SIGTERM, only=runs - termed):
+        for name in stop_runs(spool, signal.SIGTERM, only=runs - termed, first=first):
             termed.add(name)
             log.warning("fence: no word from the controller for %.1f s; stopping run %s", silent, name)
+        if first:
+            record_keeper_fence(spool, silent, first)
+
+
+def record_keeper_fence(spool: Path, silent: float, runs: list[str]) -> None:
+    """Append "SILENT RUN..." to SPOOL/keeper-fenced, for the daemon to report once the controller
+    answers (it reports its own fences itself); at most MAX_KEEPER_RECORD bytes are kept."""
+    try:
+        fd = os.open(spool / KEEPER_FENCED, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError as e:
+        log.warning("fence: cannot record the runs stopped: %s", e.strerror)
+        return
+    try:
+        if os.fstat(fd).st_size < MAX_KEEPER_RECORD:
+            os.write(fd, f"{silent:.1f} {' '.join(runs)}\n".encode())
+    except OSError as e:
+        log.warning("fence: cannot record the runs stopped: %s", e.strerror)
+    finally:
+        os.close(fd)
+
+
+def take_keeper_fences(spool: Path) -> list[tuple[float, list[tuple[int, int]]]]:
+    """The keeper's fences recorded since the last call: (seconds without word, its (job, run)s) each."""
+    taken = spool / (KEEPER_FENCED + ".taken")
+    try:
+        os.rename(spool / KEEPER_FENCED, taken)   # (a fence the keeper records from now on goes to a new file)
+    except FileNotFoundError:
+        return []
+    try:
+        data = jobfiles.read_root_file(spool, taken.name, MAX_KEEPER_RECORD + 4096)
+    except (OSError, jobfiles.UnsafeFile) as e:
+        log.warning("the fence keeper's record cannot be read: %s", e)
+        data = b""
+    finally:
+        taken.unlink(missing_ok=True)
+    fences = []
+    for line in data.decode("ascii", "replace").splitlines():
+        silent, _, runs = line.partition(" ")
+        try:
+            fences.append((float(silent), [key for name in runs.split() if (key := jobfiles.parse_job_dir(name))]))
+        except ValueError:
+            continue
+    return fences
 
 
 def start(spool: Path, after: float, grace: float) -> int:

@@ -82,6 +82,17 @@ def _daemon(cluster, node: str) -> psutil.Process:
     return psutil.Process(cluster.pids[1 + int(node[-2:]) - 1])
 
 
+def _node_events(cluster, node: str, signal: str) -> list[dict]:
+    """The node's health history as the controller stored it."""
+    conn = sqlite3.connect(cluster.dir / "state" / "air.db")
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute("SELECT * FROM node_events WHERE node = ? AND signal = ?",
+                                              (node, signal))]
+    finally:
+        conn.close()
+
+
 def test_a_frozen_node_daemon_never_leaves_two_runs_of_a_job(cluster):
     job_id = cluster.submit(_script(cluster, "frozen.sh"), "--gpus-per-node=4")
     first = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
@@ -99,6 +110,10 @@ def test_a_frozen_node_daemon_never_leaves_two_runs_of_a_job(cluster):
         time.sleep(3)           # the daemon wakes, checks its lease, beats again
     assert runs.overlaps == [], f"two runs of the job were alive at once: {runs.overlaps[:3]}"
     assert runs.seen == {"0", "1"}
+    # the keeper fenced for the frozen daemon, which says so once it hears from the controller again
+    wait_for(lambda: any("the fence keeper stopped runs " + f"{job_id}.0" in e["message"]
+                         for e in _node_events(cluster, first, "fenced")), timeout=10,
+             what="the keeper's fence in the node's health history")
     lines = (cluster.work / f"air-{job_id}.out").read_text().splitlines()
     assert lines.index("stop 0") < lines.index(f"start 1 {job['nodes'][0]}")   # run 0 ended before run 1 began
     assert cluster.job(job_id)["state"] == "RUNNING" and cluster.job(job_id)["restart_count"] == 1
@@ -148,14 +163,7 @@ def test_a_node_that_loses_the_controller_stops_its_jobs_and_says_so(cluster):
                    what="the job to be requeued")
     assert job["last_stop_reason"] == "NodeFail"
 
-    def fenced_in_history():
-        conn = sqlite3.connect(cluster.dir / "state" / "air.db")
-        try:
-            return conn.execute("SELECT count(*) FROM node_events WHERE node = ? AND signal = 'fenced'",
-                                (node,)).fetchone()[0]
-        finally:
-            conn.close()
-    wait_for(fenced_in_history, timeout=10, what="the fence in the node's health history")
+    wait_for(lambda: _node_events(cluster, node, "fenced"), timeout=10, what="the fence in the node's health history")
     cluster.cli("aircancel", str(job_id))
     cluster.wait_state(job_id, "CANCELLED")
 
