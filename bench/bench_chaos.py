@@ -18,6 +18,8 @@ intervals of mean --every seconds (from --seed), one fault after another, in a s
            shepherds that started them; the daemon started again
   ctld     kill -9 of airctld; started again
   restart  SIGTERM of that airnoded; started again once it has exited
+  crash    kill -9 of that airnoded alone (the job's processes and their shepherds live on); started
+           again at once
   cut      that host's link taken down for the node timeout + 5 s, then up again
   xid      XID 79 on one of the job's GPUs there (the node drains); the node resumed once the job
            trains again
@@ -297,6 +299,11 @@ class Chaos:
             f.note = "did not exit within 30 s of SIGTERM: killed"
             self.cluster.signal(f.node, signal.SIGKILL)
             self.cluster.wait_exit(f.node, 10)
+        self.cluster.start_node(f.node)
+
+    def _crash(self, f: Fault) -> None:
+        self.cluster.signal(f.node, signal.SIGKILL)
+        self.cluster.wait_exit(f.node, 10)
         self.cluster.start_node(f.node)
 
     def _cut(self, f: Fault) -> None:

@@ -188,6 +188,7 @@ KINDS = {
     "kill": "a host crash: airnoded, the job's processes there and their shepherds kill -9; daemon started again",
     "ctld": "airctld kill -9, started again",
     "restart": "airnoded SIGTERM, started again",
+    "crash": "airnoded kill -9 alone (its jobs' processes live on), started again",
     "cut": "the host's link down past the node timeout",
     "xid": "XID 79 on a GPU of the job; node resumed after",
     "preempt": "a high-QOS job that needs the training job's nodes",
