@@ -34,7 +34,7 @@ from air.airctld.errors import Conflict, Denied, InvalidRequest, NotFound, Store
 from air.airctld.model import Job, Node, evolve
 from air.airctld.node_reports import CONTROLLER_UID, NodeReports
 from air.airctld.passes import SchedulingPass
-from air.airctld.nodes import NodeClients
+from air.airctld.nodes import CALL_TIMEOUT_S, NodeClients
 from air.airctld.planning import Planner
 from air.airctld.policy import Policy
 from air.airctld.store import Store
@@ -109,7 +109,7 @@ class Controller:
         # only once each node of its last run has answered without a run of it, or has surely fenced itself
         self.fence_wait: dict[int, dict[str, float]] = {}
         cc = config.controller
-        gone_by = mono + cc.fenced_by_s
+        gone_by = mono + max(cc.fenced_by_s, CALL_TIMEOUT_S)   # (and no launch of an earlier controller is out)
         for job in [*self.jobs.schedulable(), *self.jobs.held()]:   # after a restart: a requeued job's last
             if job.restart_count:                                      # run may be alive anywhere (held too)
                 self.fence_wait[job.job_id] = {n: gone_by for n in self.nodes}

@@ -132,6 +132,9 @@ class SchedulingPass:
             self._due = min((j.request.begin_time for j in pending if j.request.begin_time > now), default=float("inf"))
             mono = self.mono()
             fenced = {j: max(w.values()) for j, w in self.fence_wait.items() if max(w.values()) > mono}
+            # (a launch of the job's earlier run that is still out may still start it: the wait lasts,
+            # whatever the fence, until that launch has returned; looked at again shortly)
+            fenced.update({j: mono + 0.5 for j, _ in self._launching if j in self.fence_wait and j not in fenced})
             for job_id in set(self.fence_wait) - set(fenced):
                 del self.fence_wait[job_id]
             if fenced:   # a job whose lost nodes may still run its ranks waits for their fence (reserved)

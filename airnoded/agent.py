@@ -221,7 +221,8 @@ class Agent:
         began = lease_clock()
         self._seq += 1
         reply = self._registry.Heartbeat(
-            pb.HeartbeatRequest(name=self.node.name, running=self.launcher.running(), exits=exits, health=health,
+            pb.HeartbeatRequest(name=self.node.name, running=sorted({j for j, _ in self.launcher.runs_here()}),
+                                exits=exits, health=health,
                                 gpus=self.monitor.latest, ongoing=self.monitor.ongoing(),
                                 progress=self._progress(runs),
                                 runs=[pb.RunRef(job_id=j, run=r) for j, r in runs],

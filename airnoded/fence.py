@@ -31,8 +31,9 @@ LEASE = "lease"
 KEEPER_PID = "fence.pid"
 CGROUP = "cgroup"     # in a run's folder: the run's cgroup, when it has one
 FENCED = "fenced"     # in a run's folder: written before a fence signals the run
-KEEPER_FENCED = "keeper-fenced"   # in the spool: the keeper's fences of runs the daemon had not fenced
+KEEPER_FENCED = "keeper-fenced."   # in the spool, a file each: a keeper's fence of runs the daemon had not
 MAX_KEEPER_RECORD = 1 << 16
+MAX_KEEPER_RECORDS = 100          # taken at a time
 CHECK_EVERY_S = 0.2
 KILLS = 25            # SIGKILLs sent to a fenced run at most (never a signal loop on recycled numbers)
 LEASE_WIDTH = 32      # the lease is rewritten in place, a fixed width: no new inode on a full disk
@@ -105,22 +106,25 @@ def _cgroup_pids(folder: Path) -> list[int]:
 
 
 def stop_runs(spool: Path, sig: int, only: set[str] | None = None, first: list[str] | None = None) -> list[str]:
-    """Send `sig` to every run folder's process groups and cgroup; the names of the runs signalled
-    (those no fence had marked before, also appended to `first`)."""
+    """Send `sig` to every run folder's process groups and cgroup, marked fenced first; the names of
+    the runs signalled (those no fence had marked before, also appended to `first`). A run with
+    nothing alive is left as it is."""
     done = []
     for entry in _entries(spool):
         if jobfiles.parse_job_dir(entry.name) is None or (only is not None and entry.name not in only):
             continue
         folder = Path(entry.path)
+        targets, members = shepherding.live_groups(folder), _cgroup_pids(folder)
+        if not targets and not members:   # ended on its own (its daemon away): its exit is its own, not a fence's
+            continue
         if mark_fenced(folder) and first is not None:
             first.append(entry.name)
-        targets = shepherding.live_groups(folder)
         for pgid in targets:
             try:
                 os.killpg(pgid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-        for pid in _cgroup_pids(folder):
+        for pid in members:
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
@@ -165,42 +169,37 @@ def keep(spool: Path, after: float, grace: float) -> None:
 
 
 def record_keeper_fence(spool: Path, silent: float, runs: list[str]) -> None:
-    """Append "SILENT RUN..." to SPOOL/keeper-fenced, for the daemon to report once the controller
-    answers (it reports its own fences itself); at most MAX_KEEPER_RECORD bytes are kept."""
+    """SPOOL/keeper-fenced.<time>.<pid>: "SILENT RUN...", for the daemon to report once the controller
+    answers it (it reports its own fences itself). A file each, written whole (aside, then renamed):
+    the daemon takes each once, whole."""
+    name = f"{KEEPER_FENCED}{time.time_ns()}.{os.getpid()}"
     try:
-        fd = os.open(spool / KEEPER_FENCED, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        jobfiles.write_root_file(spool, name, f"{silent:.1f} {' '.join(runs)}\n".encode()[:MAX_KEEPER_RECORD], 0o600)
     except OSError as e:
         log.warning("fence: cannot record the runs stopped: %s", e.strerror)
-        return
-    try:
-        if os.fstat(fd).st_size < MAX_KEEPER_RECORD:
-            os.write(fd, f"{silent:.1f} {' '.join(runs)}\n".encode())
-    except OSError as e:
-        log.warning("fence: cannot record the runs stopped: %s", e.strerror)
-    finally:
-        os.close(fd)
 
 
 def take_keeper_fences(spool: Path) -> list[tuple[float, list[tuple[int, int]]]]:
-    """The keeper's fences recorded since the last call: (seconds without word, its (job, run)s) each."""
-    taken = spool / (KEEPER_FENCED + ".taken")
+    """The keeper's fences recorded since the last call, oldest first: (seconds without word, its
+    (job, run)s) each; each taken once (removed)."""
     try:
-        os.rename(spool / KEEPER_FENCED, taken)   # (a fence the keeper records from now on goes to a new file)
-    except FileNotFoundError:
+        names = sorted(e.name for e in os.scandir(spool) if e.name.startswith(KEEPER_FENCED))[:MAX_KEEPER_RECORDS]
+    except OSError:
         return []
-    try:
-        data = jobfiles.read_root_file(spool, taken.name, MAX_KEEPER_RECORD + 4096)
-    except (OSError, jobfiles.UnsafeFile) as e:
-        log.warning("the fence keeper's record cannot be read: %s", e)
-        data = b""
-    finally:
-        taken.unlink(missing_ok=True)
     fences = []
-    for line in data.decode("ascii", "replace").splitlines():
-        silent, _, runs = line.partition(" ")
+    for name in names:
         try:
-            fences.append((float(silent), [key for name in runs.split() if (key := jobfiles.parse_job_dir(name))]))
+            data = jobfiles.read_root_file(spool, name, MAX_KEEPER_RECORD)
+        except (OSError, jobfiles.UnsafeFile) as e:
+            log.warning("the fence keeper's record %s cannot be read: %s", name, e)
+            data = b""
+        try:
+            os.unlink(spool / name)
+        except OSError:
+            pass
+        silent, _, runs = data.decode("ascii", "replace").strip().partition(" ")
+        try:
+            fences.append((float(silent), [key for n in runs.split() if (key := jobfiles.parse_job_dir(n))]))
         except ValueError:
             continue
     return fences

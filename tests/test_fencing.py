@@ -311,3 +311,33 @@ def test_a_fenced_node_starts_no_launch_or_step_that_arrives_late():
         next(iter(service.RunStep(pb.RunStepRequest(job_id=5, step_id=0), Context())))
     assert e.value.args[0] == grpc.StatusCode.UNAVAILABLE
     assert started == [job]
+
+
+def test_the_keeper_fences_only_runs_with_something_alive_and_records_them_once(tmp_path):
+    """A script that ends while its daemon is frozen past the fence time keeps its own exit: the
+    keeper marks, signals and records only runs with something alive (a run marked fenced is
+    reported as the node's failure, and requeued)."""
+    from air.airnoded import fence, jobfiles
+    os.chmod(tmp_path, 0o755)
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o755)
+    exits = []
+    launcher = Launcher("n1", spool, exits.append)
+
+    def job(job_id, script):
+        return pb.Job(job_id=job_id, uid=os.getuid(), gid=os.getgid(), restart_count=0,
+                      request=pb.JobRequest(script=f"#!/bin/sh\n{script}\n", workdir=str(tmp_path)),
+                      allocation=[pb.NodeAlloc(node="n1")])
+    launcher.launch(job(5, "exit 3"))
+    wait_for(lambda: exits, timeout=10, what="job 5's end")
+    launcher.launch(job(6, "sleep 30"))
+    first: list[str] = []
+    assert fence.stop_runs(spool, signal.SIGTERM, first=first) == first == ["job6.0"]
+    assert not fence.was_fenced(jobfiles.job_dir(spool, 5, 0)) and fence.was_fenced(jobfiles.job_dir(spool, 6, 0))
+    assert fence.stop_runs(spool, signal.SIGTERM, first=first) in ([], ["job6.0"]) and first == ["job6.0"]
+    wait_for(lambda: len(exits) == 2, timeout=10, what="job 6's end")
+    assert [(e.job_id, e.exit_code, e.fenced) for e in exits] == [(5, 3, False), (6, 0, True)], exits
+    fence.record_keeper_fence(spool, 6.5, first)
+    fence.record_keeper_fence(spool, 7.0, ["job7.2", "not-a-run"])
+    assert fence.take_keeper_fences(spool) == [(6.5, [(6, 0)]), (7.0, [(7, 2)])]
+    assert fence.take_keeper_fences(spool) == []   # (each taken once)

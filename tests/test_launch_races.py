@@ -225,3 +225,67 @@ def test_a_restarted_controller_waits_out_the_launches_its_predecessor_may_have_
     _beat(c, "n1")
     now = c.jobs.get(job.job_id)
     assert (now.phase, now.restart_count, now.last_stop_reason) == (JobPhase.PENDING, 1, Reason.JOB_LOST)
+
+
+def test_a_requeued_job_waits_past_its_nodes_fence_while_a_launch_of_its_earlier_run_is_out(controller):
+    """n1 is silent (frozen, its Launch hanging) while run 0's launch is out, and the job is requeued.
+    n1's fence deadline passes, but the launch may still land on n1 (it had not fenced: its silence
+    is shorter than the launch's retries): run 1 waits until that launch has returned."""
+    c, clock = controller
+    clock.now += CALL_TIMEOUT_S   # (a controller up for a while)
+    job = _start(c, clock, "n1")
+    c._launching.add((job.job_id, 0))
+    _beat(c, "n1")
+    _beat(c, "n2")
+    c.requeue(pb.JobFilter(job_ids=[job.job_id]), ROOT)
+    now = c.jobs.get(job.job_id)
+    c._commit([(now, events.finished(now, clock.now, 0, 0))], clock.now, 0)   # its stop is done
+    deadline = clock.now + c.config.controller.fenced_by_s
+    while clock.now <= deadline + 1:
+        clock.now += 1
+        _beat(c, "n2")
+        c._dirty = True
+        c.tick()
+    assert c.jobs.get(job.job_id).phase == JobPhase.PENDING, "run 1 started while run 0's launch was out"
+    c._launching.discard((job.job_id, 0))   # the launch returned (refused, or timed out)
+    clock.now += 1
+    _beat(c, "n2")
+    c._dirty = True
+    c.tick()
+    now = c.jobs.get(job.job_id)
+    assert now.phase == JobPhase.RUNNING and now.restart_count == 1
+
+
+def test_a_controller_just_started_keeps_a_requeued_jobs_wait_while_its_predecessors_launch_may_land(
+        tmp_path, controller):
+    """airctld restarts while a requeued job waits for its last run's nodes. Its predecessor may have
+    had a launch of that run out: heartbeats without the run end the wait only once that launch's
+    deadline has passed."""
+    from fakeclock import build
+    c, clock = controller
+    job = _start(c, clock, "n1")
+    c.requeue(pb.JobFilter(job_ids=[job.job_id]), ROOT)
+    now = c.jobs.get(job.job_id)
+    c._commit([(now, events.finished(now, clock.now, 0, 0))], clock.now, 0)
+    c.stop()
+    clock.now += 1
+    again = build(tmp_path, clock, clock)   # the same store, a new controller
+    try:
+        began = clock.now
+        while clock.now < began + CALL_TIMEOUT_S - 1:
+            clock.now += 1
+            _beat(again, "n1")
+            _beat(again, "n2")
+            again._dirty = True
+            again.tick()
+        assert again.jobs.get(job.job_id).phase == JobPhase.PENDING, "run 1 started while a launch may land"
+        clock.now = began + CALL_TIMEOUT_S
+        _beat(again, "n1")
+        _beat(again, "n2")
+        clock.now += 0.5
+        again._dirty = True
+        again.tick()
+        now = again.jobs.get(job.job_id)
+        assert now.phase == JobPhase.RUNNING and now.restart_count == 1
+    finally:
+        again.stop()
