@@ -167,7 +167,8 @@ class SchedulingPass:
         inputs = self.planner.inputs(pending, held, active, self.accounting, capacity, now, self.dep_states)
         order = inputs.pop("order")
         plan = scheduler.schedule(order, free, self.partitions, stopped_at=stopped_at, holds=holds, in_order=True,
-                                  preempted=preempted_before, not_before=fenced, **inputs)
+                                  preempted=preempted_before, **inputs,
+                                  not_before={j: now + (t - mono) for j, t in fenced.items()})   # (on the plan's clock)
         self.pass_seconds = time.perf_counter() - began
         looked_at = len(order)
         if plan.stopped_at:   # the pass's time ran out: the jobs before that one

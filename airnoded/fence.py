@@ -88,6 +88,23 @@ def was_fenced(folder: Path) -> bool:
     return (folder / FENCED).exists()
 
 
+def fenced_before_end(folder: Path, tag: str) -> bool:
+    """Whether a fence marked the run before its shepherd TAG recorded its last event (a child's
+    exit): an exit recorded before the mark is the run's own. A fence that came later found it ended
+    (a script that ended while its daemon was frozen or down, and the daemon's fence on waking, or the
+    keeper's for processes it left behind): the run's result is its exit, not the node's failure.
+    (File times are the kernel's clock ticks: a mark within the tick of the exit counts as before.)"""
+    try:
+        mark = os.stat(folder / FENCED, follow_symlinks=False).st_mtime_ns
+    except OSError:
+        return False
+    try:
+        end = os.stat(folder / f"{tag}.record", follow_symlinks=False).st_mtime_ns
+    except OSError:
+        return True
+    return mark <= end
+
+
 def recorded_cgroup(folder: Path) -> Path | None:
     """The run's cgroup as its folder records it (the launcher's, or its steps' own), if it exists."""
     try:

@@ -262,8 +262,9 @@ class Launcher:
             jobfiles.remove_job_dir(self.spool, running.job_id, running.run)
             return
         code, sig = _wait_status(status)
-        # a fence (the daemon's, or the keeper's while the daemon was frozen) marks a run before it signals it
-        running.fenced = running.fenced or fence.was_fenced(jobfiles.job_dir(self.spool, running.job_id, running.run))
+        # a fence (the daemon's, or the keeper's while the daemon was frozen) marks a run before it signals it:
+        # the script's end is the fence's if the mark came first
+        running.fenced = fence.fenced_before_end(jobfiles.job_dir(self.spool, running.job_id, running.run), BATCH)
         if problem:
             log.warning("job %d could not start: %s", running.job_id, problem)
             self.on_exit(pb.JobExit(job_id=running.job_id, run=running.run, exit_code=code, launch_failed=True,

@@ -748,7 +748,7 @@ class _Stream:
         status = self.herd.exits.get(child, signal.SIGKILL)
         code, sig = (0, os.WTERMSIG(status)) if os.WIFSIGNALED(status) else (os.WEXITSTATUS(status), 0)
         # a rank the node's fence stopped did not fail: its node lost the controller (airrun says so)
-        fenced = fence.was_fenced(jobfiles.job_dir(self.runner.spool, *self.key))
+        fenced = fence.fenced_before_end(jobfiles.job_dir(self.runner.spool, *self.key), self.herd.tag)
         self._put(pb.StepEvent(rank=rank, exited=True, exit_code=code, exit_signal=sig, fenced=fenced))
 
 

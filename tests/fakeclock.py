@@ -29,9 +29,10 @@ class NoNodes:
         return pb.PrepareStepReply(free_port=1)
 
 
-def build(tmp_path, wall, mono) -> Controller:
+def build(tmp_path, wall, mono, **controller) -> Controller:
+    """`controller`: settings of [controller] other than these."""
     conf = cfg.parse({"controller": {"auth": "none", "state_dir": str(tmp_path), "node_timeout_s": 15,
-                                     "heartbeat_interval_s": 2},
+                                     "heartbeat_interval_s": 2, **controller},
                       "nodes": [{"name": "n1", "address": "127.0.0.9", "gpus": "sim:4"},
                                 {"name": "n2", "address": "127.0.0.10", "gpus": "sim:4"}],
                       "partitions": [{"name": "p", "nodes": "n[1-2]", "default": True}]})

@@ -341,3 +341,34 @@ def test_the_keeper_fences_only_runs_with_something_alive_and_records_them_once(
     fence.record_keeper_fence(spool, 7.0, ["job7.2", "not-a-run"])
     assert fence.take_keeper_fences(spool) == [(6.5, [(6, 0)]), (7.0, [(7, 2)])]
     assert fence.take_keeper_fences(spool) == []   # (each taken once)
+
+
+def test_a_run_that_ended_before_a_fence_marked_it_reports_its_own_exit(tmp_path):
+    """A script that ends while its daemon is frozen or down, and a fence that marks its run after
+    that (the daemon's on waking, or the keeper's for processes the script left behind): the run's
+    result is its own exit, not the node's failure (which would requeue a finished job and run it
+    again). A run the fence marked while it ran ends as the fence's."""
+    from air.airnoded import fence, jobfiles
+    os.chmod(tmp_path, 0o755)
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o755)
+    exits = []
+    launcher = Launcher("n1", spool, exits.append)
+
+    def job(job_id, script):
+        return pb.Job(job_id=job_id, uid=os.getuid(), gid=os.getgid(), restart_count=0,
+                      request=pb.JobRequest(script=f"#!/bin/sh\n{script}\n", workdir=str(tmp_path)),
+                      allocation=[pb.NodeAlloc(node="n1")])
+    launcher.launch(job(5, "exit 3"))
+    wait_for(lambda: exits, timeout=10, what="job 5's end")
+    time.sleep(0.05)                                       # (a later tick of the kernel's file clock)
+    fence.mark_fenced(jobfiles.job_dir(spool, 5, 0))       # a fence that came after the end
+    successor = Launcher("n1", spool, exits.append)        # the daemon, started again before the exit was taken
+    assert successor.adopt() == [(5, 0)]
+    wait_for(lambda: len(exits) == 2, timeout=10, what="job 5's end, found by the successor")
+    launcher.launch(job(6, "sleep 30"))
+    wait_for(lambda: launcher.runs() == [(6, 0)], timeout=10, what="job 6 to start")
+    fence.mark_fenced(jobfiles.job_dir(spool, 6, 0))       # the fence, as it stops a running script
+    launcher.fence_run(6, 0, 0)
+    wait_for(lambda: len(exits) == 3, timeout=10, what="job 6's end")
+    assert [(e.job_id, e.exit_code, e.fenced) for e in exits] == [(5, 3, False), (5, 3, False), (6, 0, True)]

@@ -228,9 +228,9 @@ def test_a_restarted_controller_waits_out_the_launches_its_predecessor_may_have_
 
 
 def test_a_requeued_job_waits_past_its_nodes_fence_while_a_launch_of_its_earlier_run_is_out(controller):
-    """n1 is silent (frozen, its Launch hanging) while run 0's launch is out, and the job is requeued.
-    n1's fence deadline passes, but the launch may still land on n1 (it had not fenced: its silence
-    is shorter than the launch's retries): run 1 waits until that launch has returned."""
+    """Run 0's launch to n1 is out (slow to reach it) when the job is requeued. n1 answers heartbeats
+    without the run, and the deadline of its fence passes; but n1 never fenced (it answers), and the
+    launch may still land there: run 1 waits until that launch has returned."""
     c, clock = controller
     clock.now += CALL_TIMEOUT_S   # (a controller up for a while)
     job = _start(c, clock, "n1")
@@ -243,6 +243,7 @@ def test_a_requeued_job_waits_past_its_nodes_fence_while_a_launch_of_its_earlier
     deadline = clock.now + c.config.controller.fenced_by_s
     while clock.now <= deadline + 1:
         clock.now += 1
+        _beat(c, "n1")
         _beat(c, "n2")
         c._dirty = True
         c.tick()
@@ -256,20 +257,22 @@ def test_a_requeued_job_waits_past_its_nodes_fence_while_a_launch_of_its_earlier
     assert now.phase == JobPhase.RUNNING and now.restart_count == 1
 
 
-def test_a_controller_just_started_keeps_a_requeued_jobs_wait_while_its_predecessors_launch_may_land(
-        tmp_path, controller):
+def test_a_controller_just_started_keeps_a_requeued_jobs_wait_while_its_predecessors_launch_may_land(tmp_path):
     """airctld restarts while a requeued job waits for its last run's nodes. Its predecessor may have
-    had a launch of that run out: heartbeats without the run end the wait only once that launch's
-    deadline has passed."""
-    from fakeclock import build
-    c, clock = controller
+    had a launch of that run out: neither heartbeats without the run nor the nodes' fence (5.5 s here)
+    end the wait before that launch's deadline has passed."""
+    from fakeclock import Clock, build
+    clock = Clock()
+    short = {"node_timeout_s": 6, "heartbeat_interval_s": 1}   # (fenced_by_s 5.5 s: shorter than a launch)
+    c = build(tmp_path, clock, clock, **short)
+    assert c.config.controller.fenced_by_s < CALL_TIMEOUT_S
     job = _start(c, clock, "n1")
     c.requeue(pb.JobFilter(job_ids=[job.job_id]), ROOT)
     now = c.jobs.get(job.job_id)
     c._commit([(now, events.finished(now, clock.now, 0, 0))], clock.now, 0)
     c.stop()
     clock.now += 1
-    again = build(tmp_path, clock, clock)   # the same store, a new controller
+    again = build(tmp_path, clock, clock, **short)   # the same store, a new controller
     try:
         began = clock.now
         while clock.now < began + CALL_TIMEOUT_S - 1:
@@ -289,3 +292,25 @@ def test_a_controller_just_started_keeps_a_requeued_jobs_wait_while_its_predeces
         assert now.phase == JobPhase.RUNNING and now.restart_count == 1
     finally:
         again.stop()
+
+
+def test_a_job_waiting_on_a_fence_is_planned_for_after_it_whatever_the_wall_clock_reads(tmp_path):
+    """The fence waits are on the monotonic clock, the plan on the wall clock (seconds since 1970 on a
+    real host, against seconds since boot): a job that waits on a fence is planned for after it, not
+    placed now and dropped when the plan is applied (which made every pass start again)."""
+    from fakeclock import Clock, build
+    wall, mono = Clock(1.7e9), Clock(1000.0)
+    c = build(tmp_path, wall, mono)
+    try:
+        job = _start(c, wall, "n1")
+        _beat(c, "n1", runs=[(job.job_id, 0)])
+        _beat(c, "n2")
+        c._commit([(job, events.node_lost(job, wall.now, Reason.NODE_FAIL, "GPU fault"))], wall.now, 0)
+        assert c.fence_wait[job.job_id]["n1"] > mono.now
+        wall.now += 1
+        mono.now += 1
+        c._dirty = True
+        c.tick()
+        assert c.jobs.get(job.job_id).phase == JobPhase.PENDING and not c.passes.dirty
+    finally:
+        c.stop()
