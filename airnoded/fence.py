@@ -75,13 +75,17 @@ def lease(spool: Path) -> float | None:
 
 
 def mark_fenced(folder: Path) -> bool:
-    """Mark the run fenced (before it is signalled); whether it was not yet."""
-    first = not was_fenced(folder)
+    """Mark the run fenced, before it is signalled; whether this was the first mark. The first mark
+    stays as it was (created once, empty): its time is when the fence began (fenced_before_end),
+    whoever marks the run again later (the keeper's later rounds, the daemon as it wakes)."""
     try:
-        jobfiles.write_root_file(folder, FENCED, b"1\n", 0o600)
-    except OSError:
-        pass
-    return first
+        os.close(os.open(folder / FENCED, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600))
+        return True
+    except FileExistsError:
+        return False
+    except OSError:   # (no folder: nothing of the run to mark)
+        return False
 
 
 def was_fenced(folder: Path) -> bool:
@@ -93,7 +97,8 @@ def fenced_before_end(folder: Path, tag: str) -> bool:
     exit): an exit recorded before the mark is the run's own. A fence that came later found it ended
     (a script that ended while its daemon was frozen or down, and the daemon's fence on waking, or the
     keeper's for processes it left behind): the run's result is its exit, not the node's failure.
-    (File times are the kernel's clock ticks: a mark within the tick of the exit counts as before.)"""
+    (File times are the kernel's clock ticks: a mark within the tick of the exit counts as before. A
+    step's record holds all its ranks' ends: its time is the last one's.)"""
     try:
         mark = os.stat(folder / FENCED, follow_symlinks=False).st_mtime_ns
     except OSError:

@@ -451,8 +451,9 @@ class Launcher:
                 return False
             del self.jobs[(job_id, run)]
             running.given_up = True
-        self.on_exit(pb.JobExit(job_id=job_id, run=run, exit_signal=signal.SIGKILL, killed=True,
-                                fenced=running.fenced, detail=detail))
+        fenced = running.fenced or fence.was_fenced(jobfiles.job_dir(self.spool, job_id, run))   # (still alive:
+        self.on_exit(pb.JobExit(job_id=job_id, run=run, exit_signal=signal.SIGKILL, killed=True,   # any mark came
+                                fenced=fenced, detail=detail))                                    # before its end)
         return True
 
     def kill_again(self, job_id: int, run: int) -> list[int]:
