@@ -381,9 +381,10 @@ class Agent:
             log.info("the controller answers again; new runs may start here")
         self._fenced = set()
         for silent, runs in fence.take_keeper_fences(self.node.spool):   # (while this daemon was frozen or down)
+            names = ", ".join(f"{j}.{r}" for j, r in runs)
             self._health_event(pb.HealthEvent(gpu=-1, signal=signals.FENCED, time=time.time(), message=(
-                f"the fence keeper stopped runs {', '.join(f'{j}.{r}' for j, r in runs)} after {silent:.1f} s without word from the "
-                "controller (the node daemon was frozen or down)")))
+                f"the fence keeper stopped runs {names} after {silent:.1f} s without word from the controller "
+                "(the node daemon was frozen or down)")))
 
     def _progress(self, runs: list[tuple[int, int]]) -> list[pb.JobProgress]:
         try:
