@@ -189,15 +189,28 @@ def test_a_stale_runs_exit_never_ends_the_new_run(cluster):
     cluster.wait_state(job_id, "CANCELLED")
 
 
-def test_a_node_refuses_a_launch_of_an_older_run_and_kills_an_older_run_it_finds(tmp_path):
+def _job(workdir, script: str, job_id: int = 5, run: int = 0) -> pb.Job:
+    """A one-node batch job of this user's, as a launch carries it to n1."""
+    return pb.Job(job_id=job_id, uid=os.getuid(), gid=os.getgid(), restart_count=run,
+                  request=pb.JobRequest(script=f"#!/bin/sh\n{script}\n", workdir=str(workdir)),
+                  allocation=[pb.NodeAlloc(node="n1")])
+
+
+def _spool_and_launcher(tmp_path):
+    """A node's spool (root's, as airnoded keeps it) and a launcher on it: (spool, exits, launcher),
+    `exits` being what it reports."""
     os.chmod(tmp_path, 0o755)
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o755)
     exits = []
-    launcher = Launcher("n1", tmp_path, exits.append)
+    return spool, exits, Launcher("n1", spool, exits.append)
+
+
+def test_a_node_refuses_a_launch_of_an_older_run_and_kills_an_older_run_it_finds(tmp_path):
+    _, exits, launcher = _spool_and_launcher(tmp_path)
 
     def job(run):
-        return pb.Job(job_id=5, uid=os.getuid(), gid=os.getgid(), restart_count=run,
-                      request=pb.JobRequest(script="#!/bin/sh\nsleep 30\n", workdir=str(tmp_path)),
-                      allocation=[pb.NodeAlloc(node="n1")])
+        return _job(tmp_path, "sleep 30", run=run)
     launcher.launch(job(1))
     assert launcher.runs() == [(5, 1)]
     with pytest.raises(StaleRun, match="run 0 of job 5 is older than run 1"):
@@ -215,14 +228,9 @@ def test_a_retried_launch_of_a_run_that_has_ended_never_starts_it_again(tmp_path
     """The controller retries a launch whose answer was lost; the first try may have run the script to
     its end already, before this daemon or after it restarted (the run's folder stays until the
     controller has its exit)."""
-    os.chmod(tmp_path, 0o755)
-    spool, marker = tmp_path / "spool", tmp_path / "ran"
-    spool.mkdir(mode=0o755)
-    exits = []
-    launcher = Launcher("n1", spool, exits.append)
-    job = pb.Job(job_id=5, uid=os.getuid(), gid=os.getgid(), restart_count=0,
-                 request=pb.JobRequest(script=f"#!/bin/sh\necho ran >> {marker}\n", workdir=str(tmp_path)),
-                 allocation=[pb.NodeAlloc(node="n1")])
+    spool, exits, launcher = _spool_and_launcher(tmp_path)
+    marker = tmp_path / "ran"
+    job = _job(tmp_path, f"echo ran >> {marker}")
     launcher.launch(job)
     wait_for(lambda: len(exits) == 1, timeout=10, what="run 0's end")
     launcher.launch(job)                                   # the retry
@@ -318,16 +326,10 @@ def test_the_keeper_fences_only_runs_with_something_alive_and_records_them_once(
     keeper marks, signals and records only runs with something alive (a run marked fenced is
     reported as the node's failure, and requeued)."""
     from air.airnoded import fence, jobfiles
-    os.chmod(tmp_path, 0o755)
-    spool = tmp_path / "spool"
-    spool.mkdir(mode=0o755)
-    exits = []
-    launcher = Launcher("n1", spool, exits.append)
+    spool, exits, launcher = _spool_and_launcher(tmp_path)
 
     def job(job_id, script):
-        return pb.Job(job_id=job_id, uid=os.getuid(), gid=os.getgid(), restart_count=0,
-                      request=pb.JobRequest(script=f"#!/bin/sh\n{script}\n", workdir=str(tmp_path)),
-                      allocation=[pb.NodeAlloc(node="n1")])
+        return _job(tmp_path, script, job_id)
     launcher.launch(job(5, "exit 3"))
     wait_for(lambda: exits, timeout=10, what="job 5's end")
     launcher.launch(job(6, "sleep 30"))
@@ -349,16 +351,10 @@ def test_a_run_that_ended_before_a_fence_marked_it_reports_its_own_exit(tmp_path
     result is its own exit, not the node's failure (which would requeue a finished job and run it
     again). A run the fence marked while it ran ends as the fence's."""
     from air.airnoded import fence, jobfiles
-    os.chmod(tmp_path, 0o755)
-    spool = tmp_path / "spool"
-    spool.mkdir(mode=0o755)
-    exits = []
-    launcher = Launcher("n1", spool, exits.append)
+    spool, exits, launcher = _spool_and_launcher(tmp_path)
 
     def job(job_id, script):
-        return pb.Job(job_id=job_id, uid=os.getuid(), gid=os.getgid(), restart_count=0,
-                      request=pb.JobRequest(script=f"#!/bin/sh\n{script}\n", workdir=str(tmp_path)),
-                      allocation=[pb.NodeAlloc(node="n1")])
+        return _job(tmp_path, script, job_id)
     launcher.launch(job(5, "exit 3"))
     wait_for(lambda: exits, timeout=10, what="job 5's end")
     time.sleep(0.05)                                       # (a later tick of the kernel's file clock)

@@ -33,6 +33,21 @@ def _beat(c, node, runs=(), exits=(), health=()):
                                            exits=list(exits), health=list(health)))
 
 
+def _requeued_and_stopped(c, clock, job):
+    """The job requeued (aircontrol requeue), and its run's stop done: back in the queue."""
+    c.requeue(pb.JobFilter(job_ids=[job.job_id]), ROOT)
+    now = c.jobs.get(job.job_id)
+    c._commit([(now, events.finished(now, clock.now, 0, 0))], clock.now, 0)
+
+
+def _beats_then_pass(c, *nodes):
+    """A heartbeat from each of `nodes` (none of the job's runs on them), then a scheduling pass."""
+    for node in nodes:
+        _beat(c, node)
+    c._dirty = True
+    c.tick()
+
+
 def _start(c, clock, node="n1", **req):
     job_id, _ = c.submit(pb.JobRequest(script="#!/bin/sh\n", workdir="/tmp", gpus_per_node=4, **req), ROOT)
     job = c.jobs.get(job_id)
@@ -188,9 +203,7 @@ def test_a_requeued_job_waits_for_the_launch_of_its_earlier_run_to_return(contro
 
     class Slow(Recorder):
         def launch(self, address, proto):
-            c.requeue(pb.JobFilter(job_ids=[job.job_id]), ROOT)
-            now = c.jobs.get(job.job_id)
-            c._commit([(now, events.finished(now, clock.now, 0, 0))], clock.now, 0)   # its stop is done
+            _requeued_and_stopped(c, clock, job)
             _beat(c, "n1")
             _beat(c, "n2")
             clock.now += 1
@@ -237,22 +250,15 @@ def test_a_requeued_job_waits_past_its_nodes_fence_while_a_launch_of_its_earlier
     c._launching.add((job.job_id, 0))
     _beat(c, "n1")
     _beat(c, "n2")
-    c.requeue(pb.JobFilter(job_ids=[job.job_id]), ROOT)
-    now = c.jobs.get(job.job_id)
-    c._commit([(now, events.finished(now, clock.now, 0, 0))], clock.now, 0)   # its stop is done
+    _requeued_and_stopped(c, clock, job)
     deadline = clock.now + c.config.controller.fenced_by_s
     while clock.now <= deadline + 1:
         clock.now += 1
-        _beat(c, "n1")
-        _beat(c, "n2")
-        c._dirty = True
-        c.tick()
+        _beats_then_pass(c, "n1", "n2")
     assert c.jobs.get(job.job_id).phase == JobPhase.PENDING, "run 1 started while run 0's launch was out"
     c._launching.discard((job.job_id, 0))   # the launch returned (refused, or timed out)
     clock.now += 1
-    _beat(c, "n2")
-    c._dirty = True
-    c.tick()
+    _beats_then_pass(c, "n2")
     now = c.jobs.get(job.job_id)
     assert now.phase == JobPhase.RUNNING and now.restart_count == 1
 
@@ -267,9 +273,7 @@ def test_a_controller_just_started_keeps_a_requeued_jobs_wait_while_its_predeces
     c = build(tmp_path, clock, clock, **short)
     assert c.config.controller.fenced_by_s < CALL_TIMEOUT_S
     job = _start(c, clock, "n1")
-    c.requeue(pb.JobFilter(job_ids=[job.job_id]), ROOT)
-    now = c.jobs.get(job.job_id)
-    c._commit([(now, events.finished(now, clock.now, 0, 0))], clock.now, 0)
+    _requeued_and_stopped(c, clock, job)
     c.stop()
     clock.now += 1
     again = build(tmp_path, clock, clock, **short)   # the same store, a new controller
@@ -277,17 +281,10 @@ def test_a_controller_just_started_keeps_a_requeued_jobs_wait_while_its_predeces
         began = clock.now
         while clock.now < began + CALL_TIMEOUT_S - 1:
             clock.now += 1
-            _beat(again, "n1")
-            _beat(again, "n2")
-            again._dirty = True
-            again.tick()
+            _beats_then_pass(again, "n1", "n2")
         assert again.jobs.get(job.job_id).phase == JobPhase.PENDING, "run 1 started while a launch may land"
-        clock.now = began + CALL_TIMEOUT_S
-        _beat(again, "n1")
-        _beat(again, "n2")
-        clock.now += 0.5
-        again._dirty = True
-        again.tick()
+        clock.now = began + CALL_TIMEOUT_S + 0.5
+        _beats_then_pass(again, "n1", "n2")
         now = again.jobs.get(job.job_id)
         assert now.phase == JobPhase.RUNNING and now.restart_count == 1
     finally:
