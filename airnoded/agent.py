@@ -422,7 +422,11 @@ class Agent:
             log.exception("the trash's janitor did not start")
 
     def start_spawner(self) -> None:
-        """Shepherds forked by a spawner, not each started as a Python of its own (tens of ms a run)."""
+        """Shepherds forked by a spawner, not each started as a Python of its own (tens of ms a run); none is
+        needed where the shepherd program was built (shepherding.native)."""
+        if shepherding.native() is not None:
+            log.info("shepherds: %s", shepherding.native())
+            return
         try:
             spawner = shepherding.Spawner(self.node.spool)
         except OSError as e:

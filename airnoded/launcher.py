@@ -23,7 +23,7 @@ from air.airnoded import fence, jobfiles, progress, shepherding
 from air.airnoded.cgroups import JobCgroups, local_devices
 from air.airnoded.procs import as_owner, killpg
 from air.airnoded.shepherd import start_time
-from air.airnoded.shepherding import BATCH, Child, Herd
+from air.airnoded.shepherding import BATCH, Child, Herd, Start
 from air.protos import air_pb2 as pb
 from air.protos.limits import memory_limit_bytes
 from air.protos.outputs import output_paths
@@ -31,26 +31,11 @@ from air.protos.jobenv import inherited, job_variables
 
 log = logging.getLogger("airnoded")
 
-MAX_STATUS_BYTES = 64 * 1024   # what the start-up shell may say before the script runs
+MAX_STATUS_BYTES = 64 * 1024   # what the start-up (shepherding.Start) may say before the script runs
 
 MAX_RUNS_REMEMBERED = 100_000   # jobs whose newest run a node remembers (to refuse older launches)
 JOB_FILE = "job.pb"             # the run's job as launched, for a daemon that adopts it
 MAX_JOB_FILE = 256 << 20
-
-# Runs as the job's owner (started by the run's shepherd, in the run's cgroup): enter the working directory and open the output files with the
-# owner's rights (so a job writes only where its owner could), then exec the script. Any
-# failure is written to the status pipe (its stdout and stderr at start, kept as fd 3); every
-# copy of the pipe is closed by the time the script runs, so the daemon reads EOF at exec.
-START_AS_OWNER = """exec 3>&1 0</dev/null
-{ cd "$1"; } 2>&3 || exit 126
-if [ "$4" = truncate ]; then { : >"$2"; } 2>&3 || exit 126; if [ -n "$3" ]; then { : >"$3"; } 2>&3 || exit 126; fi; fi
-{ exec >>"$2"; } 2>&3 || exit 126
-if [ -n "$3" ]; then { exec 4>>"$3"; } 2>&3 || exit 126; exec 2>&4 4>&-; else exec 2>&1; fi
-exec 3>&-
-shift 4
-exec "$@"
-"""
-
 
 class StaleRun(Exception):
     """A launch of a run older than one this node has seen."""
@@ -222,12 +207,13 @@ class Launcher:
                 self.claim_group(job.job_id, job.restart_count, group)
         if group is not None:
             jobfiles.write_root_file(jobdir, fence.CGROUP, str(group).encode(), 0o600)
-        mode = "truncate" if req.open_truncate else "append"
-        argv = ["/bin/sh", "-c", START_AS_OWNER, "air-job", req.workdir, out_path, separate_err, mode, str(script),
-                *req.argv]
+        # as the owner, before the script: its working directory and output files (so a job writes only where its
+        # owner could); a failure is written to the status pipe (its stdout and stderr until then), whose every
+        # copy is closed by the time the script runs: the daemon reads EOF at exec
+        start = Start(req.workdir, out_path, separate_err, req.open_truncate)
         status_r, status_w = os.pipe()
         try:
-            herd = shepherding.spawn(jobdir, BATCH, [Child(argv, env, status_w, status_w)],
+            herd = shepherding.spawn(jobdir, BATCH, [Child([str(script), *req.argv], env, status_w, status_w, start)],
                                      None if same_user else job.uid, job.gid,
                                      list(kwargs.get("extra_groups", [job.gid])), group, spawner=self.spawner,
                                      rlimits=self.limits(req.rlimits))
@@ -280,7 +266,7 @@ class Launcher:
 
     @staticmethod
     def _start_status(running: RunningJob) -> str:
-        """What the start-up shell said before the script ran (EOF once it is exec'd). Read until EOF
+        """What the start-up (shepherding.Start) said before the script ran (EOF once it is exec'd). Read until EOF
         or until the shepherd has ended: a process of the job's owner may hold the pipe open."""
         chunks, size = [], 0
         poller = select.poll()
@@ -499,6 +485,4 @@ def _wait_status(status: int) -> tuple[int, int]:
 
 
 def _last_line(text: str) -> str:
-    """The shell's message without its "sh: 1:" prefix."""
-    line = text.splitlines()[-1]
-    return line.split(": ", 2)[-1] if line.startswith("/bin/sh: ") else line
+    return text.splitlines()[-1]

@@ -14,7 +14,8 @@ Standard library only, so that it starts in a few milliseconds with -I -S (isola
 
 The spec: {"folder": path, "tag": name, "events": fd, "holds": [path, ...], "cgroup": path or "",
 "uid": int or null, "gid": int, "groups": [int, ...], "children": [{"argv": [...], "env": {...},
-"stdout": fd, "stderr": fd}, ...]}. fds are the shepherd's (passed by the daemon).
+"stdout": fd, "stderr": fd, "start": null or {"cwd": path, "out": path, "err": path or "",
+"truncate": bool}}, ...]}. fds are the shepherd's (passed by the daemon).
 
 Before it starts anything, the shepherd writes FOLDER/TAG.shepherd ("PID START BOOT": itself, and
 the kernel's boot id: pids and start times are those of one boot), so a daemon that dies at any
@@ -29,7 +30,11 @@ that a child writing its output never gets EPIPE while no daemon reads: it waits
 
 Each child, before it runs anything of the job's owner: its own session, the run's cgroup (the
 child joins it itself, as root, so nothing it forks escapes; it never runs if it cannot), the
-owner's groups, gid and uid, default signal dispositions, standard input from /dev/null.
+owner's groups, gid and uid; with "start", as the owner, its working directory and its output files
+(open_outputs); default signal dispositions, standard input from /dev/null.
+
+shepherd.c is the same shepherd as a C program (the daemon's choice where it was built); the two
+keep one behaviour, and the tests run both.
 """
 import json
 import os
@@ -98,6 +103,8 @@ def child(spec, one, null):
             os.setgroups(spec["groups"])
             os.setgid(spec["gid"])
             os.setuid(spec["uid"])
+        if one.get("start"):
+            open_outputs(one["start"])
         for sig in RESET:
             signal.signal(sig, signal.SIG_DFL)
         argv = one["argv"]
@@ -109,6 +116,26 @@ def child(spec, one, null):
         except Exception:
             pass
     os._exit(CANNOT_RUN)
+
+
+def open_outputs(start):
+    """As the job's owner: its working directory, then its output files (made, truncated or appended
+    to, with the owner's rights only); failures go to the start-up status pipe (fds 1 and 2 yet)."""
+    try:
+        os.chdir(start["cwd"])
+    except OSError as e:
+        os.write(2, ("cannot enter the working directory %s: %s\n" % (start["cwd"], e.strerror)).encode())
+        os._exit(CANNOT_RUN)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOCTTY | (os.O_TRUNC if start["truncate"] else 0)
+    fds = []
+    for path in [start["out"]] + ([start["err"]] if start["err"] else []):
+        try:
+            fds.append(os.open(path, flags, 0o666))
+        except OSError as e:
+            os.write(2, ("cannot create %s: %s\n" % (path, e.strerror)).encode())
+            os._exit(CANNOT_RUN)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[-1], 2)
 
 
 def set_limits(pairs):

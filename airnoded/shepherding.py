@@ -35,6 +35,7 @@ from air.airnoded.shepherd import boot_id, start_time
 log = logging.getLogger("airnoded")
 
 PROGRAM = str(Path(__file__).with_name("shepherd.py"))
+NATIVE = Path(__file__).with_name("air-shepherd")   # shepherd.c, built with the package when a compiler was there
 BATCH = "batch"   # the tag of a run's batch script's shepherd (a step's is step<N>-<random>)
 MAX_RECORD = 1 << 20
 START_TIMEOUT_S = 30.0
@@ -43,11 +44,23 @@ _FIFO_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass
+class Start:
+    """What a batch script's process does as its owner before it runs the script: enter the working
+    directory and open the output files (made, or truncated, with the owner's rights only). A failure
+    is written to the child's stdout and stderr (the daemon's start-up status pipe), exit code 126."""
+    cwd: str
+    out: str
+    err: str = ""      # "": the same file as out
+    truncate: bool = False
+
+
+@dataclass
 class Child:
     argv: list[str]
     env: dict[str, str]
     stdout: int        # the daemon's descriptors, passed to the shepherd
     stderr: int
+    start: Start | None = None
 
 
 @dataclass
@@ -58,7 +71,7 @@ class Herd:
     pid: int
     started: int
     fd: int                                    # the events FIFO's read end (-1: closed)
-    proc: subprocess.Popen | None = None       # when this daemon started it (to reap it)
+    proc: subprocess.Popen | Started | None = None   # when this daemon started it (to reap it)
     pids: dict[int, int] = field(default_factory=dict)    # child -> pid (and process group)
     starts: dict[int, int] = field(default_factory=dict)  # child -> its start time
     exits: dict[int, int] = field(default_factory=dict)   # child -> raw wait status
@@ -175,6 +188,105 @@ class Herd:
             self.fd = -1
 
 
+def native() -> Path | None:
+    """The shepherd program (shepherd.c), when it was built; None: shepherd.py."""
+    return NATIVE if os.access(NATIVE, os.X_OK) else None
+
+
+class Started:
+    """A shepherd this daemon started itself (its parent: it reaps it)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is not None:   # (as Popen.wait)
+            deadline = time.monotonic() + timeout
+            while self.poll() is None:
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(str(NATIVE), timeout)
+                time.sleep(0.01)
+            return self.returncode
+        while self.returncode is None:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                status = 0
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def encode_spec(spec: dict) -> bytes:
+    """The spec as shepherd.c reads it: NUL-ended fields (see its header)."""
+    fields = ["AIRSPEC1", spec["folder"], spec["tag"], spec["events"],
+              "" if spec["uid"] is None else spec["uid"], spec["gid"], len(spec["groups"]), *spec["groups"],
+              len(spec["cgroups"]), *spec["cgroups"], len(spec["rlimits"])]
+    for number, soft in spec["rlimits"]:
+        fields += [number, soft]
+    fields += [len(spec["holds"]), *spec["holds"], len(spec["children"])]
+    for one in spec["children"]:
+        command = [os.fsencode(a) for a in one["argv"]]
+        env = [os.fsencode(f"{k}={v}") for k, v in one["env"].items()]
+        if any(b"\0" in x for x in command + env):   # (execve would refuse it: the child fails to run, exit 126)
+            command = env = []
+        start = one.get("start") or {"cwd": "", "out": "", "err": "", "truncate": False}
+        fields += [one["stdout"], one["stderr"], start["cwd"], start["out"], start["err"], int(start["truncate"]),
+                   len(command), *command, len(env), *env]
+    data = [f if isinstance(f, bytes) else os.fsencode(str(f)) for f in fields]
+    if any(b"\0" in f for f in data):
+        raise ValueError("a NUL byte in a path of the shepherd's spec")
+    return b"\0".join(data) + b"\0"
+
+
+def _start_native(program: Path, spec: dict, passed: list[int]) -> Started:
+    """posix_spawn the shepherd program (no copy of this daemon: it costs a fraction of a millisecond), in a
+    session of its own, the spec on its standard input and the passed descriptors placed above all of them."""
+    base = max([*passed, 2]) + 1
+    place = {fd: base + i for i, fd in enumerate(passed)}
+    placed = {**spec, "events": place[spec["events"]],
+              "children": [{**one, "stdout": place[one["stdout"]], "stderr": place[one["stderr"]]}
+                           for one in spec["children"]]}
+    data = encode_spec(placed)
+    spec_r, spec_w = os.pipe()
+    try:
+        actions = [(os.POSIX_SPAWN_DUP2, spec_r, 0), (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)]
+        actions += [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in place.items()]
+        pid = os.posix_spawn(str(program), [str(program)], SHEPHERD_ENV, file_actions=actions, setsid=True,
+                             setsigmask=())
+    except BaseException:
+        os.close(spec_w)
+        raise
+    finally:
+        os.close(spec_r)
+    started = Started(pid)
+    try:
+        with open(spec_w, "wb", closefd=True) as pipe:
+            pipe.write(data)
+    except BaseException:
+        started.kill()
+        started.wait()
+        raise
+    return started
+
+
 class SpawnerGone(OSError):
     """The spawner could not be asked (it never got the request)."""
 
@@ -245,12 +357,16 @@ def spawn(folder: Path, tag: str, children: list[Child], uid: int | None, gid: i
                     "cgroup": str(cgroup) if cgroup else "", "uid": uid, "gid": gid, "groups": groups,
                     "cgroups": [str(g) for g in cgroups.joined(cgroup)] if cgroup else [],
                     "rlimits": [list(pair) for pair in rlimits],
-                    "children": [{"argv": c.argv, "env": c.env, "stdout": c.stdout, "stderr": c.stderr}
-                                 for c in children]}
+                    "children": [{"argv": c.argv, "env": c.env, "stdout": c.stdout, "stderr": c.stderr,
+                                  "start": vars(c.start) if c.start else None} for c in children]}
             try:
-                if spawner is None or not spawner.alive():
-                    raise SpawnerGone("no spawner")
-                pid, started = spawner.fork(spec, passed)
+                if (program := native()) is not None:
+                    proc = _start_native(program, spec, passed)
+                    pid, started = proc.pid, start_time(proc.pid)
+                else:
+                    if spawner is None or not spawner.alive():
+                        raise SpawnerGone("no spawner")
+                    pid, started = spawner.fork(spec, passed)
             except SpawnerGone:
                 proc = subprocess.Popen([sys.executable, "-I", "-S", PROGRAM], stdin=subprocess.PIPE,
                                         stdout=subprocess.DEVNULL, pass_fds=passed, start_new_session=True,

@@ -345,7 +345,7 @@ def _host_processes(job: str, node: str) -> list:
     for p in list(found):
         try:
             parent = p.parent()
-            if parent is not None and parent not in found and "shepherd.py" in " ".join(parent.cmdline()):
+            if parent is not None and parent not in found and "shepherd" in " ".join(parent.cmdline()):
                 found.append(parent)
         except psutil.Error:
             pass

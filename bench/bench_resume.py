@@ -59,7 +59,7 @@ def one_run() -> tuple[float, float]:
                   and _env(p).get("AIR_NODENAME") == victim]
         # a host's death takes the shepherds of the job's processes too (alive, one would report its
         # children's SIGKILL as the job's own failure)
-        doomed += [p.parent() for p in doomed if p.parent() and "shepherd.py" in " ".join(p.parent().cmdline())]
+        doomed += [p.parent() for p in doomed if p.parent() and "shepherd" in " ".join(p.parent().cmdline())]
         died = time.monotonic()
         os.kill(daemon, signal.SIGKILL)
         for p in doomed:

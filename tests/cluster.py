@@ -185,7 +185,7 @@ class LocalCluster:
                     if env.get("AIR_NODENAME") == name and env.get("AIR_JOB_ID") in wanted:
                         victims.add(p)
                         parent = p.parent()
-                        if parent is not None and "shepherd.py" in " ".join(parent.cmdline()):
+                        if parent is not None and "shepherd" in " ".join(parent.cmdline()):
                             shepherds.add(parent)
                 except (psutil.Error, OSError):
                     continue

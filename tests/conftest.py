@@ -12,7 +12,7 @@ PACKAGES = ("protos", "airctld", "airnoded", "aircli", "runtime")
 
 def _tree(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".proto")}
+            for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".proto", ".c")}
 
 
 def pytest_sessionstart(session):
@@ -20,6 +20,8 @@ def pytest_sessionstart(session):
     import air.protos
     installed = Path(air.protos.__file__).resolve().parent.parent
     stale = [name for name in PACKAGES if _tree(installed / name) != _tree(ROOT / name)]
+    if not stale and not (installed / "airnoded" / "air-shepherd").is_file():
+        stale = ["airnoded (its shepherd program was not built: is there a C compiler?)"]
     if stale:
         pytest.exit(f"the installed air package ({installed}) differs from this checkout in {', '.join(stale)}: "
                     "run `bash scripts/setup.sh` first", returncode=2)
@@ -59,3 +61,15 @@ def pytest_runtest_makereport(item, call):
         except OSError as e:
             lines = [f"(unreadable: {e})"]
         report.sections.append((f"{log.name} (last {LOG_LINES} lines)", "\n".join(lines)))
+
+
+@pytest.fixture(params=["program", "python"])
+def shepherd_kind(request, monkeypatch):
+    """Each test that takes it runs with both shepherds: the C program (shepherd.c, what the daemon
+    starts where it was built) and shepherd.py (where it was not)."""
+    from air.airnoded import shepherding
+    if request.param == "python":
+        monkeypatch.setattr(shepherding, "native", lambda: None)
+    else:
+        assert shepherding.native() is not None, "the shepherd program (air-shepherd) was not built"
+    return request.param

@@ -1,8 +1,5 @@
 """The batch script's environment and output paths, compared with expected values."""
-import os
-import subprocess
-
-from air.airnoded.launcher import START_AS_OWNER, job_environment
+from air.airnoded.launcher import job_environment
 from air.protos.outputs import expand_pattern, output_paths
 from air.protos import air_pb2 as pb
 
@@ -96,23 +93,6 @@ def test_restart_count_and_last_stop_reason():
     job.restart_count, job.last_stop_reason = 2, pb.REASON_NODE_FAIL
     env = job_environment(job, "node03")
     assert (env["AIR_RESTART_COUNT"], env["SLURM_RESTART_COUNT"], env["AIR_LAST_STOP_REASON"]) == ("2", "2", "NodeFail")
-
-
-def _start(tmp_path, out, err, mode):
-    script = tmp_path / "s.sh"
-    script.write_text("#!/bin/sh\necho out1\necho err1 >&2\necho out2\n")
-    os.chmod(script, 0o755)
-    subprocess.run(["/bin/sh", "-c", START_AS_OWNER, "air-job", str(tmp_path), str(out), str(err), mode, str(script),
-                    "arg"], check=True, timeout=10)
-
-
-def test_open_mode_truncate_empties_then_appends_so_one_file_under_two_names_keeps_both_streams(tmp_path):
-    out = tmp_path / "o.log"
-    out.write_text("the last run's\n")
-    _start(tmp_path, out, tmp_path / "." / "o.log", "truncate")
-    assert sorted(out.read_text().splitlines()) == ["err1", "out1", "out2"]
-    _start(tmp_path, out, tmp_path / "." / "o.log", "append")
-    assert sorted(out.read_text().splitlines()) == ["err1", "err1", "out1", "out1", "out2", "out2"]
 
 
 def test_airrun_output_patterns_name_each_ranks_file_as_srun():

@@ -1,0 +1,42 @@
+"""The package's one compiled part: the shepherd program (airnoded/shepherd.c), built into the package
+as air/airnoded/air-shepherd. Where no C compiler is found the package installs without it and the
+node daemon starts shepherd.py instead (slower: a Python process for every run)."""
+import os
+import shlex
+import subprocess
+import sysconfig
+from pathlib import Path
+
+from setuptools import Distribution, setup
+from setuptools.command.build_py import build_py
+
+SOURCE = Path("airnoded") / "shepherd.c"
+
+
+class BuildWithShepherd(build_py):
+    def run(self):
+        super().run()
+        target = Path(self.build_lib) / "air" / "airnoded" / "air-shepherd"
+        compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+        command = [*compiler, "-O2", "-Wall", "-o", str(target), str(SOURCE)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True)
+        except OSError as e:
+            done = subprocess.CompletedProcess(command, 1, "", str(e))
+        if done.returncode != 0:
+            print(f"air: the shepherd program was not built ({(done.stderr or '').strip()[-300:]}); "
+                  "airnoded will start shepherd.py instead")
+            return
+        target.chmod(0o755)
+
+    def get_outputs(self, include_bytecode=True):
+        target = Path(self.build_lib) / "air" / "airnoded" / "air-shepherd"
+        return super().get_outputs(include_bytecode) + ([str(target)] if target.exists() else [])
+
+
+class PlatformDistribution(Distribution):
+    def has_ext_modules(self):   # a compiled program inside: the wheel is for this platform
+        return True
+
+
+setup(cmdclass={"build_py": BuildWithShepherd}, distclass=PlatformDistribution)

@@ -1,0 +1,102 @@
+"""A batch script's start through its shepherd, with each shepherd (the C program and shepherd.py):
+as its owner, its working directory, then its output files; what went wrong is said on the start-up
+status pipe, and the script never runs."""
+import os
+import pwd
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from air.airnoded import shepherding
+from air.airnoded.shepherding import Child, Start
+
+SCRIPT = "#!/bin/sh\necho out1 $1 $(pwd)\necho err1 >&2\necho out2\ntouch ran\n"
+
+
+def _start(tmp_path, start: Start, uid=None, gid=None):
+    """(exit status, what the start-up said) of SCRIPT started as `start` says, as uid (None: root)."""
+    script = tmp_path / "s.sh"
+    script.write_text(SCRIPT)
+    os.chmod(script, 0o755)
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o711, exist_ok=True)
+    r, w = os.pipe()
+    gid = os.getgid() if gid is None else gid
+    try:
+        herd = shepherding.spawn(folder, "batch", [Child([str(script), "arg"], {"PATH": "/usr/bin:/bin"}, w, w, start)],
+                                 uid, gid, [gid], None)
+    finally:
+        os.close(w)
+    herd.wait()
+    with os.fdopen(r, "rb") as f:
+        said = f.read().decode()
+    return herd.exits[0], said
+
+
+def test_truncate_empties_then_appends_so_one_file_under_two_names_keeps_both_streams(tmp_path, shepherd_kind):
+    out = tmp_path / "o.log"
+    out.write_text("the last run's\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    status, said = _start(tmp_path, Start(str(work), str(out), str(tmp_path / "." / "o.log"), truncate=True))
+    assert (status, said) == (0, "")
+    assert sorted(out.read_text().splitlines()) == ["err1", f"out1 arg {work}", "out2"]
+    assert (work / "ran").exists()   # (the script ran in its working directory)
+    _start(tmp_path, Start(str(work), str(out), str(tmp_path / "." / "o.log")))
+    assert sorted(out.read_text().splitlines()) == ["err1", "err1", f"out1 arg {work}", f"out1 arg {work}",
+                                                    "out2", "out2"]
+
+
+def test_relative_outputs_are_the_working_directorys_and_one_file_gets_both_streams(tmp_path, shepherd_kind):
+    work = tmp_path / "work"
+    work.mkdir()
+    status, said = _start(tmp_path, Start(str(work), "job.out"))
+    assert (status, said) == (0, "")
+    assert (work / "job.out").read_text().splitlines() == [f"out1 arg {work}", "err1", "out2"]
+
+
+def test_an_output_that_cannot_be_made_is_said_and_the_script_never_runs(tmp_path, shepherd_kind):
+    work = tmp_path / "work"
+    work.mkdir()
+    status, said = _start(tmp_path, Start(str(work), str(tmp_path / "missing" / "o.log")))
+    assert os.WEXITSTATUS(status) == 126 and not (work / "ran").exists()
+    assert said.strip() == f"cannot create {tmp_path}/missing/o.log: No such file or directory"
+    status, said = _start(tmp_path, Start(str(work), str(work / "o.log"), str(tmp_path / "missing" / "e.log")))
+    assert os.WEXITSTATUS(status) == 126 and not (work / "ran").exists()
+    assert said.strip() == f"cannot create {tmp_path}/missing/e.log: No such file or directory"
+
+
+def test_a_working_directory_that_cannot_be_entered_is_said_and_the_script_never_runs(tmp_path, shepherd_kind):
+    status, said = _start(tmp_path, Start(str(tmp_path / "gone"), "o.log"))
+    assert os.WEXITSTATUS(status) == 126
+    assert said.strip() == f"cannot enter the working directory {tmp_path}/gone: No such file or directory"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="starts the script as another user")
+def test_the_owner_opens_the_outputs_with_its_own_rights_never_roots(shepherd_kind):
+    nobody = pwd.getpwnam("nobody")
+    tmp_path = Path(tempfile.mkdtemp(prefix="air-start-"))   # (pytest's folders are root's alone)
+    os.chmod(tmp_path, 0o755)
+    try:
+        _as_nobody(tmp_path, nobody)
+    finally:
+        shutil.rmtree(tmp_path)
+
+
+def _as_nobody(tmp_path, nobody):
+    work = tmp_path / "work"
+    work.mkdir(mode=0o777)
+    os.chmod(work, 0o777)
+    locked = tmp_path / "root-only"
+    locked.mkdir(mode=0o755)
+    status, said = _start(tmp_path, Start(str(work), str(locked / "o.log")), nobody.pw_uid, nobody.pw_gid)
+    assert os.WEXITSTATUS(status) == 126 and said.strip() == f"cannot create {locked}/o.log: Permission denied"
+    assert list(locked.iterdir()) == [] and not (work / "ran").exists()
+    status, said = _start(tmp_path, Start(str(work), "o.log"), nobody.pw_uid, nobody.pw_gid)
+    assert (status, said) == (0, "")
+    made = os.stat(work / "o.log")
+    assert (made.st_uid, made.st_gid) == (nobody.pw_uid, nobody.pw_gid) and not made.st_mode & stat.S_IWOTH
+    assert os.stat(work / "ran").st_uid == nobody.pw_uid
