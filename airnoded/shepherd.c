@@ -253,27 +253,28 @@ static void write_all(int fd, const char *data, size_t n) {
     }
 }
 
-/* FOLDER/TAG.shepherd: this process, for a daemon that adopts it; in place before any child runs. */
-static void record_own(const struct spec *s) {
+/* FOLDER/TAG.record, whose first line is this process, for a daemon that adopts it; in place (written
+ * aside, synced, renamed) before any child runs. Returns it open for appending. */
+static int record_own(const struct spec *s) {
     char tmp[PATH_MAX], final[PATH_MAX], line[128], boot[64];
     pid_t me = getpid();
-    if (snprintf(tmp, sizeof tmp, "%s/.%s.shepherd.%d", s->folder, s->tag, (int)me) >= (int)sizeof tmp ||
-        snprintf(final, sizeof final, "%s/%s.shepherd", s->folder, s->tag) >= (int)sizeof final)
+    if (snprintf(tmp, sizeof tmp, "%s/.%s.record.%d", s->folder, s->tag, (int)me) >= (int)sizeof tmp ||
+        snprintf(final, sizeof final, "%s/%s.record", s->folder, s->tag) >= (int)sizeof final)
         bad("the folder's name is too long");
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int fd = open(tmp, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         dprintf(2, "air-shepherd: cannot write %s: %s\n", tmp, strerror(errno));
         _exit(1);
     }
     boot_id(boot, sizeof boot);
-    int n = snprintf(line, sizeof line, "%d %llu %s\n", (int)me, start_time(me), boot);
+    int n = snprintf(line, sizeof line, "shepherd %d %llu %s\n", (int)me, start_time(me), boot);
     write_all(fd, line, (size_t)n);
     fsync(fd);
-    close(fd);
     if (rename(tmp, final) != 0) {
         dprintf(2, "air-shepherd: cannot write %s: %s\n", final, strerror(errno));
         _exit(1);
     }
+    return fd;
 }
 
 static int record_fd = -1;
@@ -385,15 +386,7 @@ int main(void) {
     close_others(&s);
     if (chdir("/") != 0)
         _exit(1);
-    record_own(&s);
-    char path[PATH_MAX];
-    if (snprintf(path, sizeof path, "%s/%s.record", s.folder, s.tag) >= (int)sizeof path)
-        bad("the folder's name is too long");
-    record_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (record_fd < 0) {
-        dprintf(2, "air-shepherd: cannot open %s: %s\n", path, strerror(errno));
-        _exit(1);
-    }
+    record_fd = record_own(&s);
     for (size_t i = 0; i < s.nholds; i++)   /* held open (never read): see shepherd.py */
         if (open(s.holds[i], O_RDWR | O_NONBLOCK | O_CLOEXEC) < 0) {
             dprintf(2, "air-shepherd: cannot hold %s: %s\n", s.holds[i], strerror(errno));

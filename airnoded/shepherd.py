@@ -17,10 +17,11 @@ The spec: {"folder": path, "tag": name, "events": fd, "holds": [path, ...], "cgr
 "stdout": fd, "stderr": fd, "start": null or {"cwd": path, "out": path, "err": path or "",
 "truncate": bool}}, ...]}. fds are the shepherd's (passed by the daemon).
 
-Before it starts anything, the shepherd writes FOLDER/TAG.shepherd ("PID START BOOT": itself, and
-the kernel's boot id: pids and start times are those of one boot), so a daemon that dies at any
-point finds it. Each event is one line, appended to FOLDER/TAG.record
-(root's, in the run's root-owned folder) and then written to the events FIFO the daemon reads:
+Before it starts anything, the shepherd puts FOLDER/TAG.record in place (root's, in the run's
+root-owned folder: written aside, synced and renamed) with one line, "shepherd PID START BOOT":
+itself, and the kernel's boot id (pids and start times are those of one boot), so a daemon that
+dies at any point finds it. Each event is one more line, appended to the record and then written to
+the events FIFO the daemon reads:
     pid I PID START     child I runs, as process PID (leader of its own session and process
                         group), START its start time in clock ticks after boot
     exit I STATUS       child I ended; STATUS is waitpid's raw status
@@ -68,7 +69,7 @@ def start_time(pid):
 
 class Events:
     def __init__(self, record, fd):
-        self.record = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self.record = record   # (open for appending: record_own)
         self.fd = fd
 
     def say(self, line):
@@ -154,8 +155,7 @@ def set_limits(pairs):
 def shepherd(spec):
     """Start the children, wait for them, record each end; the shepherd's exit code."""
     os.chdir("/")
-    record_own(spec["folder"], spec["tag"])
-    events = Events(os.path.join(spec["folder"], spec["tag"] + ".record"), spec["events"])
+    events = Events(record_own(spec["folder"], spec["tag"]), spec["events"])
     holds = [os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC) for path in spec.get("holds", ())]
     null = os.open(os.devnull, os.O_RDONLY)
     children = {}
@@ -208,16 +208,19 @@ def shepherd(spec):
 
 
 def record_own(folder, tag):
-    """FOLDER/TAG.shepherd: this process, for a daemon that adopts it; in place before any child runs."""
+    """FOLDER/TAG.record, whose first line is this process, for a daemon that adopts it; in place before
+    any child runs. Returns it open for appending."""
     me = os.getpid()
-    tmp = os.path.join(folder, ".%s.shepherd.%d" % (tag, me))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    tmp = os.path.join(folder, ".%s.record.%d" % (tag, me))
+    fd = os.open(tmp, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, ("%d %d %s\n" % (me, start_time(me), boot_id())).encode())
+        os.write(fd, ("shepherd %d %d %s\n" % (me, start_time(me), boot_id())).encode())
         os.fsync(fd)
-    finally:
+        os.replace(tmp, os.path.join(folder, tag + ".record"))
+    except BaseException:
         os.close(fd)
-    os.replace(tmp, os.path.join(folder, tag + ".shepherd"))
+        raise
+    return fd
 
 
 def ignore_signals():

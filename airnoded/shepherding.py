@@ -3,8 +3,8 @@ started, and follow its events.
 
 In the run's folder (root's, 0711), for a shepherd named TAG ("batch", "step3"):
 
-    TAG.shepherd    "PID START BOOT": the shepherd, written before it is given its work
-    TAG.record      its events, appended by the shepherd (the whole history)
+    TAG.record      "shepherd PID START BOOT": the shepherd itself, in place (written aside, synced, renamed)
+                    before it starts anything; then its events, appended by the shepherd (the whole history)
     TAG.events      a FIFO: the same events as they happen; end of file once the shepherd is gone
 
 A daemon that adopts a shepherd opens the FIFO first and then reads the record: every event is in
@@ -440,12 +440,17 @@ def live_groups(folder: Path) -> list[int]:
 
 
 def _shepherd_of(folder: Path, tag: str) -> tuple[int, int, bool]:
-    """(pid, start time, whether it is of this boot) of the shepherd TAG.shepherd names. One that
-    cannot be read (written whole and synced before the shepherd starts anything, so cut short only
-    by a power loss) is taken as another boot's: its processes are gone and nothing is signalled
-    under their numbers. A record without a boot id (an earlier daemon's) is taken as this boot's."""
+    """(pid, start time, whether it is of this boot) of the shepherd its record's first line names
+    (or TAG.shepherd, an earlier version's). One that cannot be read (written whole and synced before
+    the shepherd starts anything, so cut short only by a power loss) is taken as another boot's: its
+    processes are gone and nothing is signalled under their numbers. A line without a boot id (an
+    earlier daemon's) is taken as this boot's."""
     try:
-        fields = jobfiles.read_root_file(folder, f"{tag}.shepherd", 128).split()
+        try:
+            fields = jobfiles.read_root_file(folder, f"{tag}.shepherd", 128).split()
+        except FileNotFoundError:
+            first = jobfiles.read_root_file(folder, f"{tag}.record", MAX_RECORD).split(b"\n", 1)[0].split()
+            fields = first[1:] if first[:1] == [b"shepherd"] else []
         pid, started = int(fields[0]), int(fields[1])
     except (OSError, ValueError, IndexError, jobfiles.UnsafeFile):
         return 0, 0, False
@@ -453,11 +458,12 @@ def _shepherd_of(folder: Path, tag: str) -> tuple[int, int, bool]:
 
 
 def tags(folder: Path) -> list[str]:
-    """The shepherds started in a run's folder."""
+    """The shepherds started in a run's folder (by their records; an earlier version's by TAG.shepherd)."""
     try:
-        return sorted(e.name[:-len(".shepherd")] for e in os.scandir(folder) if e.name.endswith(".shepherd"))
+        names = [e.name for e in os.scandir(folder) if not e.name.startswith(".")]
     except OSError:
         return []
+    return sorted({name.rsplit(".", 1)[0] for name in names if name.endswith((".record", ".shepherd"))})
 
 
 def _fresh(folder: Path, tag: str) -> None:

@@ -137,7 +137,7 @@ def test_a_steps_group_is_the_batch_scripts_where_it_runs_and_the_runs_own_elsew
     batch_dir, ranks_dir = tmp_path / "batch-node", tmp_path / "ranks-node"
     batch_dir.mkdir()
     ranks_dir.mkdir()
-    (batch_dir / "batch.shepherd").write_text("1 2 3\n")
+    (batch_dir / "batch.record").write_text("shepherd 1 2 3\n")
     batch_group = groups.create(7, 2, 0)                     # what the launcher made for the script
     (batch_dir / "cgroup").write_text(str(batch_group))      # and recorded in the run's folder
     assert runner.run_group(step, 0, batch_dir) == batch_group

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from air.airnoded import shepherding
+from air.airnoded.shepherd import boot_id
 from air.airnoded.shepherding import Child, Start
 
 SCRIPT = "#!/bin/sh\necho out1 $1 $(pwd)\necho err1 >&2\necho out2\ntouch ran\n"
@@ -33,6 +34,14 @@ def _start(tmp_path, start: Start, uid=None, gid=None):
     herd.wait()
     with os.fdopen(r, "rb") as f:
         said = f.read().decode()
+    # what a daemon that adopts it reads: the shepherd's own line first, then its events; nothing else left
+    assert sorted(os.listdir(folder)) == ["batch.events", "batch.record"]
+    lines = (folder / "batch.record").read_text().splitlines()
+    assert lines[0].split()[:2] == ["shepherd", str(herd.pid)] and lines[0].split()[3] == boot_id()
+    assert shepherding.tags(folder) == ["batch"] and shepherding._shepherd_of(folder, "batch") == \
+        (herd.pid, herd.started, True)
+    assert lines[1:] == [f"pid 0 {herd.pids[0]} {herd.starts[0]}", f"exit 0 {herd.exits[0]}"]
+    os.unlink(folder / "batch.record")
     return herd.exits[0], said
 
 
