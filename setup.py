@@ -18,11 +18,15 @@ class BuildWithShepherd(build_py):
         super().run()
         target = Path(self.build_lib) / "air" / "airnoded" / "air-shepherd"
         compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
-        command = [*compiler, "-O2", "-Wall", "-o", str(target), str(SOURCE)]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True)
-        except OSError as e:
-            done = subprocess.CompletedProcess(command, 1, "", str(e))
+        # static where the C library allows it: an exec then skips the dynamic loader (a shepherd a run)
+        for link in (["-static"], []):
+            command = [*compiler, "-O2", "-Wall", *link, "-o", str(target), str(SOURCE)]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True)
+            except OSError as e:
+                done = subprocess.CompletedProcess(command, 1, "", str(e))
+            if done.returncode == 0:
+                break
         if done.returncode != 0:
             print(f"air: the shepherd program was not built ({(done.stderr or '').strip()[-300:]}); "
                   "airnoded will start shepherd.py instead")
