@@ -254,7 +254,9 @@ static void write_all(int fd, const char *data, size_t n) {
 }
 
 /* FOLDER/TAG.record, whose first line is this process, for a daemon that adopts it; in place (written
- * aside, synced, renamed) before any child runs. Returns it open for appending. */
+ * aside, renamed) before any child runs. Returns it open for appending. Not synced: what it says holds
+ * for this boot only, and a crash of the host that cuts it short is a new boot, which is how a daemon
+ * takes a record it cannot read (shepherding._shepherd_of). */
 static int record_own(const struct spec *s) {
     char tmp[PATH_MAX], final[PATH_MAX], line[128], boot[64];
     pid_t me = getpid();
@@ -269,7 +271,6 @@ static int record_own(const struct spec *s) {
     boot_id(boot, sizeof boot);
     int n = snprintf(line, sizeof line, "shepherd %d %llu %s\n", (int)me, start_time(me), boot);
     write_all(fd, line, (size_t)n);
-    fsync(fd);
     if (rename(tmp, final) != 0) {
         dprintf(2, "air-shepherd: cannot write %s: %s\n", final, strerror(errno));
         _exit(1);

@@ -18,7 +18,7 @@ The spec: {"folder": path, "tag": name, "events": fd, "holds": [path, ...], "cgr
 "truncate": bool}}, ...]}. fds are the shepherd's (passed by the daemon).
 
 Before it starts anything, the shepherd puts FOLDER/TAG.record in place (root's, in the run's
-root-owned folder: written aside, synced and renamed) with one line, "shepherd PID START BOOT":
+root-owned folder: written aside and renamed) with one line, "shepherd PID START BOOT":
 itself, and the kernel's boot id (pids and start times are those of one boot), so a daemon that
 dies at any point finds it. Each event is one more line, appended to the record and then written to
 the events FIFO the daemon reads:
@@ -214,8 +214,8 @@ def record_own(folder, tag):
     tmp = os.path.join(folder, ".%s.record.%d" % (tag, me))
     fd = os.open(tmp, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
+        # (not synced: the line holds for this boot only, and a host crash that cuts it short is a new boot)
         os.write(fd, ("shepherd %d %d %s\n" % (me, start_time(me), boot_id())).encode())
-        os.fsync(fd)
         os.replace(tmp, os.path.join(folder, tag + ".record"))
     except BaseException:
         os.close(fd)

@@ -3,7 +3,7 @@ started, and follow its events.
 
 In the run's folder (root's, 0711), for a shepherd named TAG ("batch", "step3"):
 
-    TAG.record      "shepherd PID START BOOT": the shepherd itself, in place (written aside, synced, renamed)
+    TAG.record      "shepherd PID START BOOT": the shepherd itself, in place (written aside, renamed)
                     before it starts anything; then its events, appended by the shepherd (the whole history)
     TAG.events      a FIFO: the same events as they happen; end of file once the shepherd is gone
 
@@ -441,9 +441,9 @@ def live_groups(folder: Path) -> list[int]:
 
 def _shepherd_of(folder: Path, tag: str) -> tuple[int, int, bool]:
     """(pid, start time, whether it is of this boot) of the shepherd its record's first line names
-    (or TAG.shepherd, an earlier version's). One that cannot be read (written whole and synced before
-    the shepherd starts anything, so cut short only by a power loss) is taken as another boot's: its
-    processes are gone and nothing is signalled under their numbers. A line without a boot id (an
+    (or TAG.shepherd, an earlier version's). One that cannot be read (put in place whole before the
+    shepherd starts anything, so cut short only by a crash of the host, which is a new boot) is taken
+    as another boot's: its processes are gone and nothing is signalled under their numbers. A line without a boot id (an
     earlier daemon's) is taken as this boot's."""
     try:
         try:
