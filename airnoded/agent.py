@@ -32,6 +32,7 @@ log = logging.getLogger("airnoded")
 
 CALL_TIMEOUT_S = 5.0
 FENCE_CHECK_S = 0.25   # how often the lease is looked at
+BEAT_GAP_S = 0.05      # between the starts of two beats that an exit called early: a busy node's exits go together
 
 
 def _state(pid: int) -> str | None:
@@ -107,6 +108,7 @@ class Agent:
         self.metrics = NodeMetrics(node.name)
         # which heartbeat is which (HeartbeatRequest.boot_id, started_ns, seq)
         self._boot_id, self._started_ns, self._seq = boot_id(), time.clock_gettime_ns(time.CLOCK_BOOTTIME), 0
+        self._beat_began = float("-inf")
 
     def seconds_since_controller(self) -> float:
         """Since the start of the last call to airctld that got an answer (the lease)."""
@@ -210,7 +212,10 @@ class Agent:
             except Exception:   # nothing a job does, and no bug of ours, stops the heartbeats
                 self.beat_failures += 1
                 log.exception("heartbeat failed (%d so far); trying again at the next beat", self.beat_failures)
-            self._wake.wait(self.interval)
+            if self._wake.wait(self.interval):   # early, for an exit (or a critical health event): at once on a
+                gap = BEAT_GAP_S - (lease_clock() - self._beat_began)   # quiet node; on a busy one the exits of
+                if gap > 0:                                              # the next BEAT_GAP_S go with it
+                    self._stopping.wait(gap)
             self._wake.clear()
 
     def _beat(self) -> None:
@@ -218,7 +223,7 @@ class Agent:
         with self._lock:
             exits = list(self._exits.values())
             health = list(self._health)
-        began = lease_clock()
+        began = self._beat_began = lease_clock()
         self._seq += 1
         reply = self._registry.Heartbeat(
             pb.HeartbeatRequest(name=self.node.name, running=sorted({j for j, _ in self.launcher.runs_here()}),

@@ -1,0 +1,52 @@
+"""The node daemon's heartbeat loop: an exit is reported at once on a quiet node, and on a busy one the
+exits of the next BEAT_GAP_S go together (a beat costs both daemons the same whatever it carries)."""
+import threading
+import time
+from types import SimpleNamespace
+
+from air.airnoded import agent as module
+
+
+def _agent(beats):
+    agent = module.Agent.__new__(module.Agent)
+    agent.interval = 30.0
+    agent._registered = True
+    agent._wake, agent._stopping = threading.Event(), threading.Event()
+    agent._beat_began = float("-inf")
+    agent.check_lease = lambda: None
+    agent.config = SimpleNamespace(controller=SimpleNamespace(address="-"))
+
+    def beat():   # (as the real one: its start is when it began)
+        agent._beat_began = module.lease_clock()
+        beats.append(agent._beat_began)
+    agent._beat = beat
+    return agent
+
+
+def test_a_quiet_nodes_exit_goes_at_once_and_a_busy_nodes_exits_go_together():
+    beats = []
+    agent = _agent(beats)
+    loop = threading.Thread(target=agent.run, daemon=True)
+    loop.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not beats and time.monotonic() < deadline:   # the first beat, at start
+            time.sleep(0.001)
+        time.sleep(2 * module.BEAT_GAP_S)                    # quiet since
+        woken = module.lease_clock()
+        agent._wake.set()                                    # one exit
+        while len(beats) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert beats[1] - woken < module.BEAT_GAP_S / 2, "a quiet node's exit waited"
+        stop = time.monotonic() + 20 * module.BEAT_GAP_S
+        while time.monotonic() < stop:                       # an exit every millisecond
+            agent._wake.set()
+            time.sleep(0.001)
+        busy = beats[2:]
+        gaps = [b - a for a, b in zip(busy, busy[1:])]
+        assert len(busy) >= 10 and min(gaps) >= module.BEAT_GAP_S * 0.99, gaps
+        assert max(gaps) < 3 * module.BEAT_GAP_S, gaps       # (and no exit waits for the next regular beat)
+    finally:
+        agent._stopping.set()
+        agent._wake.set()
+        loop.join(5)
