@@ -216,7 +216,7 @@ class Launcher:
             herd = shepherding.spawn(jobdir, BATCH, [Child([str(script), *req.argv], env, status_w, status_w, start)],
                                      None if same_user else job.uid, job.gid,
                                      list(kwargs.get("extra_groups", [job.gid])), group, spawner=self.spawner,
-                                     rlimits=self.limits(req.rlimits))
+                                     rlimits=self.limits(req.rlimits), named=False)
         except BaseException:
             os.close(status_r)
             raise

@@ -5,7 +5,8 @@ In the run's folder (root's, 0711), for a shepherd named TAG ("batch", "step3"):
 
     TAG.record      "shepherd PID START BOOT": the shepherd itself, in place (written aside, renamed)
                     before it starts anything; then its events, appended by the shepherd (the whole history)
-    TAG.events      a FIFO: the same events as they happen; end of file once the shepherd is gone
+    TAG.events      a FIFO: the same events as they happen; end of file once the shepherd is gone (a batch
+                    script's shepherd has a pipe to the daemon that started it instead: spawn, named)
 
 A daemon that adopts a shepherd opens the FIFO first and then reads the record: every event is in
 one or the other (the shepherd appends to the record before it writes to the FIFO), and the
@@ -106,7 +107,8 @@ class Herd:
         if self.ended:
             return []
         poller = select.poll()
-        poller.register(self.fd, select.POLLIN)
+        if self.fd >= 0:   # (without one, followed by its process alone: the poll only waits)
+            poller.register(self.fd, select.POLLIN)
         while True:
             # a FIFO that no writer opened since this daemon opened it never reports a hang-up: a
             # shepherd that died before its adoption is seen gone by its process, a second at most
@@ -340,17 +342,24 @@ class Spawner:
 
 def spawn(folder: Path, tag: str, children: list[Child], uid: int | None, gid: int, groups: list[int],
           cgroup: Path | None, holds: list[Path] = (), spawner: Spawner | None = None,
-          rlimits: list[list[int]] = ()) -> Herd:
-    """Start a shepherd for `children` (forked by the spawner, or a Python of its own without one)
-    and wait until each has started (or failed to); the caller closes its own copies of the
-    children's descriptors. uid None: run as the daemon's user."""
-    fifo = folder / f"{tag}.events"
+          rlimits: list[list[int]] = (), named: bool = True) -> Herd:
+    """Start a shepherd for `children` (the shepherd program; forked by the spawner, or a Python of its
+    own, without it) and wait until each has started (or failed to); the caller closes its own copies
+    of the children's descriptors. uid None: run as the daemon's user. named False: its events come
+    through a pipe, not the TAG.events FIFO (one file fewer a run: for a shepherd whose children's
+    ends are all a daemon that adopts it needs, which it has from the record once the shepherd is
+    gone: adopt)."""
     _fresh(folder, tag)
-    os.mkfifo(fifo, 0o600)
-    fd = os.open(fifo, _FIFO_FLAGS)
+    if named:
+        fifo = folder / f"{tag}.events"
+        os.mkfifo(fifo, 0o600)
+        fd = os.open(fifo, _FIFO_FLAGS)
+    else:
+        fd, pipe_end = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(fd, False)
     proc = None
     try:
-        write_end = os.open(fifo, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        write_end = os.open(fifo, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC) if named else pipe_end
         try:
             passed = [write_end] + sorted({c.stdout for c in children} | {c.stderr for c in children})
             spec = {"folder": str(folder), "tag": tag, "events": write_end, "holds": [str(h) for h in holds],
@@ -412,18 +421,20 @@ def adopt(folder: Path, tag: str) -> Herd:
     """The shepherd an earlier daemon started for `tag` in this folder, with its events so far; ended
     (and with the exits its record holds) when it is no longer running."""
     pid, started, this_boot = _shepherd_of(folder, tag)
-    fd = -1
+    fd, by_process = -1, False
     if this_boot and pid > 1 and start_time(pid) == started:
         try:
             fd = os.open(folder / f"{tag}.events", _FIFO_FLAGS)
             if not stat.S_ISFIFO(os.fstat(fd).st_mode) or os.fstat(fd).st_uid != os.geteuid():
                 os.close(fd)
                 fd = -1
+        except FileNotFoundError:   # one whose events came through a pipe (spawn, named False): followed by
+            by_process = True       # its process, a second at most after its end, and then its record
         except OSError:
             fd = -1
     herd = Herd(folder, tag, pid, started, fd, this_boot=this_boot)
     herd._take(herd.record() + b"\n")
-    if fd < 0 or not herd.alive():
+    if (fd < 0 and not by_process) or not herd.alive():
         herd._end()
     return herd
 

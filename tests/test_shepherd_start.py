@@ -5,6 +5,7 @@ import os
 import pwd
 import shutil
 import stat
+import time
 import tempfile
 from pathlib import Path
 
@@ -109,3 +110,24 @@ def _as_nobody(tmp_path, nobody):
     made = os.stat(work / "o.log")
     assert (made.st_uid, made.st_gid) == (nobody.pw_uid, nobody.pw_gid) and not made.st_mode & stat.S_IWOTH
     assert os.stat(work / "ran").st_uid == nobody.pw_uid
+
+
+def test_a_batch_shepherds_pipe_goes_with_its_daemon_and_the_next_one_follows_it_by_its_process(tmp_path,
+                                                                                                shepherd_kind):
+    """A batch script's shepherd sends its events through a pipe (no FIFO in the run's folder): a daemon
+    that adopts it sees it running, and its end (a second at most after it) with the exit its record holds."""
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o711)
+    r, w = os.pipe()
+    herd = shepherding.spawn(folder, "batch", [Child(["/bin/sh", "-c", "sleep 1; exit 3"], {}, w, w)], None,
+                             os.getgid(), [os.getgid()], None, named=False)
+    os.close(w)
+    os.close(r)
+    assert sorted(os.listdir(folder)) == ["batch.record"]
+    herd.close()   # the daemon that started it is gone (its read end of the pipe with it)
+    adopted = shepherding.adopt(folder, "batch")
+    assert not adopted.ended and adopted.alive() and adopted.running() == {0: herd.pids[0]}
+    began = time.monotonic()
+    adopted.wait()
+    assert adopted.exits == {0: 3 << 8} and time.monotonic() - began < 2.5
+    herd.proc.wait()
