@@ -245,17 +245,17 @@ def encode_spec(spec: dict) -> bytes:
         fields += [number, soft]
     fields += [len(spec["holds"]), *spec["holds"], len(spec["children"])]
     for one in spec["children"]:
-        command = [os.fsencode(a) for a in one["argv"]]
-        env = [os.fsencode(f"{k}={v}") for k, v in one["env"].items()]
-        if any(b"\0" in x for x in command + env):   # (execve would refuse it: the child fails to run, exit 126)
-            command = env = []
+        command = [str(a) for a in one["argv"]]
+        env = [f"{k}={v}" for k, v in one["env"].items()]
+        if "\0" in "".join(command) or "\0" in "".join(env):   # (execve would refuse it: the child fails to
+            command = env = []                                   # run, exit 126)
         start = one.get("start") or {"cwd": "", "out": "", "err": "", "truncate": False}
         fields += [one["stdout"], one["stderr"], start["cwd"], start["out"], start["err"], int(start["truncate"]),
                    len(command), *command, len(env), *env]
-    data = [f if isinstance(f, bytes) else os.fsencode(str(f)) for f in fields]
-    if any(b"\0" in f for f in data):
+    text = [f if isinstance(f, str) else str(f) for f in fields]
+    if "\0" in "".join(text):
         raise ValueError("a NUL byte in a path of the shepherd's spec")
-    return b"\0".join(data) + b"\0"
+    return os.fsencode("\0".join(text) + "\0")
 
 
 def _start_native(program: Path, spec: dict, passed: list[int]) -> Started:
