@@ -135,6 +135,10 @@ class _Link:
         self.conn.initiate_connection()
         self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW,
                                    h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME})
+        # frames of that size are taken from now on: h2 applies the server's ack of the setting only to the
+        # reads after the one that holds it, and a server that answers at once may send the ack and frames
+        # of the new size in one write (taking larger frames early asks nothing of the server)
+        self.conn.max_inbound_frame_size = MAX_FRAME
         self.conn.increment_flow_control_window(WINDOW - 65535)
         self.closed = False
 

@@ -157,7 +157,8 @@ def _misbehaving(port: int, headers: list, trailers: list | None, body: bytes = 
                  action: str = "answer") -> threading.Thread:
     """A one-call HTTP/2 server (h2, server side) that answers with what it is given, or once it has
     the whole call closes the connection ("close") or sends a GOAWAY with an error that covers the call
-    and stays connected ("goaway")."""
+    and stays connected ("goaway"); "at-once": it answers, but writes nothing until then, so that its
+    acks of the client's settings and the answer arrive together."""
     import socket
     import h2.config
     import h2.connection
@@ -198,7 +199,10 @@ def _misbehaving(port: int, headers: list, trailers: list | None, body: bytes = 
                             if body:
                                 conn.send_data(event.stream_id, body)
                             conn.send_headers(event.stream_id, trailers, end_stream=True)
-                sock.sendall(conn.data_to_send())
+                        if action == "at-once":   # the settings' acks and the whole answer in one write
+                            sock.sendall(conn.data_to_send())
+                if action != "at-once":
+                    sock.sendall(conn.data_to_send())
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -249,4 +253,18 @@ def test_a_call_the_server_never_had_all_of_is_not_said_to_be_maybe_done():
     with pytest.raises(WireError) as e:
         Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"x" * 100_000, (), 10)
     assert (e.value.code, e.value.maybe_done) == ("UNAVAILABLE", False), e.value
+    thread.join(5)
+
+
+def test_an_answer_in_frames_as_large_as_the_client_allows_that_comes_with_the_settings_ack_is_taken():
+    """The client asks for frames of up to MAX_FRAME; a server answering fast on a new connection may
+    send the ack of that setting and frames of that size in one write (h2 applies an ack only to the
+    reads after the one that holds it: such a first answer once failed, "Received overlong frame")."""
+    port = free_port()
+    payload = bytes(range(256)) * 80   # over h2's default frame size, 16 KiB, in one DATA frame (and a
+    #                                    write small enough to arrive in one read)
+    thread = _misbehaving(port, [(b":status", b"200"), (b"content-type", b"application/grpc")],
+                          [(b"grpc-status", b"0")], b"\0" + len(payload).to_bytes(4, "big") + payload,
+                          action="at-once")
+    assert Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"hi", (), 5) == payload
     thread.join(5)
