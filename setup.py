@@ -17,6 +17,7 @@ class BuildWithShepherd(build_py):
     def run(self):
         super().run()
         target = Path(self.build_lib) / "air" / "airnoded" / "air-shepherd"
+        target.unlink(missing_ok=True)   # (never an earlier build's, should this one fail)
         compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
         # static where the C library allows it: an exec then skips the dynamic loader (a shepherd a run)
         for link in (["-static"], []):

@@ -281,11 +281,12 @@ def write_root_file(folder: Path, name: str, data: bytes, mode: int, owner: tupl
         os.close(dirfd)
 
 
-def read_root_file(folder: Path, name: str, limit: int = 4096) -> bytes:
-    """A file root wrote in its own folder (still opened without following links)."""
+def read_root_file(folder: Path, name: str, limit: int = 4096, head: bool = False) -> bytes:
+    """A file root wrote in its own folder (still opened without following links); with `head`, its
+    first `limit` bytes whatever its size (else a larger one is refused)."""
     dirfd = os.open(folder, _DIR_FLAGS)
     try:
-        return _read_checked(dirfd, name, os.geteuid(), limit)
+        return _read_checked(dirfd, name, os.geteuid(), limit, head)
     finally:
         os.close(dirfd)
 
@@ -428,9 +429,10 @@ class OwnerDir:
         return _read_checked(self.fd, name, self.owner, limit)
 
 
-def _read_checked(dirfd: int, name: str, owner: int, limit: int) -> bytes:
+def _read_checked(dirfd: int, name: str, owner: int, limit: int, head: bool = False) -> bytes:
+    size_limit = 1 << 62 if head else limit
     before = lstat_beneath(dirfd, name)   # nothing but a regular file is opened
-    _check(name, before, owner, limit)
+    _check(name, before, owner, size_limit)
     try:
         fd = open_beneath(dirfd, name, _READ_FLAGS)
     except UnsafeFile:
@@ -443,9 +445,11 @@ def _read_checked(dirfd: int, name: str, owner: int, limit: int) -> bytes:
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
             raise UnsafeFile(f"{name} was replaced while it was being opened")
-        _check(name, st, owner, limit)
+        _check(name, st, owner, size_limit)
         data = os.read(fd, limit + 1)
         if len(data) > limit:
+            if head:
+                return data[:limit]
             raise UnsafeFile(f"{name} is over {limit} bytes")
         return data
     finally:

@@ -32,13 +32,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define MAX_SPEC (64u << 20)   /* bytes: the daemon's spec is a job's argv and environment, far less */
+#define MAX_SPEC (1u << 30)   /* bytes: a step's ranks each with their environment (512 of 1 MiB, say) */
 #define MAX_ITEMS 65536        /* of any list in the spec */
 #define NO_CGROUP 125
 #define CANNOT_RUN 126
 
 static const int IGNORED[] = {SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGQUIT, SIGUSR1, SIGUSR2};
-static const int RESET[] = {SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGQUIT, SIGUSR1, SIGUSR2, SIGXFSZ};
+
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 struct child {
@@ -366,8 +366,12 @@ static void child(const struct spec *s, const struct child *c, int null) {
     }
     if (*c->output)
         open_outputs(c);
-    for (size_t i = 0; i < COUNT(RESET); i++)
-        signal(RESET[i], SIG_DFL);
+    /* every disposition the default, through the kernel: posix_spawn leaves the C library's own two
+     * signals (32 and 33) ignored in this program, and glibc's sigaction will not touch them */
+    char dfl[64] = {0};   /* (a kernel sigaction of zeros: SIG_DFL, no flags, an empty mask) */
+    for (int sig = 1; sig < 65; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP)
+            syscall(SYS_rt_sigaction, sig, dfl, NULL, 8);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);

@@ -460,7 +460,7 @@ def _shepherd_of(folder: Path, tag: str) -> tuple[int, int, bool]:
         try:
             fields = jobfiles.read_root_file(folder, f"{tag}.shepherd", 128).split()
         except FileNotFoundError:
-            first = jobfiles.read_root_file(folder, f"{tag}.record", MAX_RECORD).split(b"\n", 1)[0].split()
+            first = jobfiles.read_root_file(folder, f"{tag}.record", 512, head=True).split(b"\n", 1)[0].split()
             fields = first[1:] if first[:1] == [b"shepherd"] else []
         pid, started = int(fields[0]), int(fields[1])
     except (OSError, ValueError, IndexError, jobfiles.UnsafeFile):

@@ -681,6 +681,8 @@ class _Stream:
                 except subprocess.TimeoutExpired:
                     log.warning("step %d.%d: its shepherd (pid %d) has not ended", self.key[0], self.step.step_id,
                                 herd.pid)
+                    # (this daemon's child: reaped whenever it ends, never left a zombie)
+                    threading.Thread(target=herd.proc.wait, daemon=True, name="reap-shepherd").start()
 
     def _events(self, new: list[tuple[str, int]], partial: dict[int, bytes], poller, done: set[int]) -> None:
         for kind, child in new:

@@ -5,6 +5,7 @@ import os
 import pwd
 import shutil
 import stat
+import sys
 import time
 import tempfile
 from pathlib import Path
@@ -131,3 +132,44 @@ def test_a_batch_shepherds_pipe_goes_with_its_daemon_and_the_next_one_follows_it
     adopted.wait()
     assert adopted.exits == {0: 3 << 8} and time.monotonic() - began < 2.5
     herd.proc.wait()
+
+
+def test_a_job_gets_every_signal_default_and_none_blocked(tmp_path, shepherd_kind):
+    """Whatever the daemon and the shepherd ignore (SIGTERM aimed at the daemon, posix_spawn's own two
+    signals in the C library's range), the job starts with default dispositions and an empty mask."""
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "sig.sh"
+    script.write_text("#!/bin/sh\nexec grep -E '^Sig(Ign|Blk):' /proc/self/status\n")
+    os.chmod(script, 0o755)
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o711)
+    r, w = os.pipe()
+    herd = shepherding.spawn(folder, "batch", [Child([str(script)], {"PATH": "/usr/bin:/bin"}, w, w,
+                                                     Start(str(work), "o.log"))], None, os.getgid(), [os.getgid()],
+                             None, named=False)
+    os.close(w)
+    os.close(r)
+    herd.wait()
+    assert herd.exits == {0: 0}
+    assert (work / "o.log").read_text().split() == ["SigBlk:", "0" * 16, "SigIgn:", "0" * 16]
+
+
+def test_a_batch_scripts_pwd_is_its_working_directory_not_the_submitters(tmp_path):
+    from air.airnoded.launcher import Launcher
+    from air.protos import air_pb2 as pb
+    os.chmod(tmp_path, 0o755)
+    spool, work = tmp_path / "spool", tmp_path / "work"
+    spool.mkdir(mode=0o755)
+    work.mkdir()
+    exits = []
+    launcher = Launcher("n1", spool, exits.append)
+    code = "import os\nprint(os.environ['PWD'], os.getcwd())\n"
+    launcher.launch(pb.Job(job_id=5, uid=os.getuid(), gid=os.getgid(), allocation=[pb.NodeAlloc(node="n1")],
+                           request=pb.JobRequest(script=f"#!{sys.executable}\n{code}", workdir=str(work),
+                                                 output=str(work / "out"), environment={"PWD": "/submitted/here"})))
+    deadline = time.monotonic() + 30
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [e.exit_code for e in exits] == [0]
+    assert (work / "out").read_text().split() == [str(work), str(work)]
