@@ -63,13 +63,24 @@ def pytest_runtest_makereport(item, call):
         report.sections.append((f"{log.name} (last {LOG_LINES} lines)", "\n".join(lines)))
 
 
-@pytest.fixture(params=["program", "python"])
-def shepherd_kind(request, monkeypatch):
-    """Each test that takes it runs with both shepherds: the C program (shepherd.c, what the daemon
-    starts where it was built) and shepherd.py (where it was not)."""
+@pytest.fixture(params=["program", "python", "spawner"])
+def shepherd_kind(request, monkeypatch, tmp_path):
+    """Each test that takes it runs with each shepherd: the C program (shepherd.c, what the daemon
+    starts where it was built) and shepherd.py (where it was not), started as a Python of its own or
+    forked by the daemon's spawner (shepherd.py --serve; its calls to shepherding.spawn get one)."""
+    import functools
     from air.airnoded import shepherding
-    if request.param == "python":
-        monkeypatch.setattr(shepherding, "native", lambda: None)
-    else:
+    if request.param == "program":
         assert shepherding.native() is not None, "the shepherd program (air-shepherd) was not built"
-    return request.param
+        yield request.param
+        return
+    monkeypatch.setattr(shepherding, "native", lambda: None)
+    if request.param == "python":
+        yield request.param
+        return
+    folder = tmp_path / "spawner"
+    folder.mkdir()
+    spawner = shepherding.Spawner(folder)
+    monkeypatch.setattr(shepherding, "spawn", functools.partial(shepherding.spawn, spawner=spawner))
+    yield request.param
+    spawner.close()
