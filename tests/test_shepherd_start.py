@@ -19,11 +19,13 @@ from air.airnoded.shepherding import Child, Start
 SCRIPT = "#!/bin/sh\necho out1 $1 $(pwd)\necho err1 >&2\necho out2\ntouch ran\n"
 
 
-def _start(tmp_path, start: Start, uid=None, gid=None):
-    """(exit status, what the start-up said) of SCRIPT started as `start` says, as uid (None: root)."""
-    script = tmp_path / "s.sh"
-    script.write_text(SCRIPT)
-    os.chmod(script, 0o755)
+def _start(tmp_path, start: Start, uid=None, gid=None, script=None):
+    """(exit status, what the start-up said) of SCRIPT (or `script`) started as `start` says, as uid
+    (None: root)."""
+    if script is None:
+        script = tmp_path / "s.sh"
+        script.write_text(SCRIPT)
+        os.chmod(script, 0o755)
     folder = tmp_path / "run"
     folder.mkdir(mode=0o711, exist_ok=True)
     r, w = os.pipe()
@@ -106,6 +108,11 @@ def _as_nobody(tmp_path, nobody):
     status, said = _start(tmp_path, Start(str(work), str(locked / "o.log")), nobody.pw_uid, nobody.pw_gid)
     assert os.WEXITSTATUS(status) == 126 and said.strip() == f"cannot create {locked}/o.log: Permission denied"
     assert list(locked.iterdir()) == [] and not (work / "ran").exists()
+    private = tmp_path / "root-only-work"
+    private.mkdir(mode=0o700)
+    status, said = _start(tmp_path, Start(str(private), str(work / "o.log")), nobody.pw_uid, nobody.pw_gid)
+    assert os.WEXITSTATUS(status) == 126 and not (work / "ran").exists()
+    assert said.strip() == f"cannot enter the working directory {private}: Permission denied"
     status, said = _start(tmp_path, Start(str(work), "o.log"), nobody.pw_uid, nobody.pw_gid)
     assert (status, said) == (0, "")
     made = os.stat(work / "o.log")
@@ -174,3 +181,21 @@ def test_a_batch_scripts_pwd_is_its_working_directory_not_the_submitters(tmp_pat
         time.sleep(0.05)
     assert [e.exit_code for e in exits] == [0]
     assert (work / "out").read_text().split() == [str(work), str(work)]
+
+
+def test_a_job_holds_no_descriptor_but_its_three(tmp_path, shepherd_kind):
+    """Not the daemon's (one it let be inherited by mistake here), not the shepherd's (its events, its
+    record, the status pipe)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "fds.sh"
+    script.write_text("#!/bin/sh\nexec ls /proc/self/fd\n")
+    os.chmod(script, 0o755)
+    leaked = os.open(os.devnull, os.O_RDONLY)
+    os.set_inheritable(leaked, True)
+    try:
+        status, said = _start(tmp_path, Start(str(work), "o.log"), script=script)
+    finally:
+        os.close(leaked)
+    assert (status, said) == (0, "")
+    assert (work / "o.log").read_text().split() == ["0", "1", "2", "3"]   # (3: the folder ls reads)
