@@ -111,10 +111,26 @@ def fenced_before_end(folder: Path, tag: str) -> bool:
 
 
 def recorded_cgroup(folder: Path) -> Path | None:
-    """The run's cgroup as its folder records it (the launcher's, or its steps' own), if it exists."""
+    """The run's cgroup as its folder records it, if it exists: in CGROUP (a step's own group on a node
+    where only ranks run, or the launcher's in earlier versions), else in its shepherds' records
+    ("cgroup PATH", the second line: the batch script's first, which steps on its node join too)."""
     try:
-        group = Path(jobfiles.read_root_file(folder, CGROUP, 4096).decode().strip())
-    except (OSError, UnicodeDecodeError, jobfiles.UnsafeFile):
+        text = jobfiles.read_root_file(folder, CGROUP, 4096)
+    except FileNotFoundError:
+        text = b""
+        for tag in sorted(shepherding.tags(folder), key=lambda t: t != shepherding.BATCH):
+            try:
+                lines = jobfiles.read_root_file(folder, f"{tag}.record", 8192, head=True).split(b"\n")
+            except (OSError, jobfiles.UnsafeFile):
+                continue
+            if len(lines) > 2 and lines[1].startswith(b"cgroup "):   # (a whole line, not one cut short)
+                text = lines[1][len(b"cgroup "):]
+                break
+    except (OSError, jobfiles.UnsafeFile):
+        return None
+    try:
+        group = Path(text.decode().strip())
+    except UnicodeDecodeError:
         return None
     return group if group.is_absolute() and group.is_dir() else None
 

@@ -206,8 +206,7 @@ class Launcher:
                                         list(here.gpus) if here else None)
             if group is not None:
                 self.claim_group(job.job_id, job.restart_count, group)
-        if group is not None:
-            jobfiles.write_root_file(jobdir, fence.CGROUP, str(group).encode(), 0o600)
+        # (the group is recorded by the shepherd, in its record's second line, before anything joins it)
         # as the owner, before the script: its working directory and output files (so a job writes only where its
         # owner could); a failure is written to the status pipe (its stdout and stderr until then), whose every
         # copy is closed by the time the script runs: the daemon reads EOF at exec

@@ -253,8 +253,8 @@ static void write_all(int fd, const char *data, size_t n) {
     }
 }
 
-/* FOLDER/TAG.record, whose first line is this process, for a daemon that adopts it; in place (written
- * aside, renamed) before any child runs. Returns it open for appending. Not synced: what it says holds
+/* FOLDER/TAG.record, whose first line is this process, for a daemon that adopts it, and the second its
+ * children's cgroup (if any); in place (written aside, renamed) before any child runs. Returns it open for appending. Not synced: what it says holds
  * for this boot only, and a crash of the host that cuts it short is a new boot, which is how a daemon
  * takes a record it cannot read (shepherding._shepherd_of). */
 static int record_own(const struct spec *s) {
@@ -271,6 +271,11 @@ static int record_own(const struct spec *s) {
     boot_id(boot, sizeof boot);
     int n = snprintf(line, sizeof line, "shepherd %d %llu %s\n", (int)me, start_time(me), boot);
     write_all(fd, line, (size_t)n);
+    if (s->ncgroups > 0) {   /* the run's group, for the fence keeper and a daemon that adopts it */
+        write_all(fd, "cgroup ", 7);
+        write_all(fd, s->cgroups[0], strlen(s->cgroups[0]));
+        write_all(fd, "\n", 1);
+    }
     if (rename(tmp, final) != 0) {
         dprintf(2, "air-shepherd: cannot write %s: %s\n", final, strerror(errno));
         _exit(1);

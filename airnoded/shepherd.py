@@ -20,7 +20,8 @@ The spec: {"folder": path, "tag": name, "events": fd, "holds": [path, ...], "cgr
 Before it starts anything, the shepherd puts FOLDER/TAG.record in place (root's, in the run's
 root-owned folder: written aside and renamed) with one line, "shepherd PID START BOOT":
 itself, and the kernel's boot id (pids and start times are those of one boot), so a daemon that
-dies at any point finds it. Each event is one more line, appended to the record and then written to
+dies at any point finds it; and, when its children join a cgroup, a second, "cgroup PATH" (the
+first of "cgroups": the run's group, fence.recorded_cgroup). Each event is one more line, appended to the record and then written to
 the events FIFO the daemon reads:
     pid I PID START     child I runs, as process PID (leader of its own session and process
                         group), START its start time in clock ticks after boot
@@ -155,7 +156,8 @@ def set_limits(pairs):
 def shepherd(spec):
     """Start the children, wait for them, record each end; the shepherd's exit code."""
     os.chdir("/")
-    events = Events(record_own(spec["folder"], spec["tag"]), spec["events"])
+    groups = spec.get("cgroups") or ([spec["cgroup"]] if spec.get("cgroup") else [])
+    events = Events(record_own(spec["folder"], spec["tag"], groups[0] if groups else ""), spec["events"])
     holds = [os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC) for path in spec.get("holds", ())]
     null = os.open(os.devnull, os.O_RDONLY)
     children = {}
@@ -207,15 +209,17 @@ def shepherd(spec):
     return 0
 
 
-def record_own(folder, tag):
-    """FOLDER/TAG.record, whose first line is this process, for a daemon that adopts it; in place before
+def record_own(folder, tag, cgroup=""):
+    """FOLDER/TAG.record, whose first line is this process, for a daemon that adopts it, and the second
+    the run's cgroup its children join (if any), for the fence keeper and that daemon; in place before
     any child runs. Returns it open for appending."""
     me = os.getpid()
     tmp = os.path.join(folder, ".%s.record.%d" % (tag, me))
     fd = os.open(tmp, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        # (not synced: the line holds for this boot only, and a host crash that cuts it short is a new boot)
-        os.write(fd, ("shepherd %d %d %s\n" % (me, start_time(me), boot_id())).encode())
+        # (not synced: the lines hold for this boot only, and a host crash that cuts them short is a new boot)
+        own = "shepherd %d %d %s\n" % (me, start_time(me), boot_id()) + ("cgroup %s\n" % cgroup if cgroup else "")
+        os.write(fd, own.encode())
         os.replace(tmp, os.path.join(folder, tag + ".record"))
     except BaseException:
         os.close(fd)

@@ -1,6 +1,7 @@
 """Per-job cgroups: a memory limit that ends a job as OUT_OF_MEMORY, and a kill that reaches processes
 that left the job's process group. On a host without a writable hierarchy the daemon says so."""
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -137,9 +138,8 @@ def test_a_steps_group_is_the_batch_scripts_where_it_runs_and_the_runs_own_elsew
     batch_dir, ranks_dir = tmp_path / "batch-node", tmp_path / "ranks-node"
     batch_dir.mkdir()
     ranks_dir.mkdir()
-    (batch_dir / "batch.record").write_text("shepherd 1 2 3\n")
     batch_group = groups.create(7, 2, 0)                     # what the launcher made for the script
-    (batch_dir / "cgroup").write_text(str(batch_group))      # and recorded in the run's folder
+    (batch_dir / "batch.record").write_text(f"shepherd 1 2 3\ncgroup {batch_group}\n")   # and its shepherd recorded
     assert runner.run_group(step, 0, batch_dir) == batch_group
     assert 7 not in {k[0] for k in runner._own_groups}      # not the steps' to remove
     groups.remove(batch_group)
@@ -338,4 +338,34 @@ def test_a_job_opens_only_its_own_gpus_device_files(nobody_dirs):
             Path("/sys/fs/cgroup/memory"))).exists()
     finally:
         groups.remove(groups.run_path(9, 0))
+        groups.close()
+
+
+@pytest.mark.skipif(MODE == "none", reason="no writable cgroup hierarchy on this host (checked by the test above)")
+def test_a_batch_runs_group_is_found_from_its_shepherds_record(tmp_path, shepherd_kind):
+    """The launcher leaves the run's group for its shepherd to record (its record's second line, before
+    anything joins it): the fence keeper finds there what to kill, processes that left the job's
+    process group included, and a daemon that adopts the run finds its group."""
+    from air.airnoded import fence, shepherding
+    from air.airnoded.shepherding import Child
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o755)
+    groups = JobCgroups("recorded-n1", spool=spool)
+    folder = spool / "job9.0"
+    folder.mkdir(mode=0o711)
+    group = groups.create(9, 0, 0)
+    try:
+        r, w = os.pipe()
+        herd = shepherding.spawn(folder, "batch", [Child(["/bin/sh", "-c", "setsid sleep 60 & wait"], {}, w, w)],
+                                 None, os.getgid(), [os.getgid()], group, named=False)
+        os.close(w)
+        os.close(r)
+        assert not (folder / fence.CGROUP).exists() and fence.recorded_cgroup(folder) == group
+        wait_for(lambda: len(fence._cgroup_pids(folder)) == 2, timeout=10, what="the shell and its escaped sleep")
+        assert fence.stop_runs(spool, signal.SIGKILL) == ["job9.0"]
+        wait_for(lambda: not groups.pids(group), timeout=10, what="the group to empty")
+        herd.wait()
+    finally:
+        groups.kill(group)
+        groups.remove(group)
         groups.close()
