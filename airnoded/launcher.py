@@ -34,8 +34,6 @@ log = logging.getLogger("airnoded")
 MAX_STATUS_BYTES = 64 * 1024   # what the start-up (shepherding.Start) may say before the script runs
 
 MAX_RUNS_REMEMBERED = 100_000   # jobs whose newest run a node remembers (to refuse older launches)
-JOB_FILE = "job.pb"             # the run's job as launched, for a daemon that adopts it
-MAX_JOB_FILE = 256 << 20
 
 class StaleRun(Exception):
     """A launch of a run older than one this node has seen."""
@@ -185,7 +183,6 @@ class Launcher:
                                          keep=self.steps_here(job.job_id, job.restart_count))
         jobfiles.write_root_file(jobdir, "script", req.script.encode(), 0o700,
                                  owner=None if same_user else (job.uid, job.gid))
-        jobfiles.write_root_file(jobdir, JOB_FILE, job.SerializeToString(), 0o600)   # for a daemon that adopts it
         script = jobdir / "script"
         out_path, err_path = output_paths(job, self.node)
         kwargs, owner_env = as_owner(job.uid, job.gid)
@@ -335,9 +332,8 @@ class Launcher:
         return adopted
 
     def _adopt_one(self, folder: Path, job_id: int, run: int) -> RunningJob:
-        job = pb.Job.FromString(jobfiles.read_root_file(folder, JOB_FILE, MAX_JOB_FILE))
-        if (job.job_id, job.restart_count) != (job_id, run):
-            raise ValueError(f"its record is for job {job.job_id} run {job.restart_count}")
+        # (the folder's name is the run: job<ID>.<RUN>, in the daemon's own spool; earlier versions kept the
+        # launched job beside it as well, job.pb, which nothing needs)
         herd = shepherding.adopt(folder, BATCH)
         group = fence.recorded_cgroup(folder)
         if group is not None:
