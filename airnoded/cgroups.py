@@ -277,15 +277,19 @@ def _enable(root: Path, base: Path, controller: str) -> None:
 
 def _sibling(path: Path, hierarchy: str, below: int = 3) -> Path:
     """v1: the group of the same name as `path` in another hierarchy; `path` is in the memory one,
-    `below` folders under it (<root>/memory/air/<node>/job<ID>.<RUN>: 3, the node's folder: 2)."""
-    parts = path.parts
-    return Path(*parts[:-below - 1], hierarchy, *parts[-below:])
+    `below` folders under it (<root>/memory/air/<node>/job<ID>.<RUN>: 3, the node's folder: 2).
+    (On strings: a run's start and end ask for these several times, and pathlib's parsing of parts
+    was a sixth of the node daemon's Python time in a drain of trivial jobs.)"""
+    parts = str(path).rsplit("/", below + 1)
+    return Path("/".join([parts[0], hierarchy, *parts[2:]]))
 
 
 def joined(path: Path) -> list[Path]:
     """The groups a process of the run whose group is `path` joins: that one, and on v1 (a group of the
     memory hierarchy) the run's groups in the pids and devices hierarchies where it has them."""
-    if len(path.parts) < 5 or path.parts[-4] != "memory" or path.parts[-3] != "air":
+    parts = str(path).rsplit("/", 4)
+    if len(parts) < 5 or parts[1] != "memory" or parts[2] != "air":
         return [path]
-    return [path] + [group for group in (_sibling(path, "pids"), _sibling(path, "devices")) if group.is_dir()]
+    return [path] + [Path(group) for group in ("/".join([parts[0], h, *parts[2:]]) for h in ("pids", "devices"))
+                     if os.path.isdir(group)]
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import itertools
 import logging
 import os
@@ -60,6 +61,7 @@ class UnsafeFile(OSError):
     user's file, one over the size limit, one on another filesystem."""
 
 
+@functools.lru_cache(maxsize=4096)   # (asked for several times in a run's start and end)
 def job_dir(spool: Path, job_id: int, run: int) -> Path:
     return spool / f"job{job_id}.{run}"
 
