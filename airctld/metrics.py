@@ -75,10 +75,21 @@ class ControllerMetrics:
                                "restoring, training, checkpoint, lost, down, other (added as each run starts "
                                "and ends)", ["account", "category"], registry=r)
         self._requeued_at: dict[int, float] = {}
+        self._children: dict[tuple, object] = {}   # (metric, labels) -> its labelled child: _labels
+
+    def _labels(self, metric, *values: str):
+        """metric.labels(*values), kept: prometheus_client checks and converts the values and takes a lock
+        at every call, a few times for each job's start and end (a tenth of the controller's Python time
+        in a drain of trivial jobs). No labelled series is ever removed, so a kept child stays its."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def submitted(self, jobs: list[Job]) -> None:
         for job in jobs:
-            self.submissions.labels(job.partition, job.account).inc()
+            self._labels(self.submissions, job.partition, job.account).inc()
 
     def changed(self, changes: list[tuple[Job, Job]], now: float) -> None:
         """Job changes the store has committed, (old, new) pairs. Counts are added once for each set of
@@ -96,7 +107,7 @@ class ControllerMetrics:
             for key in mine:
                 counts[key] = counts.get(key, 0) + 1
         for (metric, *labels), n in counts.items():
-            metric.labels(*labels).inc(n)
+            self._labels(metric, *labels).inc(n)
 
     def _count(self, old: Job, new: Job, now: float, counts: list[tuple]) -> None:
         """One change's counts (the labels of each, added to `counts`), observations and goodput.
@@ -110,7 +121,9 @@ class ControllerMetrics:
             g = goodput.breakdown(old.start_time, [goodput.Run(old.start_time, end, new.figures)], end)
             account = new.account   # (read where it is needed: a cancel of pending jobs never needs it)
             for category in ("starting", "restoring", "training", "checkpoint", "lost", "other"):
-                self.goodput.labels(account, category).inc(getattr(g, f"{category}_s"))
+                seconds = getattr(g, f"{category}_s")
+                if seconds:   # (adding nothing changes no series: a short job has time in one or two)
+                    self._labels(self.goodput, account, category).inc(seconds)
         requeued = phase == _PENDING and (was == _RUNNING or was == _COMPLETING)
         if requeued:
             counts.append((self.requeues, Reason(new.last_stop_reason).name))
@@ -126,15 +139,15 @@ class ControllerMetrics:
         requeued_at = self._requeued_at.pop(new.job_id, None)
         if new.restart_count == 0:   # the first start: queued since submission
             waited = max(0.0, new.start_time - new.submit_time)
-            self.submit_to_start.labels(new.partition).observe(waited)
-            self.goodput.labels(account, "queued").inc(waited)
+            self._labels(self.submit_to_start, new.partition).observe(waited)
+            self._labels(self.goodput, account, "queued").inc(waited)
         elif requeued_at is not None:   # a later one: down since the requeue
             waited = max(0.0, new.start_time - requeued_at)
-            self.goodput.labels(account, "down").inc(waited)
+            self._labels(self.goodput, account, "down").inc(waited)
         else:   # a requeue before a controller restart: when is not known
             waited = None
         if waited is not None:
-            self.queue_wait.labels(new.partition).observe(waited)
+            self._labels(self.queue_wait, new.partition).observe(waited)
 
     def retained(self, done) -> None:
         for kind in ("reports", "events", "node_events", "jobs"):
@@ -146,8 +159,8 @@ class ControllerMetrics:
         self.pass_jobs.observe(looked_at)
 
     def rpc(self, method: str, code: str, seconds: float) -> None:
-        self.rpcs.labels(method, code).inc()
-        self.rpc_seconds.labels(method).observe(seconds)
+        self._labels(self.rpcs, method, code).inc()
+        self._labels(self.rpc_seconds, method).observe(seconds)
 
 
 class StateCollector:
