@@ -108,7 +108,7 @@ class Agent:
         self.metrics = NodeMetrics(node.name)
         # which heartbeat is which (HeartbeatRequest.boot_id, started_ns, seq)
         self._boot_id, self._started_ns, self._seq = boot_id(), time.clock_gettime_ns(time.CLOCK_BOOTTIME), 0
-        self._beat_began = float("-inf")
+        self._beat_began = self._progress_read = float("-inf")
 
     def seconds_since_controller(self) -> float:
         """Since the start of the last call to airctld that got an answer (the lease)."""
@@ -229,7 +229,7 @@ class Agent:
             pb.HeartbeatRequest(name=self.node.name, running=sorted({j for j, _ in self.launcher.runs_here()}),
                                 exits=exits, health=health,
                                 gpus=self.monitor.latest, ongoing=self.monitor.ongoing(),
-                                progress=self._progress(runs),
+                                progress=self._progress(runs, began),
                                 runs=[pb.RunRef(job_id=j, run=r) for j, r in runs],
                                 boot_id=self._boot_id, started_ns=self._started_ns, seq=self._seq),
             timeout=min(CALL_TIMEOUT_S, self.interval))
@@ -391,7 +391,12 @@ class Agent:
                 f"the fence keeper stopped runs {names} after {silent:.1f} s without word from the controller "
                 "(the node daemon was frozen or down)")))
 
-    def _progress(self, runs: list[tuple[int, int]]) -> list[pb.JobProgress]:
+    def _progress(self, runs: list[tuple[int, int]], now: float) -> list[pb.JobProgress]:
+        """The runs' progress, read at most once a heartbeat interval: beats that exits call early (every
+        BEAT_GAP_S on a busy node) go without it, as a quiet node's beats come once an interval."""
+        if now - self._progress_read < self.interval:
+            return []
+        self._progress_read = now
         try:
             return self.progress.collect(time.time(), runs)
         except Exception:

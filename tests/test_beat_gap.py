@@ -50,3 +50,17 @@ def test_a_quiet_nodes_exit_goes_at_once_and_a_busy_nodes_exits_go_together():
         agent._stopping.set()
         agent._wake.set()
         loop.join(5)
+
+
+def test_a_busy_nodes_beats_read_its_runs_progress_once_an_interval():
+    """Reading every run's progress folder costs a node in proportion to its runs: beats that exits call
+    every BEAT_GAP_S read it no more often than a quiet node's beats, once an interval."""
+    reads = []
+    agent = module.Agent.__new__(module.Agent)
+    agent.interval = 1.0
+    agent._progress_read = float("-inf")
+    agent.progress = SimpleNamespace(collect=lambda now, runs: reads.append(runs) or ["report"])
+    beats = [i * module.BEAT_GAP_S for i in range(int(3.5 / module.BEAT_GAP_S))]   # 3.5 s of busy beats
+    read_at = [t for t in beats if agent._progress([(7, 0)], t)]
+    assert len(reads) == len(read_at) == 4 and read_at[0] == 0.0   # the first beat's, then about once a second
+    assert all(0.99 <= b - a < 1.0 + 2 * module.BEAT_GAP_S for a, b in zip(read_at, read_at[1:])), read_at
