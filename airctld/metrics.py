@@ -122,8 +122,9 @@ class ControllerMetrics:
             account = new.account   # (read where it is needed: a cancel of pending jobs never needs it)
             for category in ("starting", "restoring", "training", "checkpoint", "lost", "other"):
                 seconds = getattr(g, f"{category}_s")
-                if seconds:   # (adding nothing changes no series: a short job has time in one or two)
-                    self._labels(self.goodput, account, category).inc(seconds)
+                child = self._labels(self.goodput, account, category)   # (each series there from the first run,
+                if seconds:                                              # at 0, for rate() and ratios)
+                    child.inc(seconds)
         requeued = phase == _PENDING and (was == _RUNNING or was == _COMPLETING)
         if requeued:
             counts.append((self.requeues, Reason(new.last_stop_reason).name))

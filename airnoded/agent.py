@@ -197,7 +197,7 @@ class Agent:
                     self.interval = reply.heartbeat_interval_s or self.interval
                     self._registered = True
                     log.info("registered with %s", self.config.controller.address)
-                self._beat()
+                self._beat(self._begin_beat())
             except grpc.RpcError as e:
                 if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
                     log.error("the controller refused this node: %s", e.details())
@@ -218,18 +218,22 @@ class Agent:
                     self._stopping.wait(gap)
             self._wake.clear()
 
-    def _beat(self) -> None:
+    def _begin_beat(self) -> float:
+        """When this beat begins (the lease is renewed from then, and the gap counted from it)."""
+        self._beat_began = lease_clock()
+        return self._beat_began
+
+    def _beat(self, began: float) -> None:
         runs = self._runs_here()   # first: a run given up since goes with its end and its drain
         with self._lock:
             exits = list(self._exits.values())
             health = list(self._health)
-        began = self._beat_began = lease_clock()
         self._seq += 1
         reply = self._registry.Heartbeat(
             pb.HeartbeatRequest(name=self.node.name, running=sorted({j for j, _ in self.launcher.runs_here()}),
                                 exits=exits, health=health,
                                 gpus=self.monitor.latest, ongoing=self.monitor.ongoing(),
-                                progress=self._progress(runs, began),
+                                progress=self._progress(runs, began, [(e.job_id, e.run) for e in exits]),
                                 runs=[pb.RunRef(job_id=j, run=r) for j, r in runs],
                                 boot_id=self._boot_id, started_ns=self._started_ns, seq=self._seq),
             timeout=min(CALL_TIMEOUT_S, self.interval))
@@ -391,14 +395,19 @@ class Agent:
                 f"the fence keeper stopped runs {names} after {silent:.1f} s without word from the controller "
                 "(the node daemon was frozen or down)")))
 
-    def _progress(self, runs: list[tuple[int, int]], now: float) -> list[pb.JobProgress]:
-        """The runs' progress, read at most once a heartbeat interval: beats that exits call early (every
-        BEAT_GAP_S on a busy node) go without it, as a quiet node's beats come once an interval."""
-        if now - self._progress_read < self.interval:
+    def _progress(self, runs: list[tuple[int, int]], now: float, ending: list[tuple[int, int]] = ()) \
+            -> list[pb.JobProgress]:
+        """The runs' progress, read at most once a heartbeat interval (beats that exits call early, every
+        BEAT_GAP_S on a busy node, go without it, as a quiet node's beats come once an interval); but the
+        last report of a run `ending` (its exit in this beat, its folder still here) goes with its end."""
+        every = now - self._progress_read >= self.interval
+        if every:
+            self._progress_read = now
+        wanted = sorted(set(runs) | set(ending)) if every else list(ending)
+        if not wanted:
             return []
-        self._progress_read = now
         try:
-            return self.progress.collect(time.time(), runs)
+            return self.progress.collect(time.time(), wanted, forget_others=every)
         except Exception:
             log.exception("progress reports not collected this beat")
             return []

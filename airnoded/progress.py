@@ -74,8 +74,9 @@ class ProgressReader:
         self._sent: dict[tuple[int, int], float] = {}      # run -> mtime of the rank 0 report last sent
         self._refused: dict[tuple[int, int], set[str]] = {}   # run -> problems already logged
 
-    def collect(self, now: float, runs: list[tuple[int, int]]) -> list[pb.JobProgress]:
-        """Runs are (job id, run). Reports beyond MAX_BEAT_BYTES in all wait for the next beat."""
+    def collect(self, now: float, runs: list[tuple[int, int]], forget_others: bool = True) -> list[pb.JobProgress]:
+        """Runs are (job id, run). Reports beyond MAX_BEAT_BYTES in all wait for the next beat. With
+        forget_others, `runs` are all the node's: what was sent of any other is forgotten."""
         out, room = [], MAX_BEAT_BYTES
         device = os.stat(self.spool).st_dev
         for key in runs:
@@ -87,10 +88,11 @@ class ProgressReader:
             if got is not None:
                 room -= len(got.report.encode())   # (bytes: what the heartbeat's size limit counts)
                 out.append(got)
-        for gone in set(self._sent) - set(runs):
-            del self._sent[gone]
-        for gone in set(self._refused) - set(runs):
-            del self._refused[gone]
+        if forget_others:
+            for gone in set(self._sent) - set(runs):
+                del self._sent[gone]
+            for gone in set(self._refused) - set(runs):
+                del self._refused[gone]
         return out
 
     def _one(self, key: tuple[int, int], now: float, device: int, room: int) -> pb.JobProgress | None:

@@ -241,22 +241,25 @@ static void boot_id(char *out, size_t size) {
         out[--n] = 0;
 }
 
-static void write_all(int fd, const char *data, size_t n) {
+/* 0 when all of it was written */
+static int write_all(int fd, const char *data, size_t n) {
     while (n > 0) {
         ssize_t w = write(fd, data, n);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
-            return;
+            return -1;
         data += w;
         n -= (size_t)w;
     }
+    return 0;
 }
 
 /* FOLDER/TAG.record, whose first line is this process, for a daemon that adopts it, and the second its
- * children's cgroup (if any); in place (written aside, renamed) before any child runs. Returns it open for appending. Not synced: what it says holds
- * for this boot only, and a crash of the host that cuts it short is a new boot, which is how a daemon
- * takes a record it cannot read (shepherding._shepherd_of). */
+ * children's cgroup (if any); in place (written aside, renamed) before any child runs, or the shepherd
+ * ends. Returns it open for appending. Not synced: what it says holds for this boot only, and a crash
+ * of the host that cuts it short is a new boot, which is how a daemon takes a record it cannot read
+ * (shepherding._shepherd_of). */
 static int record_own(const struct spec *s) {
     char tmp[PATH_MAX], final[PATH_MAX], line[128], boot[64];
     pid_t me = getpid();
@@ -270,11 +273,14 @@ static int record_own(const struct spec *s) {
     }
     boot_id(boot, sizeof boot);
     int n = snprintf(line, sizeof line, "shepherd %d %llu %s\n", (int)me, start_time(me), boot);
-    write_all(fd, line, (size_t)n);
-    if (s->ncgroups > 0) {   /* the run's group, for the fence keeper and a daemon that adopts it */
-        write_all(fd, "cgroup ", 7);
-        write_all(fd, s->cgroups[0], strlen(s->cgroups[0]));
-        write_all(fd, "\n", 1);
+    int failed = write_all(fd, line, (size_t)n);
+    if (s->ncgroups > 0)   /* the run's group, for the fence keeper and a daemon that adopts it */
+        failed = failed || write_all(fd, "cgroup ", 7) || write_all(fd, s->cgroups[0], strlen(s->cgroups[0])) ||
+                 write_all(fd, "\n", 1);
+    if (failed) {   /* (a full disk): a record cut short would name no shepherd; nothing starts */
+        dprintf(2, "air-shepherd: cannot write %s: %s\n", tmp, strerror(errno ? errno : ENOSPC));
+        unlink(tmp);
+        _exit(1);
     }
     if (rename(tmp, final) != 0) {
         dprintf(2, "air-shepherd: cannot write %s: %s\n", final, strerror(errno));
@@ -287,7 +293,7 @@ static int record_fd = -1;
 
 /* The record first: a daemon that reads the FIFO and dies leaves it to the next one. */
 static void say(const struct spec *s, const char *line) {
-    write_all(record_fd, line, strlen(line));
+    write_all(record_fd, line, strlen(line));   /* (a write that fails here: the pipe or FIFO still has it) */
     write_all(s->events, line, strlen(line));
 }
 
@@ -447,6 +453,8 @@ int main(void) {
         close(s.children[i].out);
         close(s.children[i].err);
     }
+    free(buf);   /* every child has exec'd or ended: the spec (up to MAX_SPEC) is not kept for the run's life */
+    buf = NULL;
     while (left > 0) {
         siginfo_t info;
         memset(&info, 0, sizeof info);

@@ -21,8 +21,8 @@ Before it starts anything, the shepherd puts FOLDER/TAG.record in place (root's,
 root-owned folder: written aside and renamed) with one line, "shepherd PID START BOOT":
 itself, and the kernel's boot id (pids and start times are those of one boot), so a daemon that
 dies at any point finds it; and, when its children join a cgroup, a second, "cgroup PATH" (the
-first of "cgroups": the run's group, fence.recorded_cgroup). Each event is one more line, appended to the record and then written to
-the events FIFO the daemon reads:
+first of "cgroups": the run's group, fence.recorded_cgroup). Each event is one more line, appended
+to the record and then written to the events FIFO (or pipe) the daemon reads:
     pid I PID START     child I runs, as process PID (leader of its own session and process
                         group), START its start time in clock ticks after boot
     exit I STATUS       child I ended; STATUS is waitpid's raw status
@@ -219,10 +219,16 @@ def record_own(folder, tag, cgroup=""):
     try:
         # (not synced: the lines hold for this boot only, and a host crash that cuts them short is a new boot)
         own = "shepherd %d %d %s\n" % (me, start_time(me), boot_id()) + ("cgroup %s\n" % cgroup if cgroup else "")
-        os.write(fd, own.encode())
+        data = own.encode()
+        if os.write(fd, data) != len(data):
+            raise OSError("a short write")
         os.replace(tmp, os.path.join(folder, tag + ".record"))
-    except BaseException:
+    except BaseException:   # (a full disk): a record cut short would name no shepherd; nothing starts
         os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
         raise
     return fd
 

@@ -117,6 +117,8 @@ class Herd:
                 break
             if not self.alive():
                 return self._end()
+            if self.fd < 0 and (new := self._take(self.record() + b"\n")):
+                return new   # (followed by its process: what it recorded since, a second at most after)
             if timeout is not None:
                 timeout -= step
                 if timeout <= 0:
@@ -428,8 +430,8 @@ def adopt(folder: Path, tag: str) -> Herd:
             if not stat.S_ISFIFO(os.fstat(fd).st_mode) or os.fstat(fd).st_uid != os.geteuid():
                 os.close(fd)
                 fd = -1
-        except FileNotFoundError:   # one whose events came through a pipe (spawn, named False): followed by
-            by_process = True       # its process, a second at most after its end, and then its record
+        except FileNotFoundError:   # a batch script's shepherd, whose events came through a pipe (spawn, named
+            by_process = tag == BATCH   # False): followed by its process and its record, a second at most behind
         except OSError:
             fd = -1
     herd = Herd(folder, tag, pid, started, fd, this_boot=this_boot)

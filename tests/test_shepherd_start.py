@@ -5,6 +5,7 @@ import os
 import pwd
 import shutil
 import stat
+import subprocess
 import sys
 import time
 import tempfile
@@ -199,3 +200,72 @@ def test_a_job_holds_no_descriptor_but_its_three(tmp_path, shepherd_kind):
         os.close(leaked)
     assert (status, said) == (0, "")
     assert (work / "o.log").read_text().split() == ["0", "1", "2", "3"]   # (3: the folder ls reads)
+
+
+def test_a_batch_shepherd_followed_by_its_process_brings_what_it_records_later(tmp_path):
+    """A daemon that adopted a batch shepherd just after it put its record in place (before the script's
+    pid was in it) learns the pid from the record a second at most later: until then it could signal
+    nothing of the run."""
+    from air.airnoded.shepherd import start_time
+    folder = tmp_path / "job3.0"
+    folder.mkdir(mode=0o711)
+    shepherd = subprocess.Popen(["sleep", "30"])   # (stands for the shepherd: alive, with its start time)
+    script = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while not (start_time(shepherd.pid) and start_time(script.pid)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        record = folder / "batch.record"
+        record.write_text(f"shepherd {shepherd.pid} {start_time(shepherd.pid)} {boot_id()}\n")
+        os.chmod(record, 0o600)
+        herd = shepherding.adopt(folder, "batch")
+        assert not herd.ended and herd.running() == {}
+        with open(record, "a") as f:
+            f.write(f"pid 0 {script.pid} {start_time(script.pid)}\n")
+        assert herd.read(3) == [("pid", 0)] and herd.running() == {0: script.pid}
+        herd.kill_children()
+        assert script.wait(5) == -9
+    finally:
+        for proc in (shepherd, script):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_shepherd_that_cannot_write_its_record_starts_nothing(shepherd_kind):
+    """A full disk under the run's folder: a record cut short would name no shepherd for a daemon that
+    adopts the run (it would take the run as gone, and its job would run again elsewhere while this
+    one ran on), so the shepherd starts nothing and leaves no record."""
+    top = Path(tempfile.mkdtemp(prefix="air-full-"))
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "air-full", str(top)],
+                      capture_output=True).returncode != 0:
+        shutil.rmtree(top)
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        folder = top / "job4.0"
+        folder.mkdir(mode=0o711)
+        filler = os.open(top / "filler", os.O_WRONLY | os.O_CREAT)   # the disk full, to the last page
+        try:
+            while os.write(filler, b"x" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(filler)
+        marker = Path(tempfile.mkdtemp(prefix="air-ran-")) / "ran"
+        r, w = os.pipe()
+        try:
+            herd = shepherding.spawn(folder, "batch", [Child(["/bin/sh", "-c", f"touch {marker}"], {}, w, w)], None,
+                                     os.getgid(), [os.getgid()], None, named=False)
+        except OSError:
+            herd = None   # (the Python spawner's answer can be lost with it)
+        os.close(w)
+        os.close(r)
+        if herd is not None:
+            herd.wait()
+            assert herd.pids == {} and herd.exits == {}
+        time.sleep(0.2)
+        assert not marker.exists() and sorted(os.listdir(folder)) == []
+        shutil.rmtree(marker.parent)
+    finally:
+        subprocess.run(["umount", str(top)], check=True)
+        shutil.rmtree(top)
