@@ -128,7 +128,14 @@ def main() -> int:
     parser.add_argument("--no-slurm", action="store_true")
     parser.add_argument("--slurm-large", action="store_true", help="also fill Slurm with --jobs held jobs")
     parser.add_argument("--write", help="append the results to this markdown file")
+    parser.add_argument("--drains-only", type=int, default=0, metavar="N",
+                        help="only the trivial jobs' throughput: N drains of --drain jobs on one cluster, each printed")
     args = parser.parse_args()
+    if args.drains_only:
+        with Air() as air:
+            for i in range(args.drains_only):
+                print(f"drain {i + 1}: {args.drain} trivial jobs at {air.drain(args.drain):.0f}/s", flush=True)
+        return 0
 
     rows: list[tuple[str, str, str, str, str]] = []   # figure, AIR, Slurm, ratio, target
     slurm: dict[str, float] = {}
