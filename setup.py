@@ -14,9 +14,12 @@ SOURCE = Path("airnoded") / "shepherd.c"
 
 
 class BuildWithShepherd(build_py):
+    def _target(self) -> Path:
+        return Path(self.build_lib) / "air" / "airnoded" / "air-shepherd"
+
     def run(self):
         super().run()
-        target = Path(self.build_lib) / "air" / "airnoded" / "air-shepherd"
+        target = self._target()
         target.unlink(missing_ok=True)   # (never an earlier build's, should this one fail)
         compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
         # static where the C library allows it: an exec then skips the dynamic loader (a shepherd a run)
@@ -35,7 +38,7 @@ class BuildWithShepherd(build_py):
         target.chmod(0o755)
 
     def get_outputs(self, include_bytecode=True):
-        target = Path(self.build_lib) / "air" / "airnoded" / "air-shepherd"
+        target = self._target()
         return super().get_outputs(include_bytecode) + ([str(target)] if target.exists() else [])
 
 

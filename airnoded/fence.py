@@ -113,19 +113,11 @@ def fenced_before_end(folder: Path, tag: str) -> bool:
 def recorded_cgroup(folder: Path) -> Path | None:
     """The run's cgroup as its folder records it, if it exists: in CGROUP (a step's own group on a node
     where only ranks run, or the launcher's in earlier versions), else in its shepherds' records
-    ("cgroup PATH", the second line: the batch script's first, which steps on its node join too)."""
+    (shepherding.recorded_group)."""
     try:
         text = jobfiles.read_root_file(folder, CGROUP, 4096)
     except FileNotFoundError:
-        text = b""
-        for tag in sorted(shepherding.tags(folder), key=lambda t: t != shepherding.BATCH):
-            try:
-                lines = jobfiles.read_root_file(folder, f"{tag}.record", 8192, head=True).split(b"\n")
-            except (OSError, jobfiles.UnsafeFile):
-                continue
-            if len(lines) > 2 and lines[1].startswith(b"cgroup "):   # (a whole line, not one cut short)
-                text = lines[1][len(b"cgroup "):]
-                break
+        text = shepherding.recorded_group(folder)
     except (OSError, jobfiles.UnsafeFile):
         return None
     try:

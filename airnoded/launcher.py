@@ -251,7 +251,7 @@ class Launcher:
         if problem:
             log.warning("job %d could not start: %s", running.job_id, problem)
             self.on_exit(pb.JobExit(job_id=running.job_id, run=running.run, exit_code=code, launch_failed=True,
-                                    detail=f"cannot start the job on {self.node}: {_last_line(problem)}"))
+                                    detail=f"cannot start the job on {self.node}: {problem.splitlines()[-1]}"))
         else:
             self.on_exit(pb.JobExit(job_id=running.job_id, run=running.run, exit_code=code, exit_signal=sig,
                                     killed=running.killed, fenced=running.fenced, out_of_memory=oom,
@@ -478,7 +478,3 @@ def _wait_status(status: int) -> tuple[int, int]:
     if os.WIFSIGNALED(status):
         return 0, os.WTERMSIG(status)
     return os.WEXITSTATUS(status), 0
-
-
-def _last_line(text: str) -> str:
-    return text.splitlines()[-1]

@@ -89,7 +89,7 @@ def child(spec, one, null):
     """In the forked child: never returns."""
     try:
         os.setsid()
-        for group in spec.get("cgroups") or ([spec["cgroup"]] if spec.get("cgroup") else []):
+        for group in joined_groups(spec):
             try:   # (the run's memory group, and on cgroup v1 its pids group beside it)
                 with open(os.path.join(group, "cgroup.procs"), "w") as f:
                     f.write(str(os.getpid()))
@@ -140,6 +140,11 @@ def open_outputs(start):
     os.dup2(fds[-1], 2)
 
 
+def joined_groups(spec):
+    """The cgroups each child joins: the run's (first), and on cgroup v1 its pids and devices groups."""
+    return spec.get("cgroups") or ([spec["cgroup"]] if spec.get("cgroup") else [])
+
+
 def set_limits(pairs):
     """The job's soft resource limits ([kernel number, value], -1: unlimited), each at most the hard
     limit in force here: a job gets less than the node allows, never more (protos/rlimits.py)."""
@@ -156,7 +161,7 @@ def set_limits(pairs):
 def shepherd(spec):
     """Start the children, wait for them, record each end; the shepherd's exit code."""
     os.chdir("/")
-    groups = spec.get("cgroups") or ([spec["cgroup"]] if spec.get("cgroup") else [])
+    groups = joined_groups(spec)
     events = Events(record_own(spec["folder"], spec["tag"], groups[0] if groups else ""), spec["events"])
     holds = [os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC) for path in spec.get("holds", ())]
     null = os.open(os.devnull, os.O_RDONLY)

@@ -462,12 +462,31 @@ def _shepherd_of(folder: Path, tag: str) -> tuple[int, int, bool]:
         try:
             fields = jobfiles.read_root_file(folder, f"{tag}.shepherd", 128).split()
         except FileNotFoundError:
-            first = jobfiles.read_root_file(folder, f"{tag}.record", 512, head=True).split(b"\n", 1)[0].split()
+            first = _record_head(folder, tag)[0].split()
             fields = first[1:] if first[:1] == [b"shepherd"] else []
         pid, started = int(fields[0]), int(fields[1])
     except (OSError, ValueError, IndexError, jobfiles.UnsafeFile):
         return 0, 0, False
     return pid, started, len(fields) < 3 or fields[2].decode("ascii", "replace") == boot_id()
+
+
+def _record_head(folder: Path, tag: str) -> list[bytes]:
+    """The lines at the head of TAG.record, the last one maybe cut short: the shepherd's own line, then
+    the cgroup its children join (if any), then its first events."""
+    return jobfiles.read_root_file(folder, f"{tag}.record", 8192, head=True).split(b"\n")
+
+
+def recorded_group(folder: Path) -> bytes:
+    """The cgroup the shepherds' records in a run's folder name ("cgroup PATH", a record's second line,
+    whole): the batch script's first, which steps on its node join too; b"" when none does."""
+    for tag in sorted(tags(folder), key=lambda t: t != BATCH):
+        try:
+            lines = _record_head(folder, tag)
+        except (OSError, jobfiles.UnsafeFile):
+            continue
+        if len(lines) > 2 and lines[1].startswith(b"cgroup "):   # (a whole line, not one cut short)
+            return lines[1][len(b"cgroup "):]
+    return b""
 
 
 def tags(folder: Path) -> list[str]:
