@@ -24,6 +24,8 @@ from pathlib import Path
 
 import psutil
 
+from air.protos.states import JobPhase
+
 BIN = Path(sys.executable).parent
 BLOCKS = range(100, 250)   # 127.0.N.0/24 blocks that tests and benchmarks take
 
@@ -259,9 +261,13 @@ class LocalCluster:
         return json.loads(self.cli("airq", "--json", *args).stdout)["jobs"]
 
     def db_rows(self) -> tuple[int, int]:
-        """(jobs, events) rows in the store, read straight from the SQLite file."""
+        """(jobs, events) rows in the store, read straight from the SQLite file, once no job is
+        completing: a job an earlier test cancelled writes its last event when its node reports
+        the end, which may come while a later test checks that its request changed nothing."""
         conn = sqlite3.connect(self.dir / "state" / "air.db")
         try:
+            completing = "SELECT count(*) FROM jobs WHERE phase = ?", (int(JobPhase.COMPLETING),)
+            wait_for(lambda: not conn.execute(*completing).fetchone()[0], timeout=30, what="no job completing")
             return (conn.execute("SELECT count(*) FROM jobs").fetchone()[0],
                     conn.execute("SELECT count(*) FROM events").fetchone()[0])
         finally:
