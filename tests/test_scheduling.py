@@ -153,10 +153,10 @@ def test_priority_factors_estimated_start_and_shares(cluster):
     mine = next(r.split() for r in rows[1:] if r.split()[0] == str(big))
     assert mine[2:4] == ["nobody", "ml"] and int(mine[4]) > 0
     start = cluster.cli("airq", "--start", "-h").stdout.split("\n")[0].split()
-    expected = time.time() + 30
+    expected = cluster.job(running)["start_time"] + 30   # when the running job's time limit ends
     assert start[0] == str(big)
     est = time.mktime(time.strptime(start[5], "%Y-%m-%dT%H:%M:%S"))
-    assert abs(est - expected) < 5   # when the running job's time limit ends
+    assert -1 < est - expected < 2   # (shown to the second)
     share = cluster.cli("airshare").stdout.splitlines()
     assert share[0].split() == ["Account", "User", "RawShares", "NormShares", "RawUsage", "EffectvUsage", "FairShare"]
     ml = next(r.split() for r in share if r.split()[0] == "ml")
@@ -190,17 +190,17 @@ def test_begin_time_holds_a_job_until_then(cluster):
     wait_for(lambda: cluster.job(job)["reason"] == "BeginTime", timeout=5, what="the BeginTime reason")
     cluster.wait_state(job, "COMPLETED", timeout=20)
     started = float((cluster.work / f"later-{job}.out").read_text())
-    assert 3 <= started - began < 6
+    assert 3 <= started - began < 8
     bad = cluster.cli("airbatch", "--begin=tomorrowish", str(_sleeper(cluster)), check=False)
     assert bad.returncode == 1 and "--begin='tomorrowish': give now+N" in bad.stderr
 
 
 def test_time_limit_warning_signal_then_timeout(cluster):
-    script = cluster.write_script("warned.sh", "#!/bin/bash\ntrap 'echo warned at $SECONDS' USR1\n"
-                                  "for i in $(seq 100); do sleep 0.2; done\n")
-    job = cluster.submit(script, "--time=0:04", "--signal=B:USR1@2", "-o", "warned-%j.out")
-    cluster.wait_state(job, "TIMEOUT", timeout=20)
+    script = cluster.write_script("warned.sh", "#!/bin/bash\ntrap 'echo warned at $(date +%s.%N)' USR1\n"
+                                  "for i in $(seq 200); do sleep 0.2; done\n")
+    job = cluster.submit(script, "--time=0:08", "--signal=B:USR1@4", "-o", "warned-%j.out")
+    info = cluster.wait_state(job, "TIMEOUT", timeout=30)
     text = (cluster.work / f"warned-{job}.out").read_text()
     assert "warned at" in text
-    warned_at = int(text.split("warned at")[1].split()[0])
-    assert 1 <= warned_at <= 3
+    warned_at = float(text.split("warned at")[1].split()[0])
+    assert 3 <= warned_at - info["start_time"] <= 5.5   # 4 s before its limit of 8 s (a pass is 0.5 s at most)

@@ -99,6 +99,7 @@ def test_account_the_user_is_not_in_is_refused(cluster):
     # membership through a group: airtest-op's own group is listed as @airtest-op
     job_id = cluster.submit(cluster.write_script("t.sh", "#!/bin/sh\ntrue\n"), "-A", "vision", user="airtest-op")
     assert cluster.job(job_id)["account"] == "vision"
+    cluster.wait_state(job_id, "COMPLETED")   # (its end is an event row: not in a later test's count)
 
 
 def _refused(cluster, metadata, expect):
