@@ -36,6 +36,16 @@ class Air(LocalAir):
         phases = [pb.JOB_PHASE_PENDING, pb.JOB_PHASE_RUNNING, pb.JOB_PHASE_COMPLETING]
         return not self._client.list_jobs(pb.JobFilter(phases=phases, rendered=True)).rendered
 
+    def daemons(self) -> list:
+        """The cluster's airctld and airnoded processes (psutil), not their fence keepers."""
+        import psutil
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            line = " ".join(proc.info["cmdline"] or [])
+            if str(self.dir) in line and "fence" not in line and ("airctld" in line or "airnoded" in line):
+                found.append(proc)
+        return found
+
     def start_latency(self, runs: int = 5) -> float:
         marks = []
         for i in range(runs):
@@ -93,6 +103,17 @@ def python_floor_ms(runs: int = 20) -> tuple[float, float]:
     return bare, imports
 
 
+def _cpu(daemons: list) -> dict[str, float]:
+    """CPU seconds so far: of airctld, of the node daemons themselves, and of what they reaped (each run's
+    shepherd, and through it the job's processes)."""
+    spent = {"airctld": 0.0, "airnoded": 0.0, "children": 0.0}
+    for proc in daemons:
+        times = proc.cpu_times()
+        spent["airctld" if "airctld" in " ".join(proc.cmdline()) else "airnoded"] += times.user + times.system
+        spent["children"] += times.children_user + times.children_system
+    return spent
+
+
 # ---------------------------------------------------------------- Slurm
 
 def slurm_measure(n: int) -> dict[str, float]:
@@ -133,8 +154,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.drains_only:
         with Air() as air:
+            daemons = air.daemons()
             for i in range(args.drains_only):
-                print(f"drain {i + 1}: {args.drain} trivial jobs at {air.drain(args.drain):.0f}/s", flush=True)
+                before = _cpu(daemons)
+                rate = air.drain(args.drain)
+                spent = {k: (v - before[k]) / args.drain * 1000 for k, v in _cpu(daemons).items()}
+                print(f"drain {i + 1}: {args.drain} trivial jobs at {rate:.0f}/s; CPU a job: airctld "
+                      f"{spent['airctld']:.2f} ms, node daemons {spent['airnoded']:.2f} ms, their shepherds and "
+                      f"jobs {spent['children']:.2f} ms", flush=True)
         return 0
 
     rows: list[tuple[str, str, str, str, str]] = []   # figure, AIR, Slurm, ratio, target
