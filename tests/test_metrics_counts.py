@@ -28,6 +28,12 @@ def test_one_cancel_of_many_jobs_counts_each_end_once(controller):
     running = c.jobs.get(job_id)
     c._commit([(running, events.node_lost(running, clock.now, Reason.NODE_FAIL, "test"))], clock.now, 0)
     assert _count(c, "air_job_requeues_total", reason="NODE_FAIL") == 1
+    # a run's end makes every category of its account's goodput a series, at 0 where it took no time:
+    # rate() and ratios over them need the series there (a missing one is no data, not 0)
+    account = c.jobs.get(job_id).account
+    for category in ("starting", "restoring", "training", "checkpoint", "lost", "other"):
+        assert c.metrics.registry.get_sample_value("air_goodput_seconds_total",
+                                                   {"account": account, "category": category}) is not None, category
     assert sorted(c.cancel(pb.JobFilter(uids=[0]), 0, ROOT)) == sorted(held + [job_id])
     assert _count(c, "air_job_ends_total", partition="p", result="CANCELLED") == 6
     assert c.cancel(pb.JobFilter(uids=[0]), 0, ROOT) == []   # nothing left to cancel: nothing counted again
