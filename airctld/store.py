@@ -561,15 +561,9 @@ class Store:
 
     def add_node_events(self, node: str, events, now: float | None = None) -> None:
         """A node's health events, at the node's times, but none later than `now` (the controller's
-        clock): a node whose clock runs ahead would hold up retention, which takes them in order. One
-        recorded already (the same time, GPU, signal and message) is not recorded again: a node sends
-        its events until a heartbeat carrying them is answered, and an answer can be lost after the
-        commit. (An event of a node whose clock ran ahead of `now` is recorded at `now`, so a copy of
-        it sent later can be recorded twice.)"""
+        clock): a node whose clock runs ahead would hold up retention, which takes them in order."""
         self.db.conn.executemany(
-            "INSERT INTO node_events (node, time, gpu, signal, message, critical) SELECT ?1, ?2, ?3, ?4, ?5, ?6 "
-            "WHERE NOT EXISTS (SELECT 1 FROM node_events WHERE node = ?1 AND time = ?2 AND gpu = ?3 AND "
-            "signal = ?4 AND message = ?5)",
+            "INSERT INTO node_events (node, time, gpu, signal, message, critical) VALUES (?, ?, ?, ?, ?, ?)",
             [(node, e.time if now is None else min(e.time, now), e.gpu, e.signal, e.message, int(e.critical))
              for e in events])
 

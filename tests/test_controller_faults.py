@@ -270,19 +270,6 @@ def test_a_heartbeat_whose_commit_fails_drains_nothing_and_is_answered_again(mak
     assert c.nodes["n1"].state == NodeState.DRAIN and "XID 79" in c.nodes["n1"].reason
 
 
-def test_health_events_sent_again_after_a_lost_answer_are_recorded_once(make):
-    build, _ = make
-    c = build(Clients())
-    xid = pb.HealthEvent(gpu=1, signal="XID 13", message="graphics engine exception", time=5.0)
-    ecc = pb.HealthEvent(gpu=2, signal="ECC SBE", message="corrected", time=5.5)
-    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid]))   # committed; its answer lost on the way
-    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid, ecc]))   # so the node sends it again
-    later = pb.HealthEvent(gpu=1, signal="XID 13", message="graphics engine exception", time=9.0)
-    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[later]))   # the same fault again, later: an event of its own
-    rows = sorted((e["time"], e["gpu"], e["signal"]) for e in c.store.node_events("n1"))
-    assert rows == [(5.0, 1, "XID 13"), (5.5, 2, "ECC SBE"), (9.0, 1, "XID 13")]
-
-
 # ------------------------------------------------------------ a node that does not answer a launch
 
 def _start(c, **kw):
