@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -561,11 +562,13 @@ class Store:
 
     def add_node_events(self, node: str, events, now: float | None = None) -> None:
         """A node's health events, at the node's times, but none later than `now` (the controller's
-        clock): a node whose clock runs ahead would hold up retention, which takes them in order."""
+        clock): a node whose clock runs ahead would hold up retention, which takes them in order. A time
+        that is not a number (NaN, infinite) is `now` (SQLite would keep NaN as NULL, which retention
+        cannot compare)."""
         self.db.conn.executemany(
             "INSERT INTO node_events (node, time, gpu, signal, message, critical) VALUES (?, ?, ?, ?, ?, ?)",
-            [(node, e.time if now is None else min(e.time, now), e.gpu, e.signal, e.message, int(e.critical))
-             for e in events])
+            [(node, e.time if now is None else min(e.time, now) if math.isfinite(e.time) else now, e.gpu,
+              e.signal, e.message, int(e.critical)) for e in events])
 
     def last_report(self, job_id: int) -> str:
         rows = self._rows("SELECT report FROM reports WHERE job_id = ? ORDER BY time DESC LIMIT 1", [job_id])

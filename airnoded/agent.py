@@ -94,6 +94,7 @@ class Agent:
         self._fenced: set[tuple[int, int]] = set()   # runs this daemon has fenced since the lease ran out
         self._exits: dict[tuple[int, int], pb.JobExit] = {}   # (job, run) -> exit not yet acknowledged
         self._health: list[pb.HealthEvent] = []   # health events not yet delivered
+        self._health_count = 0   # this daemon's health events so far: each is numbered (HealthEvent.number)
         # drains for runs given up, not yet delivered: the run is recorded as given up (self.given_up)
         # once the controller has taken its drain, never before (a daemon started in between drains again)
         self._drains: dict[int, tuple[pb.HealthEvent, tuple[int, int]]] = {}   # id(event) -> (event, run)
@@ -134,6 +135,8 @@ class Agent:
         XIDs cannot push it out)."""
         log.warning("health: %s%s: %s", f"GPU {event.gpu} " if event.gpu >= 0 else "", event.signal, event.message)
         with self._lock:
+            self._health_count += 1
+            event.number = self._health_count   # (sent again until a beat with it is answered: taken once)
             self._health.append(event)
             if drain_for is not None:
                 self._drains[id(event)] = (event, drain_for)

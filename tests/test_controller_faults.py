@@ -270,6 +270,41 @@ def test_a_heartbeat_whose_commit_fails_drains_nothing_and_is_answered_again(mak
     assert c.nodes["n1"].state == NodeState.DRAIN and "XID 79" in c.nodes["n1"].reason
 
 
+def test_health_events_sent_again_after_a_lost_answer_are_taken_once_and_alike_ones_each(make):
+    """A node sends its events until a heartbeat carrying them is answered; the answer can be lost after
+    the commit. The copies are neither recorded again nor drain the node again (an operator may have
+    resumed it meanwhile); two alike faults seen in one check are two events, each recorded."""
+    build, _ = make
+    c = build(Clients())
+
+    def beat(started_ns, seq, *events):
+        c.heartbeat(pb.HeartbeatRequest(name="n1", health=list(events), boot_id="b1", started_ns=started_ns,
+                                        seq=seq))
+
+    def xids():
+        return [(e["time"], e["gpu"], e["signal"], e["critical"]) for e in c.store.node_events("n1")
+                if e["signal"].startswith("XID")]
+
+    def event(number, gpu, xid, time, critical=False):
+        return pb.HealthEvent(number=number, gpu=gpu, signal=f"XID {xid}", message="m", time=time, critical=critical)
+
+    first = [event(1, 1, 13, 5.0), event(2, 1, 13, 5.0), event(3, 0, 79, 5.0, critical=True)]
+    c.store.fail_on = "COMMIT"   # the first try is not recorded: its copy must be
+    with pytest.raises(StoreFailed):
+        beat(10, 1, *first)
+    assert xids() == [] and c.nodes["n1"].state == NodeState.UP
+    beat(10, 2, *first)
+    assert xids() == [(5.0, 1, "XID 13", 0), (5.0, 1, "XID 13", 0), (5.0, 0, "XID 79", 1)]
+    assert c.nodes["n1"].state == NodeState.DRAIN
+    c.update_node("n1", NodeState.UP, "", ROOT)   # the operator resumes it; the answer to beat 2 was lost
+    beat(10, 3, *first, event(4, 2, 13, 6.0))
+    assert xids()[3:] == [(6.0, 2, "XID 13", 0)] and c.nodes["n1"].state == NodeState.UP
+    beat(20, 1, event(1, 1, 13, 5.0))   # a daemon started after it numbers its own events from 1
+    assert xids()[4:] == [(5.0, 1, "XID 13", 0)]
+    beat(20, 2, event(2, 3, 13, float("nan")))   # a time that is not a number is the controller's
+    assert xids()[5:] == [(c.clock(), 3, "XID 13", 0)]
+
+
 # ------------------------------------------------------------ a node that does not answer a launch
 
 def _start(c, **kw):

@@ -70,7 +70,7 @@ def _agent(tmp_path, monkeypatch):
 
     monkeypatch.setattr(agent_module, "_all_stuck", lambda pids: True)
     a = object.__new__(agent_module.Agent)
-    a._lock, a._wake, a._health, a._drains = threading.Lock(), threading.Event(), [], {}
+    a._lock, a._wake, a._health, a._drains, a._health_count = threading.Lock(), threading.Event(), [], {}, 0
     a.launcher, a.steps, a.metrics = _Launcher(), Steps(), Metrics()
     a.kill_watch, a.given_up = KillWatch(60), GivenUp(tmp_path)
     a.node = type("Node", (), {"name": "n1"})()
@@ -117,5 +117,10 @@ def test_a_drain_queued_while_a_heartbeat_was_under_way_stays_queued_for_the_nex
         a._health_event(_xid(n))
     assert [e.signal for e in a._health if e.critical] == ["Kill task failed"]
     assert len(a._health) == agent_module.MAX_HEALTH_EVENTS
+    # a heartbeat carries them oldest first, each numbered once, so that the controller takes a number
+    # once whatever it gets again (NodeReports._health_not_taken)
+    numbers = [e.number for e in a._health]
+    assert numbers == sorted(set(numbers)) and numbers[0] > 0
+    assert numbers[-1] == 4 * agent_module.MAX_HEALTH_EVENTS + 5 + 1   # every event numbered, the drain too
     a._delivered(list(a._health))
     assert (7, 0) in GivenUp(tmp_path) and not a._health
