@@ -36,14 +36,17 @@ class Air(LocalAir):
         phases = [pb.JOB_PHASE_PENDING, pb.JOB_PHASE_RUNNING, pb.JOB_PHASE_COMPLETING]
         return not self._client.list_jobs(pb.JobFilter(phases=phases, rendered=True)).rendered
 
-    def daemons(self) -> list:
-        """The cluster's airctld and airnoded processes (psutil), not their fence keepers."""
+    def daemons(self) -> list[tuple[str, object]]:
+        """The cluster's airctld and airnoded processes (psutil), each with its kind; not their fence
+        keepers, nor a Python shepherd's spawner (where the C shepherd is not built)."""
         import psutil
         found = []
         for proc in psutil.process_iter(["cmdline"]):
             line = " ".join(proc.info["cmdline"] or [])
-            if str(self.dir) in line and "fence" not in line and ("airctld" in line or "airnoded" in line):
-                found.append(proc)
+            if str(self.dir) not in line or "fence" in line or "shepherd" in line:
+                continue
+            if "airctld" in line or "airnoded" in line:
+                found.append(("airctld" if "airctld" in line else "airnoded", proc))
         return found
 
     def start_latency(self, runs: int = 5) -> float:
@@ -104,13 +107,19 @@ def python_floor_ms(runs: int = 20) -> tuple[float, float]:
 
 
 def _cpu(daemons: list) -> dict[str, float]:
-    """CPU seconds so far: of airctld, of the node daemons themselves, and of what they reaped (each run's
-    shepherd, and through it the job's processes)."""
+    """CPU seconds so far: of airctld, of the node daemons themselves, and of what the node daemons reaped
+    (each run's C shepherd, and through it the job's processes; a Python shepherd's spawner reaps its
+    own, up to a second later, and is not counted). A daemon gone meanwhile is a failed drain."""
+    import psutil
     spent = {"airctld": 0.0, "airnoded": 0.0, "children": 0.0}
-    for proc in daemons:
-        times = proc.cpu_times()
-        spent["airctld" if "airctld" in " ".join(proc.cmdline()) else "airnoded"] += times.user + times.system
-        spent["children"] += times.children_user + times.children_system
+    for kind, proc in daemons:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            raise SystemExit(f"bench_core: {kind} (pid {proc.pid}) ended during the drains") from None
+        spent[kind] += times.user + times.system
+        if kind == "airnoded":
+            spent["children"] += times.children_user + times.children_system
     return spent
 
 

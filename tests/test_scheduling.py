@@ -188,9 +188,10 @@ def test_begin_time_holds_a_job_until_then(cluster):
                          "-o", "later-%j.out")
     assert cluster.job(job)["reason"] in ("BeginTime", "None")
     wait_for(lambda: cluster.job(job)["reason"] == "BeginTime", timeout=5, what="the BeginTime reason")
-    cluster.wait_state(job, "COMPLETED", timeout=20)
+    submitted = cluster.wait_state(job, "COMPLETED", timeout=20)["submit_time"]
     started = float((cluster.work / f"later-{job}.out").read_text())
-    assert 3 <= started - began < 8
+    assert 3 <= started - began   # not before its time (airbatch read the clock after `began`)
+    assert started - submitted < 5   # and soon after it (a pass, then the launch): 3 s after the submission
     bad = cluster.cli("airbatch", "--begin=tomorrowish", str(_sleeper(cluster)), check=False)
     assert bad.returncode == 1 and "--begin='tomorrowish': give now+N" in bad.stderr
 
