@@ -82,8 +82,8 @@ class NodeReports:
         self._inherited_until = mono() + CALL_TIMEOUT_S
         self.telemetry: dict[str, list[pb.GpuStatus]] = {}   # node -> its GPUs' latest reading
         self._beats: dict[str, tuple[str, tuple[int, int]]] = {}   # node -> its newest heartbeat taken (see heartbeat)
-        # node -> ((boot_id, started_ns) of its daemon, the newest number among that daemon's health events taken)
-        self._health_taken: dict[str, tuple[tuple[str, int], int]] = {}
+        # node -> ((boot_id, started_ns) of its daemon, the numbers of the health events of its last heartbeat taken)
+        self._health_taken: dict[str, tuple[tuple[str, int], frozenset[int]]] = {}
 
     def node_views(self) -> list[pb.Node]:
         with self._lock:
@@ -217,13 +217,15 @@ class NodeReports:
             failing = []
             health = self._health_not_taken(req)
             with self.store.transaction():   # health events, drain and job changes: all or none
+                if req.health and req.boot_id:
+                    # what this heartbeat carried, as taken once it commits (run first of what the commit runs;
+                    # a failure before the commit has them taken when they come again)
+                    taken = ((req.boot_id, req.started_ns), frozenset(e.number for e in req.health if e.number))
+                    self.store.after_commit(lambda: self._health_taken.__setitem__(req.name, taken))
                 if health:
                     failing = self._health(node, health, now, {old.job_id for old, _ in changes})
                     changes += failing
                 self._commit(changes, now, CONTROLLER_UID)
-            if req.health and req.boot_id:   # (committed: a failure above leaves them to be taken when sent again)
-                self._health_taken[req.name] = ((req.boot_id, req.started_ns),
-                                                max(e.number for e in req.health))
             for job_id in [j for j, (run, _) in self._unanswered.items()   # (settled, or stopped since)
                            if (x := self.jobs.get(j)) is None or x.phase != JobPhase.RUNNING or x.restart_count != run]:
                 del self._unanswered[job_id]
@@ -285,17 +287,18 @@ class NodeReports:
         log.info("node %s back in service: %s cleared", node.name, node.drain_signal)
 
     def _health_not_taken(self, req: pb.HeartbeatRequest) -> list:
-        """The heartbeat's health events less those taken from an earlier heartbeat of the same daemon. A
-        node sends its events until a heartbeat carrying them is answered: an answer lost after the commit
-        has them come again, and each would be recorded, and drain the node (which an operator may have
-        resumed meanwhile), a second time. The daemon numbers its events in order, and a heartbeat carries
-        the oldest not yet answered first, so a number up to the newest taken was taken. (In memory: a
-        controller started between the commit and the copy takes the copy.) Unnumbered events, and those
-        of a heartbeat that names no daemon, are always taken."""
+        """The heartbeat's health events less those its daemon's last heartbeat taken carried. A node
+        sends its events until a heartbeat carrying them is answered, every one not yet answered in each
+        heartbeat: an answer lost after the commit has them come again, and each would be recorded, and
+        drain the node (which an operator may have resumed meanwhile), a second time. The daemon numbers
+        its events. Only a number the last heartbeat taken carried is left out, so that a number out of
+        order, or one far ahead, costs a copy at worst, never a later event. (In memory: a controller
+        started between the commit and the copy takes the copy.) Unnumbered events, and those of a
+        heartbeat that names no daemon, are always taken."""
         taken = self._health_taken.get(req.name)
         if not req.boot_id or taken is None or taken[0] != (req.boot_id, req.started_ns):
             return list(req.health)
-        return [e for e in req.health if not e.number or e.number > taken[1]]
+        return [e for e in req.health if not e.number or e.number not in taken[1]]
 
     def _health(self, node: Node, health, now: float, already: set[int]) -> list[tuple[Job, Job]]:
         """Record a node's health events; a critical one drains the node and, where its kind says so,

@@ -147,8 +147,8 @@ def _purge_by_id(store: Store, table: str, cursor: str, cutoff: float, keep: str
                                 [after, BATCH]).fetchall()
         old = 0
         for _, t in rows:
-            if t >= cutoff:
-                break
+            if t is not None and t >= cutoff:   # (no time: a NaN an earlier version stored, as SQLite keeps
+                break                           # it; taken as old)
             old += 1
         if not old:
             return False

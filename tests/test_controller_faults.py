@@ -299,10 +299,31 @@ def test_health_events_sent_again_after_a_lost_answer_are_taken_once_and_alike_o
     c.update_node("n1", NodeState.UP, "", ROOT)   # the operator resumes it; the answer to beat 2 was lost
     beat(10, 3, *first, event(4, 2, 13, 6.0))
     assert xids()[3:] == [(6.0, 2, "XID 13", 0)] and c.nodes["n1"].state == NodeState.UP
-    beat(20, 1, event(1, 1, 13, 5.0))   # a daemon started after it numbers its own events from 1
+    beat(10, 4, event(5, 1, 13, 5.0))   # (beat 3 answered) a fault alike the first, again: an event of its own
     assert xids()[4:] == [(5.0, 1, "XID 13", 0)]
+    beat(20, 1, event(1, 1, 13, 5.0))   # a daemon started after it numbers its own events from 1
+    assert xids()[5:] == [(5.0, 1, "XID 13", 0)]
     beat(20, 2, event(2, 3, 13, float("nan")))   # a time that is not a number is the controller's
-    assert xids()[5:] == [(c.clock(), 3, "XID 13", 0)]
+    assert xids()[6:] == [(c.clock(), 3, "XID 13", 0)]
+    beat(20, 3, event(2 ** 64 - 1, 3, 13, 7.0))   # a number far ahead (a daemon's bug): taken, and it hides
+    beat(20, 4, event(3, 3, 13, 8.0))             # no later event
+    assert xids()[7:] == [(7.0, 3, "XID 13", 0), (8.0, 3, "XID 13", 0)]
+
+
+def test_health_events_of_a_heartbeat_answered_register_again_are_taken_when_sent_again(make):
+    """A heartbeat of a node the controller takes as down is answered `reregister`, its events not
+    taken: the node sends them again once registered, and they are recorded and drain it then."""
+    build, _ = make
+    c = build(Clients())
+    n = c.nodes["n1"]
+    c.nodes["n1"] = n.__class__(**{**n.__dict__, "state": NodeState.DOWN})
+    xid = pb.HealthEvent(number=1, gpu=0, signal="XID 79", message="m", time=5.0, critical=True)
+    reply = c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid], boot_id="b1", started_ns=10, seq=1))
+    assert reply.reregister
+    c.nodes["n1"] = n.__class__(**{**n.__dict__, "state": NodeState.UP})   # (registered again)
+    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid], boot_id="b1", started_ns=10, seq=2))
+    assert [(e["signal"], e["critical"]) for e in c.store.node_events("n1")] == [("XID 79", 1)]
+    assert c.nodes["n1"].state == NodeState.DRAIN
 
 
 # ------------------------------------------------------------ a node that does not answer a launch

@@ -161,3 +161,17 @@ def test_the_maintenance_thread_runs_passes_and_reports_them(tmp_path):
         keeper.stop()
     assert store.db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
     assert sum(p.node_events for p in passes) == 2
+
+
+def test_a_node_event_without_a_time_is_taken_as_old_and_never_stops_the_passes(tmp_path):
+    """An earlier version stored a NaN event time, which SQLite keeps as NULL: a pass compared it and
+    failed, and every later one with it, the jobs' purge included."""
+    store, ids = _fill(tmp_path / "air.db", [(1.0, [], [])], [1.0])
+    with store.transaction():
+        for t in (None, NOW - 1.0):
+            store.db.execute("INSERT INTO node_events (node, time, gpu, signal, message, critical) "
+                             "VALUES ('n1', ?, 0, 'XID 13', '', 0)", [t])
+    for _ in range(3):
+        retention.run_pass(store, LIMITS, NOW)
+    assert [t for (t,) in store.db.execute("SELECT time FROM node_events")] == [NOW - 1.0]
+    assert store.db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
