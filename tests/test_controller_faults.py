@@ -326,6 +326,63 @@ def test_health_events_of_a_heartbeat_answered_register_again_are_taken_when_sen
     assert c.nodes["n1"].state == NodeState.DRAIN
 
 
+def test_a_node_daemon_sends_its_events_again_after_a_lost_answer_and_the_controller_takes_them_once(make, tmp_path):
+    """The node daemon's own heartbeat (Agent._beat) against the controller in this process: the answer
+    to a committed heartbeat is lost on its way back, so the daemon keeps its events and sends them
+    again with the next; the controller records each once, and a later event is recorded too."""
+    import threading
+    from types import SimpleNamespace
+
+    from air.airnoded import agent as agent_module
+    from air.airnoded.givenup import GivenUp
+    build, _ = make
+    c = build(Clients())
+    lost = []   # per heartbeat: whether its answer is lost after the controller took it
+
+    class Lost(Exception):
+        pass
+
+    class Registry:
+        @staticmethod
+        def Heartbeat(req, timeout):
+            reply = c.heartbeat(req)
+            if lost.pop(0):
+                raise Lost()
+            return reply
+
+    a = object.__new__(agent_module.Agent)
+    a._lock, a._wake, a._health, a._drains, a._exits = threading.Lock(), threading.Event(), [], {}, {}
+    a._health_count = 0
+    a.given_up, a.node, a._registry, a.interval = GivenUp(tmp_path), SimpleNamespace(name="n1"), Registry(), 1.0
+    a._boot_id, a._started_ns, a._seq = "b1", 10, 0
+    a._runs_here = lambda: []
+    a.launcher = SimpleNamespace(runs_here=lambda: [])
+    a.monitor = SimpleNamespace(latest=[], ongoing=lambda: [])
+    a._progress = lambda runs, began, ending=(): []
+    a.metrics = SimpleNamespace(heartbeat_rtt=SimpleNamespace(observe=lambda seconds: None))
+    a._renew = lambda began: None
+
+    def xid(gpu, critical=False):
+        return pb.HealthEvent(gpu=gpu, signal="XID 79" if critical else "XID 13", message="m", time=5.0,
+                              critical=critical)
+
+    a._health_event(xid(1))
+    a._health_event(xid(1))   # the same fault twice in one check: two events
+    a._health_event(xid(0, critical=True))
+    lost.append(True)
+    with pytest.raises(Lost):
+        a._beat(0.0)
+    assert len(a._health) == 3   # not answered: kept, to be sent again
+    c.update_node("n1", NodeState.UP, "", ROOT)   # an operator resumes the node meanwhile
+    a._health_event(xid(2))
+    lost.append(False)
+    a._beat(0.0)
+    assert a._health == []
+    rows = [(e["gpu"], e["signal"]) for e in c.store.node_events("n1") if e["signal"].startswith("XID")]
+    assert rows == [(1, "XID 13"), (1, "XID 13"), (0, "XID 79"), (2, "XID 13")]
+    assert c.nodes["n1"].state == NodeState.UP   # the copy of the XID 79 did not drain it again
+
+
 # ------------------------------------------------------------ a node that does not answer a launch
 
 def _start(c, **kw):
