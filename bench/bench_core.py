@@ -37,17 +37,11 @@ class Air(LocalAir):
         return not self._client.list_jobs(pb.JobFilter(phases=phases, rendered=True)).rendered
 
     def daemons(self) -> list[tuple[str, object]]:
-        """The cluster's airctld and airnoded processes (psutil), each with its kind; not their fence
-        keepers, nor a Python shepherd's spawner (where the C shepherd is not built)."""
+        """The cluster's airctld and airnoded processes (psutil), each with its kind: those `aircontrol
+        local up` started and recorded in its pids file, airctld first."""
         import psutil
-        found = []
-        for proc in psutil.process_iter(["cmdline"]):
-            line = " ".join(proc.info["cmdline"] or [])
-            if str(self.dir) not in line or "fence" in line or "shepherd" in line:
-                continue
-            if "airctld" in line or "airnoded" in line:
-                found.append(("airctld" if "airctld" in line else "airnoded", proc))
-        return found
+        pids = [int(pid) for pid in (self.dir / "pids").read_text().split()]
+        return [("airctld" if i == 0 else "airnoded", psutil.Process(pid)) for i, pid in enumerate(pids)]
 
     def start_latency(self, runs: int = 5) -> float:
         marks = []
