@@ -337,6 +337,7 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
         signal.signal(signal.SIGTERM, stopping)
     known = False   # the step's outcome is known (the loop ended, or was interrupted)
     verdict, cancelled = _Verdict(patience), False
+    fenced_nodes: set[str] = set()
     try:
         while remaining and streams_left:
             held = verdict.held   # (a rank's failure waiting for the word on a node whose stream broke)
@@ -355,10 +356,14 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
                     if kill_on_bad_exit:
                         break
                 continue
-            event = value
+            node, event = value
             if event.exited:
                 remaining -= 1
                 code = event.exit_code or (128 + event.exit_signal if event.exit_signal else 0)
+                if event.fenced and code not in (0, ExitCode.REQUEUE) and node not in fenced_nodes:
+                    fenced_nodes.add(node)   # (the step's code says the node was lost: the line says why)
+                    err.write(f"airrun: error: {node}: rank {event.rank} was stopped by its node's fence (the "
+                              f"node lost the controller); the step lost the node\n".encode())
                 failed = verdict.rank_exited(event.rank, code, event.exit_code, event.exit_signal, event.fenced,
                                              any(f.lost for f in followers), time.monotonic())
                 # (a rank that stopped cleanly for requeue is not a failure: the others follow)
@@ -580,7 +585,7 @@ class _Follower:
                         if event.rank in self.exited:
                             continue   # seen before the daemon restarted
                         self.exited.add(event.rank)
-                    self.events.put(("event", event))
+                    self.events.put(("event", (self.node, event)))
                 if len(self.exited) >= self.ranks:
                     return self._end("")
                 problem = "its node daemon stopped"

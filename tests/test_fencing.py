@@ -168,6 +168,32 @@ def test_a_node_that_loses_the_controller_stops_its_jobs_and_says_so(cluster):
     cluster.wait_state(job_id, "CANCELLED")
 
 
+def test_airrun_says_its_step_lost_a_node_whose_fence_stopped_its_rank(cluster):
+    # the node daemon is alive and streams the rank's end, but its own fence ended the rank: airrun ends
+    # with the code of a lost node (the step did not fail) and one line that says why
+    import subprocess
+    from cluster import BIN
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", AIR_CONF=str(cluster.config), AIR_JOB_ID="")
+    proc = subprocess.Popen([str(BIN / "airrun"), "-N", "1", "-w", "node02", "sleep", "77.25"], env=env,
+                            cwd=str(cluster.work), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def ranks():
+        return [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or []) == ["sleep", "77.25"]]
+    try:
+        wait_for(ranks, timeout=30, what="the rank on node02")
+        controller = psutil.Process(cluster.pids[0])
+        controller.suspend()    # node02 hears nothing from the controller and fences itself; airrun hears node02
+        try:
+            wait_for(lambda: not ranks(), timeout=10, what="node02's fence to stop the rank")
+        finally:
+            controller.resume()
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 76, err   # (ExitCode.NODE_LOST)
+    assert "node02: rank 0 was stopped by its node's fence" in err, err
+
+
 def test_a_stale_runs_exit_never_ends_the_new_run(cluster):
     """Run 0 is frozen (with its node's daemon) past the node timeout; run 1 starts elsewhere; when the
     node wakes, run 0's end reaches the controller, which must not take it for run 1's."""
