@@ -44,7 +44,7 @@ class JobCgroups:
         self.gpu_minors: dict[int, int] = {}   # GPU index -> device minor, once devices can be denied
         plain = node   # where groups lived before they were named by spool too (an upgrade finds them there)
         if spool is not None:
-            node = f"{node}.{hashlib.sha256(str(Path(spool).resolve()).encode()).hexdigest()[:8]}"
+            node = node_folder(node, spool)
         self._lock = threading.Lock()
         self._current: dict[int, Path] = {}
         self.mode = mode if mode is not None else detect(root)
@@ -251,6 +251,12 @@ def local_devices(visible: str, job_gpus: list[int]) -> str:
     `visible`: the node's indices ("4,6"), as the allocation gives them."""
     order = {g: i for i, g in enumerate(sorted(set(job_gpus)))}
     return ",".join(str(order[int(g)]) for g in visible.split(",") if g.strip().isdigit() and int(g) in order)
+
+
+def node_folder(node: str, spool: Path) -> str:
+    """The folder of a node daemon's groups under air/: named by its node and its spool, so that the
+    daemons of two clusters on one host (whose nodes share names) never touch each other's groups."""
+    return f"{node}.{hashlib.sha256(str(Path(spool).resolve()).encode()).hexdigest()[:8]}"
 
 
 def detect(root: Path = CGROUP_ROOT) -> str:

@@ -176,24 +176,22 @@ class LocalCluster:
         the shepherds that watch them all die at once, so nothing there can say how the runs ended. The
         shepherds go first (a shepherd that outlived its child by a moment would record the child's
         end); scans again until no such process is left (a rank may be starting as the scan runs)."""
-        name, wanted = f"node{index + 1:02d}", {str(j) for j in job_ids}
+        name = f"node{index + 1:02d}"
         self.kill_node(index)
         deadline = time.monotonic() + 10
         while True:
             shepherds, victims = set(), set()
-            for p in psutil.process_iter():
+            for p in self.job_processes(job_ids, name):
+                victims.add(p)
                 try:
-                    env = p.environ()
-                    if env.get("AIR_NODENAME") == name and env.get("AIR_JOB_ID") in wanted:
-                        victims.add(p)
-                        parent = p.parent()
-                        if parent is not None and "shepherd" in " ".join(parent.cmdline()):
-                            shepherds.add(parent)
+                    parent = p.parent()
+                    if parent is not None and "shepherd" in " ".join(parent.cmdline()):
+                        shepherds.add(parent)
                 except (psutil.Error, OSError):
                     continue
             if not victims:
                 return
-            assert time.monotonic() < deadline, f"processes of jobs {sorted(wanted)} on {name} outlive SIGKILL"
+            assert time.monotonic() < deadline, f"processes of jobs {sorted(job_ids)} on {name} outlive SIGKILL"
             for group in (shepherds, victims):
                 for p in group:
                     try:
@@ -201,6 +199,24 @@ class LocalCluster:
                     except psutil.Error:
                         pass
             psutil.wait_procs(list(shepherds | victims), timeout=2)
+
+    def job_processes(self, job_ids: list[int], node: str | None = None) -> list[psutil.Process]:
+        """The live processes of these jobs of this cluster (on `node` only, if given), found by their
+        environment: the job's id, and the stop-reason file their node daemon gives them, in this
+        cluster's spool (another cluster on this host numbers its jobs from 1 and names its nodes
+        node01... too)."""
+        wanted = {str(j) for j in job_ids}
+        spool = str((self.dir / "spool").resolve()) + "/" + (f"{node}/" if node else "")
+        found = []
+        for p in psutil.process_iter():
+            try:
+                env = p.environ()
+                if env.get("AIR_JOB_ID") in wanted and env.get("AIR_STOP_REASON_FILE", "").startswith(spool) \
+                        and (node is None or env.get("AIR_NODENAME") == node) and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p)
+            except (psutil.Error, OSError):
+                continue
+        return found
 
     def start_node(self, index: int) -> int:
         """Start node0<index+1>'s daemon again (after kill_node), as its unit would."""

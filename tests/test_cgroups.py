@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from air.airnoded.cgroups import JobCgroups, detect
+from air.airnoded.cgroups import JobCgroups, detect, node_folder
 from air.protos.limits import memory_limit_bytes
 from cluster import wait_for
 
@@ -106,7 +106,9 @@ def test_ranks_on_a_node_without_the_batch_script_are_held_in_a_cgroup_of_the_ru
                          "-N", "2", "--gpus-per-node=1", "--mem=1G")
     cluster.wait_state(job, "RUNNING")
     pid = int(wait_for(lambda: marker.exists() and marker.read_text().strip(), what="the escaped process"))
-    groups = [g for g in Path("/sys/fs/cgroup").rglob(f"job{job}.0") if g.is_dir()]
+    # (this cluster's groups only: another cluster's job may have the same number)
+    folder = f"air/{node_folder('node02', cluster.dir / 'spool' / 'node02')}/job{job}.0"
+    groups = [g for pattern in (folder, f"*/{folder}") for g in Path("/sys/fs/cgroup").glob(pattern) if g.is_dir()]
     assert any(str(pid) in (g / "cgroup.procs").read_text().split() for g in groups), groups
     cluster.cli("aircancel", str(job))
     cluster.wait_state(job, "CANCELLED", timeout=40)

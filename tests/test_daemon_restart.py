@@ -20,15 +20,13 @@ def cluster():
     c.down()
 
 
-def _pids_of(job_id: int) -> dict[int, str]:
+def _pids_of(cluster, job_id: int) -> dict[int, str]:
     """pid -> AIR_RESTART_COUNT of every live process of the job (but the short sleeps its ranks run)."""
     out = {}
-    for p in psutil.process_iter(["environ", "name"]):
+    for p in cluster.job_processes([job_id]):
         try:
-            env = p.info["environ"] or {}
-            if env.get("AIR_JOB_ID") == str(job_id) and p.status() != psutil.STATUS_ZOMBIE \
-                    and p.info["name"] != "sleep":
-                out[p.pid] = env.get("AIR_RESTART_COUNT", "?")
+            if p.name() != "sleep":
+                out[p.pid] = p.environ().get("AIR_RESTART_COUNT", "?")
         except psutil.Error:
             continue
     return out
@@ -57,13 +55,13 @@ def test_daemon_restarts_keep_a_two_node_step_running(cluster):
                                   "i=$((i+1)); sleep 0.1; done'\n")
     job_id = cluster.submit(script, "-N", "2", "--gpus-per-node=2", "--ntasks-per-node=2")
     cluster.wait_state(job_id, "RUNNING")
-    wait_for(lambda: len(_pids_of(job_id)) >= 5, what="the ranks to run")
-    ranks_before = set(_pids_of(job_id))
+    wait_for(lambda: len(_pids_of(cluster, job_id)) >= 5, what="the ranks to run")
+    ranks_before = set(_pids_of(cluster, job_id))
     _restart(cluster, 1, signal.SIGTERM)          # node02: only ranks there (systemctl restart)
     time.sleep(2.0)
     _restart(cluster, 0, signal.SIGKILL)          # node01: the batch script and ranks (a crash)
     time.sleep(1.0)
-    assert ranks_before <= set(_pids_of(job_id)), "a restart killed processes of the job"
+    assert ranks_before <= set(_pids_of(cluster, job_id)), "a restart killed processes of the job"
     _restart(cluster, 1, signal.SIGTERM)          # node02 again, right after its adoption: it stops at once
     for name in ("node01", "node02"):             # each restart replaced its node's fence keeper
         assert len(_keepers(cluster, name)) == 1, (name, _keepers(cluster, name))
@@ -89,7 +87,7 @@ def test_a_script_that_ends_while_no_daemon_watches_reports_its_exit(cluster):
     index = int(job["nodes"][0][-2:]) - 1
     cluster.kill_node(index)
     time.sleep(2.5)                               # the script ends meanwhile
-    assert not _pids_of(job_id)
+    assert not _pids_of(cluster, job_id)
     cluster.start_node(index)
     job = cluster.wait_state(job_id, "FAILED", timeout=20)
     assert job["exit_code"] == 3 and job["reason"] != "JobLost"
@@ -100,13 +98,13 @@ def test_a_run_cancelled_while_its_daemon_was_away_is_killed_when_it_returns(clu
     job_id = cluster.submit(script, "--gpus-per-node=1", "--no-requeue")
     job = cluster.wait_state(job_id, "RUNNING")
     index = int(job["nodes"][0][-2:]) - 1
-    wait_for(lambda: _pids_of(job_id), what="the script to run")
+    wait_for(lambda: _pids_of(cluster, job_id), what="the script to run")
     cluster.kill_node(index)
     cluster.cli("aircancel", str(job_id))
     time.sleep(1.0)
-    assert _pids_of(job_id), "the script should still run: no daemon is there to stop it"
+    assert _pids_of(cluster, job_id), "the script should still run: no daemon is there to stop it"
     cluster.start_node(index)
-    wait_for(lambda: not _pids_of(job_id), timeout=15, what="the cancelled run to be killed")
+    wait_for(lambda: not _pids_of(cluster, job_id), timeout=15, what="the cancelled run to be killed")
     assert cluster.wait_state(job_id, "CANCELLED", timeout=15)["state"] == "CANCELLED"
 
 
@@ -117,7 +115,7 @@ def test_a_host_crash_during_a_step_requeues_the_job(cluster):
                                   "[ \"$AIR_RESTART_COUNT\" = 0 ] && exec airrun python -c \"import time; time.sleep(60)\"\nexit 0\n")
     job_id = cluster.submit(script, "-N", "2", "--gpus-per-node=1", "--ntasks-per-node=1")
     cluster.wait_state(job_id, "RUNNING")
-    wait_for(lambda: len(_pids_of(job_id)) >= 3, what="the step to run")
+    wait_for(lambda: len(_pids_of(cluster, job_id)) >= 3, what="the step to run")
     cluster.crash_host(0, [job_id])
     cluster.start_node(0)
     job = cluster.wait_state(job_id, "COMPLETED", timeout=30)
@@ -162,7 +160,7 @@ def test_an_exit_the_controller_has_not_heard_of_survives_a_daemon_restart(clust
     job = cluster.wait_state(job_id, "RUNNING")
     index = int(job["nodes"][0][-2:]) - 1
     cluster.kill_controller()
-    wait_for(lambda: not _pids_of(job_id), timeout=10, what="the script to end")
+    wait_for(lambda: not _pids_of(cluster, job_id), timeout=10, what="the script to end")
     _restart(cluster, index, signal.SIGTERM)
     time.sleep(1.0)
     cluster.start_controller()

@@ -73,18 +73,6 @@ def _hms(seconds: float) -> str:
     return f"{m // 60:02d}:{m % 60:02d}:{s:02d}"
 
 
-def _job_processes(job_id: int, node: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            env = p.environ()
-        except (psutil.Error, OSError):
-            continue
-        if env.get("AIR_JOB_ID") == str(job_id) and env.get("AIR_NODENAME") == node:
-            found.append(p)
-    return found
-
-
 def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
     steps = 60
     # the reference runs beside it, on the other half of each node's GPUs, in a QOS the preemptor may
@@ -118,7 +106,7 @@ def test_interrupted_twice_ends_bit_identical_to_an_uninterrupted_run(cluster):
     assert cluster.job(base)["restart_count"] == 0
     # two or three steps past a checkpoint (every 5): the crash loses work that the next run computes again
     wait_for(lambda: _steps_logged(out) >= stopped_at + 10, timeout=90, what="the resumed run to train on")
-    ranks = _job_processes(job, "node01")
+    ranks = cluster.job_processes([job], "node01")
     assert ranks
     wait_for(lambda: _last_step(out) % 5 in (2, 3), timeout=30, interval=0.005, what="a step past a checkpoint")
     # freeze node01's side at once: the whole run waits on it, so no checkpoint can be written while the
