@@ -26,4 +26,13 @@ for start in "$(dirname "$(readlink -f .venv/bin/python)")" "$PWD/.venv/bin"; do
     d=$(dirname "$d")
   done
 done
-exec .venv/bin/python -m pytest -q "$@"
+if [ $# -gt 0 ]; then
+  exec .venv/bin/python -m pytest -q "$@"
+fi
+# The whole suite: the modules marked serial (their torch ranks take both cores) one after the other,
+# then the rest two modules at a time (pytest-xdist; each module whole in one worker, with its cluster
+# on loopback addresses of its own). Both parts run; either failing fails the suite.
+status=0
+.venv/bin/python -m pytest -q -m serial || status=$?
+.venv/bin/python -m pytest -q -m "not serial" -n 2 --dist loadfile || status=$?
+exit "$status"

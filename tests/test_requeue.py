@@ -9,9 +9,12 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import torch
 
 from cluster import free_port, wait_for
+
+pytestmark = pytest.mark.serial   # (its torch ranks take both cores: run alone, see scripts/test.sh)
 
 HERE = Path(__file__).resolve().parent
 

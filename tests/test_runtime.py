@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.serial   # (its torch ranks take both cores: run alone, see scripts/test.sh)
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 

@@ -12,6 +12,8 @@ import pytest
 
 from cluster import LocalCluster, free_port
 
+pytestmark = pytest.mark.serial   # (its torch ranks take both cores: run alone, see scripts/test.sh)
+
 torchx = pytest.importorskip("torchx")   # (a test extra: scripts/setup.sh installs it)
 
 TRAIN = """import os

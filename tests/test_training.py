@@ -13,6 +13,8 @@ import torch
 
 from cluster import LocalCluster, wait_for
 
+pytestmark = pytest.mark.serial   # (its torch ranks take both cores: run alone, see scripts/test.sh)
+
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 SMALL = ["--layers", "2", "--width", "64", "--heads", "2", "--block", "32", "--batch", "4"]
