@@ -136,7 +136,9 @@ def test_a_job_that_ignores_sigterm_is_killed_before_the_controller_may_start_it
     finally:
         daemon.resume()
     cc_after, cc_grace = 3.0, 1.5       # this cluster: node timeout 6 s, fence at half, SIGKILL half-way on
-    assert gone - lease < cc_after + cc_grace + 0.5, gone - lease    # (0.5: the keeper looks 5 times a second)
+    # (1.0: the keeper looks 5 times a second, and the scan above of the host's processes takes its time,
+    # longer while another test's cluster runs beside this one)
+    assert gone - lease < cc_after + cc_grace + 1.0, gone - lease
     assert gone - lease < 6.0                                         # before the node timeout
     cluster.cli("aircancel", str(job_id))
 

@@ -26,7 +26,8 @@ preempt = ["normal"]
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster(nodes=2, gpus_per_node=4, extra_config=EXTRA).up()
+    # (node timeout 12 s: the nodes fence themselves at 6 s, longer than a controller restart takes on a busy host)
+    c = LocalCluster(nodes=2, gpus_per_node=4, node_timeout=12.0, extra_config=EXTRA).up()
     yield c
     c.down()
 
