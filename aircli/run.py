@@ -360,8 +360,8 @@ def _step(client, job_id, nodes, names, ntasks_per_node, gpus_per_task, label, k
             if event.exited:
                 remaining -= 1
                 code = event.exit_code or (128 + event.exit_signal if event.exit_signal else 0)
-                if event.fenced and code not in (0, ExitCode.REQUEUE) and node not in fenced_nodes:
-                    fenced_nodes.add(node)   # (the step's code says the node was lost: the line says why)
+                if verdict.fenced_loss(code, event.fenced) and node not in fenced_nodes:
+                    fenced_nodes.add(node)   # (the step's code will say a node was lost: the line says why)
                     err.write(f"airrun: error: {node}: rank {event.rank} was stopped by its node's fence (the "
                               f"node lost the controller); the step lost the node\n".encode())
                 failed = verdict.rank_exited(event.rank, code, event.exit_code, event.exit_signal, event.fenced,
@@ -414,6 +414,11 @@ class _Verdict:
         self.first_bad = 0
         self.outcome = (0, 0)
         self.held: tuple[int, int, tuple[int, int], float] | None = None   # (rank, code, outcome, until)
+
+    def fenced_loss(self, code: int, fenced: bool) -> bool:
+        """Whether this exit makes the step's code NODE_LOST because its node's fence stopped the rank
+        (asked before rank_exited takes it: a code the step has already stands)."""
+        return fenced and code not in (0, ExitCode.REQUEUE) and self.first_bad in (0, ExitCode.NODE_LOST)
 
     def rank_exited(self, rank: int, code: int, exit_code: int, exit_signal: int, fenced: bool,
                     any_lost: bool, now: float) -> bool:

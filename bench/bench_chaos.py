@@ -172,8 +172,9 @@ class StepLog:
 class Overlaps:
     """Every process on the machine, a few times a second: the job's, grouped by run and by rank."""
 
-    def __init__(self, job: str):
+    def __init__(self, job: str, spool: str):
         self.job = job
+        self.spool = spool   # this cluster's (a test run beside it numbers its jobs from 1 too)
         self.samples = 0
         self.episodes: list[dict] = []
         self._open: dict | None = None
@@ -183,7 +184,8 @@ class Overlaps:
         procs = []
         for p in psutil.process_iter(["pid", "environ", "cmdline", "status"]):
             env = p.info["environ"] or {}
-            if env.get("AIR_JOB_ID") != self.job or p.info["status"] == psutil.STATUS_ZOMBIE:
+            if env.get("AIR_JOB_ID") != self.job or not env.get("AIR_STOP_REASON_FILE", "").startswith(self.spool) \
+                    or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(p.info["cmdline"] or [])
             procs.append({"pid": p.info["pid"], "run": env.get("AIR_RESTART_COUNT", "?"),
@@ -277,7 +279,7 @@ class Chaos:
         self.cluster.signal(f.node, signal.SIGCONT)
 
     def _kill(self, f: Fault) -> None:
-        doomed = _host_processes(str(self.job), f.node)
+        doomed = _host_processes(str(self.job), f.node, self.cluster.dir)
         self.cluster.signal(f.node, signal.SIGKILL)
         for p in doomed:
             try:
@@ -333,14 +335,17 @@ class Chaos:
         f.note = f"job {job}"
 
 
-def _host_processes(job: str, node: str) -> list:
-    """What a crash of the host takes with the daemon: the job's processes there, and the shepherds
-    that started them (they outlive a daemon on purpose, and would report the kill as the job's exit)."""
+def _host_processes(job: str, node: str, cluster_dir) -> list:
+    """What a crash of the host takes with the daemon: the job's processes there (in this cluster's spool:
+    another cluster on the host numbers its jobs from 1 too), and the shepherds that started them (they
+    outlive a daemon on purpose, and would report the kill as the job's exit)."""
     import psutil
+    spool = f"{(cluster_dir / 'spool' / node).resolve()}/"
     found = []
     for p in psutil.process_iter(["environ"]):
         env = p.info["environ"] or {}
-        if env.get("AIR_JOB_ID") == job and env.get("AIR_NODENAME") == node:
+        if env.get("AIR_JOB_ID") == job and env.get("AIR_NODENAME") == node \
+                and env.get("AIR_STOP_REASON_FILE", "").startswith(spool):
             found.append(p)
     for p in list(found):
         try:
@@ -374,7 +379,7 @@ def chaos_run(work: Path, steps: int, args) -> dict:
     try:
         cluster.up()
         job = submit_training(cluster, work, steps, args)
-        log, overlaps = StepLog(work), Overlaps(str(job))
+        log, overlaps = StepLog(work), Overlaps(str(job), f"{(cluster.dir / 'spool').resolve()}/")
         watch = Watch(log, overlaps, args.sample_every)
         watch.start()
         chaos = Chaos(cluster, job, work, args, log)

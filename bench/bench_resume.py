@@ -55,8 +55,10 @@ def one_run() -> tuple[float, float]:
         victim = info["nodes"][1]
         pids = [int(p) for p in (cluster / "pids").read_text().split()]
         daemon = pids[1 + int(victim[-2:]) - 1]
+        spool = f"{(cluster / 'spool' / victim).resolve()}/"   # (this cluster's: others number jobs from 1 too)
         doomed = [p for p in psutil.process_iter() if _env(p).get("AIR_JOB_ID") == job
-                  and _env(p).get("AIR_NODENAME") == victim]
+                  and _env(p).get("AIR_NODENAME") == victim
+                  and _env(p).get("AIR_STOP_REASON_FILE", "").startswith(spool)]
         # a host's death takes the shepherds of the job's processes too (alive, one would report its
         # children's SIGKILL as the job's own failure)
         doomed += [p.parent() for p in doomed if p.parent() and "shepherd" in " ".join(p.parent().cmdline())]

@@ -32,6 +32,7 @@ fi
 # The whole suite: the modules marked serial (their torch ranks take both cores) one after the other,
 # then the rest two modules at a time (pytest-xdist; each module whole in one worker, with its cluster
 # on loopback addresses of its own). Both parts run; either failing fails the suite.
+trap 'exit 130' INT   # (Ctrl-C ends the suite, not only its first part)
 status=0
 .venv/bin/python -m pytest -q -m serial || status=$?
 .venv/bin/python -m pytest -q -m "not serial" -n 2 --dist loadfile || status=$?

@@ -179,6 +179,7 @@ class LocalCluster:
         name = f"node{index + 1:02d}"
         self.kill_node(index)
         deadline = time.monotonic() + 10
+        first = True
         while True:
             shepherds, victims = set(), set()
             for p in self.job_processes(job_ids, name):
@@ -189,8 +190,10 @@ class LocalCluster:
                         shepherds.add(parent)
                 except (psutil.Error, OSError):
                     continue
+            assert victims or not first, f"no process of jobs {sorted(job_ids)} on {name} to crash"
             if not victims:
                 return
+            first = False
             assert time.monotonic() < deadline, f"processes of jobs {sorted(job_ids)} on {name} outlive SIGKILL"
             for group in (shepherds, victims):
                 for p in group:

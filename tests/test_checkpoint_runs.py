@@ -23,6 +23,8 @@ from air import runtime  # noqa: E402
 from air.runtime import checkpoint  # noqa: E402
 from air.runtime.checkpoint import Checkpointer, StaleRunError  # noqa: E402
 
+pytestmark = pytest.mark.serial   # (its torch ranks take both cores: run alone, see scripts/test.sh)
+
 
 def _ctx(directory: Path, run: int) -> runtime.Context:
     return runtime.Context(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), job_id="7",

@@ -47,3 +47,18 @@ def test_a_rank_stopped_for_requeue_or_by_its_nodes_fence_is_no_failure():
     v = _Verdict(PATIENCE)
     assert v.rank_exited(0, 137, 0, 9, True, False, 0.0) is False   # fenced: its node lost the controller
     assert v.first_bad == ExitCode.NODE_LOST
+
+
+def test_a_rank_stopped_by_its_nodes_fence_is_the_nodes_loss_unless_the_step_had_a_code_before():
+    v = _Verdict(PATIENCE)
+    assert v.fenced_loss(143, True)
+    assert not v.fenced_loss(143, False) and not v.fenced_loss(0, True) and not v.fenced_loss(ExitCode.REQUEUE, True)
+    assert v.rank_exited(0, 143, 0, 15, True, False, 1.0) is False   # its node lost the controller: not a failure
+    assert v.first_bad == ExitCode.NODE_LOST
+    assert v.fenced_loss(137, True)                                  # another node's fence: the same loss
+    for first in (3, ExitCode.REQUEUE):   # a rank failed, or stopped for requeue, before: that code stands
+        v = _Verdict(PATIENCE)
+        v.rank_exited(0, first, first, 0, False, False, 1.0)
+        assert not v.fenced_loss(143, True)
+        v.rank_exited(1, 143, 0, 15, True, False, 2.0)
+        assert v.first_bad == first
