@@ -40,8 +40,13 @@ def controller(tmp_path):
 
 @pytest.fixture(scope="module")
 def cluster(request):
-    """A 2-node cluster with 4 simulated GPUs per node, on loopback addresses of its own."""
-    c = LocalCluster(node_timeout=getattr(request.module, "NODE_TIMEOUT", 6.0)).up()
+    """The module's cluster, up for its tests and taken down after them, on loopback addresses of its own:
+    LocalCluster's defaults (2 nodes with 4 simulated GPUs each, node timeout 6 s), or what the module's
+    CLUSTER says: LocalCluster's keyword arguments, or a function of the pytest request that builds the
+    cluster (not started), for what is settled at run time (a munged of the module's, a health program)."""
+    settings = getattr(request.module, "CLUSTER", {})
+    c = settings(request) if callable(settings) else LocalCluster(**settings)
+    c.up()
     yield c
     c.down()
 

@@ -35,13 +35,11 @@ def munged():
     m.stop()
 
 
-@pytest.fixture(scope="module")
-def cluster(munged):
+def CLUSTER(request):
     # jobs are NOT private here: scripts, environments and arguments must stay private anyway
-    c = LocalCluster(options=("--auth", "munge", "--munge-socket", munged.socket,
-                                            "--operator", "airtest-op"), extra_config=ACCOUNTS).up()
-    yield c
-    c.down()
+    munged = request.getfixturevalue("munged")
+    return LocalCluster(options=("--auth", "munge", "--munge-socket", munged.socket, "--operator", "airtest-op"),
+                        extra_config=ACCOUNTS)
 
 
 @pytest.fixture

@@ -3,7 +3,10 @@ output and exits arrive, airq is right. On a fresh cluster of its own (the node 
 enough that the nodes, which fence themselves at half of it, outlast the restart)."""
 from cluster import wait_for
 
-NODE_TIMEOUT = 24.0   # the nodes fence themselves at 12 s: a restart on a busy 2-core host takes several
+# the nodes fence themselves at 12 s: a restart on a busy 2-core host takes several
+CLUSTER = dict(node_timeout=24.0)
+
+
 def test_controller_kill9_during_a_two_node_step_keeps_the_step_and_its_output(cluster):
     """airrun streams from both nodes while airctld is killed and restarted: the step goes on, every
     rank's every line arrives, the job's exit reaches the new controller, airq is right."""

@@ -7,17 +7,12 @@ import signal
 import time
 
 import psutil
-import pytest
 
-from cluster import LocalCluster, wait_for
-
+from cluster import wait_for
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(nodes=2, gpus_per_node=2, node_timeout=12.0).up()
-    yield c
-    c.down()
+
+CLUSTER = dict(gpus_per_node=2, node_timeout=12.0)
 
 
 def _pids_of(cluster, job_id: int) -> dict[int, str]:

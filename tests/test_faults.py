@@ -4,7 +4,8 @@ import psutil
 
 from cluster import wait_for
 
-NODE_TIMEOUT = 12.0   # nodes fence themselves after 6 s without airctld: longer than a restart takes here
+# nodes fence themselves after 6 s without airctld: longer than a restart takes here
+CLUSTER = dict(node_timeout=12.0)
 
 
 def _processes(cmdline: str) -> list[psutil.Process]:

@@ -16,11 +16,7 @@ from air.protos import air_pb2 as pb
 
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(nodes=2, gpus_per_node=4, node_timeout=6.0).up()
-    yield c
-    c.down()
+CLUSTER = dict(node_timeout=6.0)   # (the fence's timings below are this timeout's)
 
 
 class Runs:

@@ -1,24 +1,18 @@
 """Node health on a real cluster: injected GPU faults, a fake InfiniBand sysfs tree, a health program."""
 import os
 
-import pytest
-
 from air.airnoded.health import classify_xid, ib_port_faults
 from cluster import LocalCluster, wait_for
 
 
-
-@pytest.fixture(scope="module")
-def cluster():
+def CLUSTER(request):
     probe = LocalCluster()
     program = probe.root / "health.sh"
     program.write_text('#!/bin/sh\nf="$(dirname "$0")/unhealthy-$AIR_NODENAME"\n'
                        'if [ -e "$f" ]; then cat "$f"; exit 1; fi\nexit 0\n')
     os.chmod(program, 0o755)
     probe.options = ("--health-program", str(program))
-    probe.up()
-    yield probe
-    probe.down()
+    return probe
 
 
 def _node(cluster, name):

@@ -2,18 +2,11 @@
 (with health_auto_resume on): never after an XID, never after an admin's drain."""
 import time
 
-import pytest
-
-from cluster import LocalCluster, wait_for
+from cluster import wait_for
 
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(options=("--health-auto-resume", "--max-gpu-temp", "85"))
-    c.up()
-    yield c
-    c.down()
+CLUSTER = dict(options=("--health-auto-resume", "--max-gpu-temp", "85"))
 
 
 def _shown(cluster, name):

@@ -3,9 +3,8 @@ victim is still stopping, and the restarted controller keeps the node held for t
 higher-priority job takes it) and picks no second victim. And a preemptor held and released never
 takes the same victim twice. The node timeout is long enough that the
 nodes, which fence themselves at half of it, outlast the restart."""
-import pytest
 
-from cluster import LocalCluster, wait_for
+from cluster import wait_for
 
 GRACE = 20
 EXTRA = f"""
@@ -27,11 +26,7 @@ priority = 20
 """
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(nodes=2, gpus_per_node=4, node_timeout=12.0, extra_config=EXTRA).up()
-    yield c
-    c.down()
+CLUSTER = dict(node_timeout=12.0, extra_config=EXTRA)
 
 
 def test_a_preemptors_held_node_stays_held_across_a_controller_kill9_and_no_second_victim_is_chosen(cluster):

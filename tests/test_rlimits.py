@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from air.protos import rlimits
-from cluster import BIN, LocalCluster
+from cluster import BIN
 
 
 def test_which_limits_are_set():
@@ -45,13 +45,6 @@ def test_a_limit_above_the_nodes_hard_limit_is_set_at_the_hard_limit():
     out = subprocess.run([sys.executable, "-c", code, folder, json.dumps(asked)], capture_output=True, text=True,
                          check=True).stdout
     assert json.loads(out)[0] == [100, 300]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(nodes=2, gpus_per_node=4).up()
-    yield c
-    c.down()
 
 
 def test_the_submitters_limits_reach_the_batch_script_and_the_steps_tasks_but_memlock(cluster):

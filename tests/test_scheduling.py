@@ -2,9 +2,7 @@
 and fairshare views, the time-limit warning."""
 import time
 
-import pytest
-
-from cluster import LocalCluster, wait_for
+from cluster import wait_for
 
 EXTRA = """
 [scheduler]
@@ -33,11 +31,7 @@ max_gpus = 4
 """
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(nodes=2, gpus_per_node=4, extra_config=EXTRA).up()
-    yield c
-    c.down()
+CLUSTER = dict(extra_config=EXTRA)
 
 
 def _sleeper(cluster, name="sleeper.sh"):

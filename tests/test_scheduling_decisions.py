@@ -5,9 +5,7 @@ preemption goes round in a cycle."""
 import subprocess
 import sys
 
-import pytest
-
-from cluster import LocalCluster, wait_for
+from cluster import wait_for
 
 EXTRA = """
 [scheduler]
@@ -24,12 +22,8 @@ preempt = ["normal"]
 """
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    # (node timeout 12 s: the nodes fence themselves at 6 s, longer than a controller restart takes on a busy host)
-    c = LocalCluster(nodes=2, gpus_per_node=4, node_timeout=12.0, extra_config=EXTRA).up()
-    yield c
-    c.down()
+# (node timeout 12 s: the nodes fence themselves at 6 s, longer than a controller restart takes on a busy host)
+CLUSTER = dict(node_timeout=12.0, extra_config=EXTRA)
 
 
 def _cancel_all(cluster):

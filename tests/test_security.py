@@ -33,13 +33,10 @@ def munged():
     m.stop()
 
 
-@pytest.fixture(scope="module")
-def cluster(munged):
-    c = LocalCluster(options=("--auth", "munge", "--munge-socket", munged.socket,
-                                            "--operator", "airtest-op", "--private-jobs"),
-                     extra_config=ACCOUNTS).up()
-    yield c
-    c.down()
+def CLUSTER(request):
+    munged = request.getfixturevalue("munged")
+    return LocalCluster(options=("--auth", "munge", "--munge-socket", munged.socket, "--operator", "airtest-op",
+                                 "--private-jobs"), extra_config=ACCOUNTS)
 
 
 

@@ -9,7 +9,7 @@ import psutil
 
 from cluster import BIN, wait_for
 
-NODE_TIMEOUT = 30.0   # (read by the cluster fixture)
+CLUSTER = dict(node_timeout=30.0)   # (read by the cluster fixture)
 
 
 def _ranks():

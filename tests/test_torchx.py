@@ -62,12 +62,9 @@ def _named_hosts(folder, nodes: int) -> list[str]:
     return ["unshare", "-m", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts)]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    wrap = _named_hosts(tmp_path_factory.mktemp("hosts"), 2) if os.geteuid() == 0 else []
-    c = LocalCluster(nodes=2, gpus_per_node=4, wrap=tuple(wrap)).up()
-    yield c
-    c.down()
+def CLUSTER(request):
+    hosts = request.getfixturevalue("tmp_path_factory").mktemp("hosts")
+    return LocalCluster(wrap=tuple(_named_hosts(hosts, 2) if os.geteuid() == 0 else []))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="names the local nodes in a mount namespace of its own")

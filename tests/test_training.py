@@ -11,7 +11,7 @@ import psutil
 import pytest
 import torch
 
-from cluster import LocalCluster, wait_for
+from cluster import wait_for
 
 pytestmark = pytest.mark.serial   # (its torch ranks take both cores: run alone, see scripts/test.sh)
 
@@ -32,11 +32,7 @@ preempt = ["normal"]
 """
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(nodes=2, gpus_per_node=4, extra_config=EXTRA).up()
-    yield c
-    c.down()
+CLUSTER = dict(extra_config=EXTRA)
 
 
 def _tinygpt_job(cluster, name: str, steps: int, *options: str, every: int = 5, sleep: float = 0.1,

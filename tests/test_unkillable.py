@@ -98,12 +98,7 @@ def _freezer_usable() -> bool:
     return os.geteuid() == 0 and (FREEZER / "tasks").exists()
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(nodes=2, gpus_per_node=4, node_timeout=6.0,
-                     options=("--unkillable-timeout", str(UNKILLABLE_S))).up()
-    yield c
-    c.down()
+CLUSTER = dict(node_timeout=6.0, options=("--unkillable-timeout", str(UNKILLABLE_S)))
 
 
 @contextlib.contextmanager
