@@ -81,8 +81,7 @@ def test_a_script_that_ends_while_no_daemon_watches_reports_its_exit(cluster):
     job = cluster.wait_state(job_id, "RUNNING")
     index = int(job["nodes"][0][-2:]) - 1
     cluster.kill_node(index)
-    time.sleep(2.5)                               # the script ends meanwhile
-    assert not _pids_of(cluster, job_id)
+    wait_for(lambda: not _pids_of(cluster, job_id), timeout=10, what="the script to end while no daemon watches")
     cluster.start_node(index)
     job = cluster.wait_state(job_id, "FAILED", timeout=20)
     assert job["exit_code"] == 3 and job["reason"] != "JobLost"

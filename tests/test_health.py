@@ -37,7 +37,7 @@ def test_xid_79_drains_the_node_and_fails_the_job_on_that_gpu(cluster):
     job = cluster.wait_state(job_id, "RUNNING")
     name = job["nodes"][0]
     cluster.cli("aircontrol", "node", "fault", name, "--gpu", "2", "--xid", "79")
-    shown = _wait_drained(cluster, name, timeout=3)    # within a heartbeat or two
+    shown = _wait_drained(cluster, name, timeout=5)    # within a heartbeat or two (before the node timeout)
     assert "Reason=GPU 2: XID 79 (GPU fell off the bus)" in shown.replace("\n   ", " ")
     job = cluster.wait_state(job_id, "NODE_FAIL", timeout=5)
     assert job["reason"] == "NodeFail" and f"GPU 2 of {name}: XID 79" in job["reason_detail"]

@@ -3,7 +3,6 @@ victim is still stopping, and the restarted controller keeps the node held for t
 higher-priority job takes it) and picks no second victim. And a preemptor held and released never
 takes the same victim twice. The node timeout is long enough that the
 nodes, which fence themselves at half of it, outlast the restart."""
-
 from cluster import wait_for
 
 GRACE = 20
