@@ -415,17 +415,20 @@ class _Verdict:
         self.outcome = (0, 0)
         self.held: tuple[int, int, tuple[int, int], float] | None = None   # (rank, code, outcome, until)
 
+    @staticmethod
+    def _fenced_stop(code: int, fenced: bool) -> bool:
+        """A rank its node's fence stopped (it lost the controller): its run is lost there, not failed."""
+        return fenced and code not in (0, ExitCode.REQUEUE)
+
     def fenced_loss(self, code: int, fenced: bool) -> bool:
         """Whether this exit makes the step's code NODE_LOST because its node's fence stopped the rank
         (asked before rank_exited takes it: a code the step has already stands)."""
-        return fenced and code not in (0, ExitCode.REQUEUE) and self.first_bad in (0, ExitCode.NODE_LOST)
+        return self._fenced_stop(code, fenced) and self.first_bad in (0, ExitCode.NODE_LOST)
 
     def rank_exited(self, rank: int, code: int, exit_code: int, exit_signal: int, fenced: bool,
                     any_lost: bool, now: float) -> bool:
         """A rank's exit; whether it is the step's first failure (known now, not held)."""
-        if fenced and code not in (0, ExitCode.REQUEUE):
-            # its node lost the controller and stopped it: the run is lost there, not failed; the other
-            # ranks are left their grace to checkpoint and stop
+        if self._fenced_stop(code, fenced):   # (the other ranks are left their grace to checkpoint and stop)
             self.first_bad = self.first_bad or ExitCode.NODE_LOST
             return False
         if not code or self.first_bad or self.held:
