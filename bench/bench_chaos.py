@@ -340,13 +340,8 @@ def _host_processes(job: str, node: str, cluster_dir) -> list:
     another cluster on the host numbers its jobs from 1 too), and the shepherds that started them (they
     outlive a daemon on purpose, and would report the kill as the job's exit)."""
     import psutil
-    spool = f"{(cluster_dir / 'spool' / node).resolve()}/"
-    found = []
-    for p in psutil.process_iter(["environ"]):
-        env = p.info["environ"] or {}
-        if env.get("AIR_JOB_ID") == job and env.get("AIR_NODENAME") == node \
-                and env.get("AIR_STOP_REASON_FILE", "").startswith(spool):
-            found.append(p)
+    from cluster import job_processes   # (tests/cluster.py, on the path through harness)
+    found = job_processes(cluster_dir / "spool", [job], node)
     for p in list(found):
         try:
             parent = p.parent()

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from harness import BIN, ROOT, LocalAir, report, table
+from cluster import job_processes   # noqa: E402  (tests/cluster.py, on the path through harness)
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 
 
@@ -55,10 +56,7 @@ def one_run() -> tuple[float, float]:
         victim = info["nodes"][1]
         pids = [int(p) for p in (cluster / "pids").read_text().split()]
         daemon = pids[1 + int(victim[-2:]) - 1]
-        spool = f"{(cluster / 'spool' / victim).resolve()}/"   # (this cluster's: others number jobs from 1 too)
-        doomed = [p for p in psutil.process_iter() if _env(p).get("AIR_JOB_ID") == job
-                  and _env(p).get("AIR_NODENAME") == victim
-                  and _env(p).get("AIR_STOP_REASON_FILE", "").startswith(spool)]
+        doomed = job_processes(cluster / "spool", [job], victim)   # (this cluster's: others number jobs from 1 too)
         # a host's death takes the shepherds of the job's processes too (alive, one would report its
         # children's SIGKILL as the job's own failure)
         doomed += [p.parent() for p in doomed if p.parent() and "shepherd" in " ".join(p.parent().cmdline())]
@@ -78,13 +76,6 @@ def one_run() -> tuple[float, float]:
         resumed = time.monotonic()
         _cli("aircancel", job, env=env)
         return requeued - died, resumed - requeued
-
-
-def _env(p) -> dict:
-    try:
-        return p.environ()
-    except Exception:
-        return {}
 
 
 def main() -> int:

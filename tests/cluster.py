@@ -83,6 +83,25 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str
         time.sleep(interval)
 
 
+def job_processes(spool: Path, job_ids: list, node: str | None = None) -> list[psutil.Process]:
+    """The live processes of these jobs of the cluster whose spool folder is `spool` (on `node` only, if
+    given), found by their environment: the job's id, and the stop-reason file their node daemon gives
+    them, in that spool (another cluster on this host numbers its jobs from 1 and names its nodes
+    node01... too)."""
+    wanted = {str(j) for j in job_ids}
+    prefix = f"{Path(spool).resolve()}/" + (f"{node}/" if node else "")
+    found = []
+    for p in psutil.process_iter():
+        try:
+            env = p.environ()
+            if env.get("AIR_JOB_ID") in wanted and env.get("AIR_STOP_REASON_FILE", "").startswith(prefix) \
+                    and (node is None or env.get("AIR_NODENAME") == node) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
 # airrun's own allocations end this long after airrun stops renewing them (short, so that tests see it;
 # every airrun outside a job in the tests renews its allocation through it)
 INACTIVE_LIMIT = 6.0
@@ -204,22 +223,8 @@ class LocalCluster:
             psutil.wait_procs(list(shepherds | victims), timeout=2)
 
     def job_processes(self, job_ids: list[int], node: str | None = None) -> list[psutil.Process]:
-        """The live processes of these jobs of this cluster (on `node` only, if given), found by their
-        environment: the job's id, and the stop-reason file their node daemon gives them, in this
-        cluster's spool (another cluster on this host numbers its jobs from 1 and names its nodes
-        node01... too)."""
-        wanted = {str(j) for j in job_ids}
-        spool = str((self.dir / "spool").resolve()) + "/" + (f"{node}/" if node else "")
-        found = []
-        for p in psutil.process_iter():
-            try:
-                env = p.environ()
-                if env.get("AIR_JOB_ID") in wanted and env.get("AIR_STOP_REASON_FILE", "").startswith(spool) \
-                        and (node is None or env.get("AIR_NODENAME") == node) and p.status() != psutil.STATUS_ZOMBIE:
-                    found.append(p)
-            except (psutil.Error, OSError):
-                continue
-        return found
+        """The live processes of these jobs of this cluster (on `node` only, if given)."""
+        return job_processes(self.dir / "spool", job_ids, node)
 
     def start_node(self, index: int) -> int:
         """Start node0<index+1>'s daemon again (after kill_node), as its unit would."""
