@@ -293,8 +293,9 @@ class NodeReports:
         drain the node (which an operator may have resumed meanwhile), a second time. The daemon numbers
         its events. Only a number the last heartbeat taken carried is left out, so that a number out of
         order, or one far ahead, costs a copy at worst, never a later event. (In memory: a controller
-        started between the commit and the copy takes the copy.) Unnumbered events, and those of a
-        heartbeat that names no daemon, are always taken."""
+        restarted after the commit, before the node sent the events again, records them again and drains
+        the node again.) Unnumbered events, and those of a heartbeat that names no daemon, are always
+        taken."""
         taken = self._health_taken.get(req.name)
         if not req.boot_id or taken is None or taken[0] != (req.boot_id, req.started_ns):
             return list(req.health)

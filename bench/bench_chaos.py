@@ -170,7 +170,8 @@ class StepLog:
 
 
 class Overlaps:
-    """Every process on the machine, a few times a second: the job's, grouped by run and by rank."""
+    """Every process on the machine, a few times a second: the job's, grouped by run and by rank. (Its own
+    scan rather than cluster.job_processes: one pass reads each process's command line and state too.)"""
 
     def __init__(self, job: str, spool: str):
         self.job = job

@@ -94,7 +94,9 @@ def job_processes(spool: Path, job_ids: list, node: str | None = None) -> list[p
     for p in psutil.process_iter():
         try:
             env = p.environ()
-            if env.get("AIR_JOB_ID") in wanted and env.get("AIR_STOP_REASON_FILE", "").startswith(prefix) \
+            # (the file's path as the daemon wrote it, resolved as the prefix is: a folder above may be a link)
+            stop_file = os.path.realpath(env.get("AIR_STOP_REASON_FILE", "") or "/nonexistent")
+            if env.get("AIR_JOB_ID") in wanted and stop_file.startswith(prefix) \
                     and (node is None or env.get("AIR_NODENAME") == node) and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except (psutil.Error, OSError):
