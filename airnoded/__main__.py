@@ -25,7 +25,7 @@ from air.airnoded.agent import Agent, AgentService
 from air.airnoded.metrics import NodeCollector
 from air.airnoded.gpus import GpuError, open_backend
 from air.airnoded import fence
-from air.airnoded.jobfiles import check_spool
+from air.airnoded.jobfiles import check_spool, spread_runs
 from air.protos import air_pb2_grpc as rpc
 from air.protos import metrics_http
 
@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         gpus = open_backend(node.gpus, node.name)
         node.spool.mkdir(parents=True, exist_ok=True)
         check_spool(node.spool)
+        spread_runs(node.spool)   # (a hint to the filesystem: never a reason not to start)
     except (GpuError, OSError) as e:
         print(f"airnoded: error: {e}", file=sys.stderr)
         return 2

@@ -4,9 +4,11 @@ goes on with no requeue, its step's ranks are followed again by airrun and every
 those a crashed daemon was passing on); what ends while no daemon watches is reported with its real
 exit; a run the controller no longer wants is killed. Checked from the processes and the job's output, not from the store alone."""
 import signal
+import subprocess
 import time
 
 import psutil
+import pytest
 
 from cluster import wait_for
 
@@ -161,3 +163,14 @@ def test_an_exit_the_controller_has_not_heard_of_survives_a_daemon_restart(clust
     job = cluster.wait_state(job_id, "COMPLETED", timeout=20)
     assert job["restart_count"] == 0
     assert (cluster.work / f"air-{job_id}.out").read_text() == "done run 0\n"
+
+
+def test_each_node_daemon_spreads_its_run_folders_over_the_filesystem(cluster):
+    # the daemon marks its spool at start (ext4's TOPDIR flag, "T" to lsattr): see jobfiles.spread_runs
+    for node in ("node01", "node02"):
+        spool = cluster.dir / "spool" / node
+        kind = subprocess.run(["stat", "-f", "-c", "%T", str(spool)], capture_output=True, text=True).stdout.strip()
+        if kind != "ext2/ext3":
+            pytest.skip(f"the spool is on {kind}, not ext4")
+        flags = subprocess.run(["lsattr", "-d", str(spool)], capture_output=True, text=True, check=True).stdout
+        assert "T" in flags.split()[0], flags

@@ -340,3 +340,32 @@ def test_a_fuse_filesystem_that_never_answers_is_never_entered_whenever_it_is_mo
             os.close(fd)   # the server is gone: what waited in the mount gets ENOTCONN
             subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
         folder.close()
+
+
+def _attributes(path) -> str:
+    """The file attributes lsattr shows (ext2/3/4's), e.g. "-------------Te-------"."""
+    return subprocess.run(["lsattr", "-d", str(path)], capture_output=True, text=True, check=True).stdout.split()[0]
+
+
+def test_the_spool_spreads_its_run_folders_over_the_filesystem(spool):
+    # ext4's TOPDIR flag ("T" to lsattr): the run folders go to groups of their own, not all to the spool's
+    kind = subprocess.run(["stat", "-f", "-c", "%T", str(spool)], capture_output=True, text=True).stdout.strip()
+    if kind != "ext2/ext3":
+        pytest.skip(f"the spool is on {kind}, not ext4")
+    assert "T" not in _attributes(spool)
+    assert jobfiles.spread_runs(spool)
+    assert "T" in _attributes(spool)
+    assert jobfiles.spread_runs(spool) and "T" in _attributes(spool)   # (set again: kept)
+    # what the flag is for: run folders made in the spool land in block groups far apart (an ext4 group
+    # holds 8,192 inodes at the default inode ratio; without the flag all would be in the spool's group)
+    groups = {jobfiles.ensure_job_dir(spool, job_id, 0).stat().st_ino // 8192 for job_id in range(12)}
+    assert len(groups) >= 3, groups
+
+
+def test_a_spool_on_a_filesystem_without_the_flag_is_left_as_it_is():
+    top = Path(tempfile.mkdtemp(dir="/dev/shm"))   # tmpfs
+    try:
+        assert jobfiles.spread_runs(top) is False
+        assert top.is_dir()
+    finally:
+        top.rmdir()
