@@ -269,11 +269,15 @@ def _empty_one(trash_fd: int, name: str, budget: int) -> int:
 def _trash(spool: Path) -> Path:
     trash = spool / TRASH
     try:
-        os.mkdir(trash, 0o700)
-    except FileExistsError:
-        st = os.lstat(trash)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            raise OSError(f"{trash} is not the daemon's folder") from None
+        st = os.lstat(trash)   # (there already, but for a spool's first run's end: a look, not a mkdir)
+    except FileNotFoundError:
+        try:
+            os.mkdir(trash, 0o700)
+            return trash
+        except FileExistsError:
+            st = os.lstat(trash)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise OSError(f"{trash} is not the daemon's folder")
     return trash
 
 

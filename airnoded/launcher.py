@@ -186,7 +186,7 @@ class Launcher:
         script = jobdir / "script"
         out_path, err_path = output_paths(job, self.node)
         kwargs, owner_env = as_owner(job.uid, job.gid)
-        progress.prepare(self.spool, job.job_id, job.restart_count, job.uid, job.gid)
+        progress.make(jobdir, job.uid, job.gid)
         env = {**job_environment(job, self.node, self.spool, self.cluster), **owner_env}
         env["PWD"] = req.workdir   # (where the script starts, as a shell's cd would say; not the submitter's)
         separate_err = err_path if err_path and err_path != out_path else ""

@@ -30,8 +30,12 @@ job_dir = jobfiles.job_dir
 
 def prepare(spool: Path, job_id: int, run: int, uid: int, gid: int) -> Path:
     """The run's progress folder on this node, writable by its owner only."""
-    base = jobfiles.ensure_job_dir(spool, job_id, run)
-    return jobfiles.make_owner_dir(base, PROGRESS, uid, gid)
+    return make(jobfiles.ensure_job_dir(spool, job_id, run), uid, gid)
+
+
+def make(run_folder: Path, uid: int, gid: int) -> Path:
+    """prepare(), in a run folder made already."""
+    return jobfiles.make_owner_dir(run_folder, PROGRESS, uid, gid)
 
 
 def environment(spool: Path, job_id: int, run: int) -> dict[str, str]:
