@@ -890,7 +890,8 @@ class Controller:
             silent = [j for j in running if j.request.hang_timeout_s and j not in over and
                       mono - self.moved.get(j.job_id, mono) > j.request.hang_timeout_s]
             inactive = self._inactive(running, over + silent, mono)
-            with self.store.transaction():   # all or none, and then the signals
+            # all or none, and then the signals (a pass with nothing to stop opens no transaction)
+            with self.store.transaction() if silent or over or inactive else contextlib.nullcontext():
                 hung = self._commit([(j, events.hung(j, now, mono - self.moved.get(j.job_id, mono)))
                                      for j in silent], now, CONTROLLER_UID)
                 changed = self._commit([(j, events.stop(j, now, JobResult.TIMEOUT, Reason.TIME_LIMIT,
