@@ -14,7 +14,6 @@ import socket
 import struct
 import threading
 import time
-import urllib.parse
 
 import h2.config
 import h2.connection
@@ -301,6 +300,7 @@ class _Reply:
         number = int(code) if code.isascii() and code.isdigit() else 2
         if number != 0:
             name = STATUS[number] if number < len(STATUS) else "UNKNOWN"
+            import urllib.parse   # (a failure's message only: not a cost of every command's start)
             raise WireError(name, urllib.parse.unquote(self.status.get("grpc-message", "")))
         data = memoryview(b"".join(self.chunks))   # (one copy of a reply of MBs, and no other)
         if len(data) < 5 or data[0] != 0:
