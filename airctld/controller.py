@@ -689,17 +689,20 @@ class Controller:
                 self.jobs.not_rendered(job)
         return len(made) + len(failed)
 
-    def _keeping_rows(self) -> None:
-        """keep_rows until the controller stops: a batch (at most 50 ms), then a pause as long, that
-        leaves the interpreter to requests and passes."""
+    def _keeping_rows(self, batch: int = 500) -> None:
+        """keep_rows until the controller stops. While rows wait by the batch (after a flood of
+        submissions), a batch (at most 50 ms), then a pause as long, that leaves the interpreter to
+        requests and passes; once caught up, a look every 0.1 s: a job of a burst that starts and ends
+        within it gets one row made, its last (a listing makes any row still missing on its way)."""
         while not self._stopping.is_set():
             began = time.perf_counter()
             try:
-                made = self.keep_rows()
+                made = self.keep_rows(batch)
             except Exception:
                 log.exception("airq's rows were not made")
                 made = 0
-            self._stopping.wait(max(0.005, time.perf_counter() - began) if made else 0.1)
+            took = time.perf_counter() - began
+            self._stopping.wait(max(0.005, took) if made >= batch or took >= 0.05 else 0.1)
 
     def _settled(self, job: Job | None) -> Job | None:
         """A job read from the store, with the QOS it ran under: jobs stored before the QOS was recorded
