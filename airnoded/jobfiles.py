@@ -54,7 +54,8 @@ JANITOR_RETRY_S = 60.0    # how often what could not be removed is tried again
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _names = itertools.count()
-_FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_TOPDIR_FL = 0x80086601, 0x40086602, 0x00020000   # (linux/fs.h)
+# linux/fs.h, as x86_64 and arm64 number them (elsewhere the call is refused, and spread_runs does nothing)
+_FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_TOPDIR_FL = 0x80086601, 0x40086602, 0x00020000
 _janitors: dict[Path, "_Janitor"] = {}
 _janitors_lock = threading.Lock()
 
@@ -130,13 +131,18 @@ def ensure_job_dir(spool: Path, job_id: int, run: int) -> Path:
 
 
 def spread_runs(spool: Path) -> bool:
-    """Mark the spool as a top of directory trees (ext4's TOPDIR flag, `chattr +T`): its run folders,
-    each with its files, are then spread over the filesystem's block groups rather than all made in
-    the spool's own. On ext4 without a journal, each new file is made after a scan of the inodes its
-    group freed in the last minute (ialloc.c's recently_deleted): a node running short jobs frees
-    thousands there, and the scans took up to a third of its daemon's CPU in a burst of trivial jobs.
-    Whether the flag is set (False on a filesystem without it, which changes nothing)."""
-    fd = os.open(spool, _DIR_FLAGS)
+    """Mark the spool as a top of directory trees (ext4's TOPDIR flag, `chattr +T`): ext4 then makes
+    each run folder, with its files, in the flex group with the fewest folders (its search starting at
+    a hash of the folder's name) rather than all in the spool's own. On ext4 without a journal, each
+    new inode is taken only after a scan past those its group freed in the last minute (six, while
+    the inode table's block is not written back: ialloc.c's recently_deleted): a node running short
+    jobs frees thousands in one group, and those scans took up to a third of its daemon's CPU in a
+    burst of trivial jobs. Whether the flag is set (False on a filesystem without it, which changes
+    nothing)."""
+    try:
+        fd = os.open(spool, _DIR_FLAGS)
+    except OSError:
+        return False
     try:
         flags = bytearray(8)   # (the kernel reads and writes an int of it)
         fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags)
