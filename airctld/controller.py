@@ -661,14 +661,14 @@ class Controller:
                 with self._rows_lock:
                     self._listings_making -= 1
 
-    def keep_rows(self, limit: int = 500) -> int:
-        """Make up to `limit` of the rows list_rows keeps (pending and ended jobs'), ahead of the
+    def keep_rows(self, limit: int | None = None) -> int:
+        """Make up to `limit` (ROWS_BATCH) of the rows list_rows keeps (pending and ended jobs'), ahead of the
         listing that would make them on its way: after 100,000 submissions, or a pass that gave them
         all a reason, the first plain airq made every row (2 s). How many jobs it took (0: none waiting)."""
         if self._listings_making:
             return 0
         with self._lock:
-            jobs = self.jobs.unrendered(limit)
+            jobs = self.jobs.unrendered(limit or ROWS_BATCH)
         if not jobs:
             return 0
         items = squeue.compile_format(squeue.SQUEUE_DEFAULT, squeue.job_fields(self.clock()))
@@ -689,7 +689,7 @@ class Controller:
                 self.jobs.not_rendered(job)
         return len(made) + len(failed)
 
-    def _keeping_rows(self, batch: int = 500) -> None:
+    def _keeping_rows(self) -> None:
         """keep_rows until the controller stops. While rows wait by the batch (after a flood of
         submissions), a batch (at most 50 ms), then a pause as long, that leaves the interpreter to
         requests and passes; once caught up, a look every 0.1 s: a job of a burst that starts and ends
@@ -697,12 +697,12 @@ class Controller:
         while not self._stopping.is_set():
             began = time.perf_counter()
             try:
-                made = self.keep_rows(batch)
+                made = self.keep_rows()
             except Exception:
                 log.exception("airq's rows were not made")
                 made = 0
             took = time.perf_counter() - began
-            self._stopping.wait(max(0.005, took) if made >= batch or took >= 0.05 else 0.1)
+            self._stopping.wait(max(0.005, took) if made >= ROWS_BATCH or took >= 0.05 else 0.1)
 
     def _settled(self, job: Job | None) -> Job | None:
         """A job read from the store, with the QOS it ran under: jobs stored before the QOS was recorded
@@ -958,6 +958,7 @@ class Controller:
 FORGET_EVERY_S = 1.0   # how often ended jobs past the visibility window are dropped from memory
 RPC_WORKERS = 16   # the threads that serve RPCs (airctld's gRPC server)
 MANY_ROWS = 500   # a listing that makes more rows than this on its way holds keep_rows back
+ROWS_BATCH = 500   # rows keep_rows makes at most in one go (the default)
 SATURATION_CREDIT = 5   # inactive limits of busy RPC workers that airrun's renewals are excused for
 
 
