@@ -173,7 +173,7 @@ class Overlaps:
     """Every process on the machine, a few times a second: the job's, grouped by run and by rank. (Its own
     scan rather than cluster.job_processes: one pass reads each process's command line and state too.)"""
 
-    def __init__(self, job: str, spool: str):
+    def __init__(self, job: str, spool: str):   # spool: resolved, with a slash at its end
         self.job = job
         self.spool = spool   # this cluster's (a test run beside it numbers its jobs from 1 too)
         self.samples = 0
@@ -182,10 +182,11 @@ class Overlaps:
 
     def sample(self) -> None:
         import psutil
+        from cluster import in_spool   # (tests/cluster.py, on the path through harness)
         procs = []
         for p in psutil.process_iter(["pid", "environ", "cmdline", "status"]):
             env = p.info["environ"] or {}
-            if env.get("AIR_JOB_ID") != self.job or not env.get("AIR_STOP_REASON_FILE", "").startswith(self.spool) \
+            if env.get("AIR_JOB_ID") != self.job or not in_spool(env, self.spool) \
                     or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(p.info["cmdline"] or [])

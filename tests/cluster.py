@@ -88,20 +88,29 @@ def job_processes(spool: Path, job_ids: list, node: str | None = None) -> list[p
     given), found by their environment: the job's id, and the stop-reason file their node daemon gives
     them, in that spool (another cluster on this host numbers its jobs from 1 and names its nodes
     node01... too)."""
+    return [p for p, _ in job_process_envs(spool, job_ids, node)]
+
+
+def job_process_envs(spool: Path, job_ids: list, node: str | None = None) -> list[tuple[psutil.Process, dict]]:
+    """job_processes, each with its environment as it was read to find it."""
     wanted = {str(j) for j in job_ids}
     prefix = f"{Path(spool).resolve()}/" + (f"{node}/" if node else "")
     found = []
     for p in psutil.process_iter():
         try:
             env = p.environ()
-            # (the file's path as the daemon wrote it, resolved as the prefix is: a folder above may be a link)
-            stop_file = os.path.realpath(env.get("AIR_STOP_REASON_FILE", "") or "/nonexistent")
-            if env.get("AIR_JOB_ID") in wanted and stop_file.startswith(prefix) \
+            if env.get("AIR_JOB_ID") in wanted and in_spool(env, prefix) \
                     and (node is None or env.get("AIR_NODENAME") == node) and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
+                found.append((p, env))
         except (psutil.Error, OSError):
             continue
     return found
+
+
+def in_spool(env: dict, prefix: str) -> bool:
+    """Whether a process's stop-reason file is under `prefix`, a resolved folder's path and a slash: the
+    file's path as the daemon wrote it is resolved the same way (a folder above may be a link)."""
+    return os.path.realpath(env.get("AIR_STOP_REASON_FILE", "") or "/nonexistent").startswith(prefix)
 
 
 # airrun's own allocations end this long after airrun stops renewing them (short, so that tests see it;

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from air.airnoded.launcher import Launcher, StaleRun
-from cluster import LocalCluster, wait_for
+from cluster import LocalCluster, in_spool, job_process_envs, wait_for
 from air.protos import air_pb2 as pb
 
 
@@ -24,7 +24,7 @@ class Runs:
 
     def __init__(self, job_id: int, cluster: LocalCluster):
         self.job_id = str(job_id)
-        self.spool = str((cluster.dir / "spool").resolve())   # this cluster's job (others count from 1 too)
+        self.spool = cluster.dir / "spool"   # this cluster's job (others count from 1 too)
         self.overlaps: list[set[str]] = []
         self.seen: set[str] = set()
         self._stop = threading.Event()
@@ -39,16 +39,7 @@ class Runs:
         self._thread.join()
 
     def alive(self) -> set[str]:
-        runs = set()
-        for p in psutil.process_iter(["environ"]):
-            try:   # (a process may end between the listing and any look at it)
-                env = p.info["environ"] or {}
-                if env.get("AIR_JOB_ID") == self.job_id and \
-                        env.get("AIR_STOP_REASON_FILE", "").startswith(self.spool) and p.status() != psutil.STATUS_ZOMBIE:
-                    runs.add(env.get("AIR_RESTART_COUNT", "?"))
-            except psutil.Error:
-                continue
-        return runs
+        return {env.get("AIR_RESTART_COUNT", "?") for _, env in job_process_envs(self.spool, [self.job_id])}
 
     def _watch(self):
         while not self._stop.is_set():
@@ -275,14 +266,13 @@ def test_a_local_cluster_taken_down_leaves_no_job_running():
         job_id = c.submit(c.write_script("left.sh", "#!/bin/sh\nsleep 300 &\nairrun -N 2 sleep 300\n"),
                           "-N", "2", "--gpus-per-node=1")
         c.wait_state(job_id, "RUNNING")
-        spool = str((c.dir / "spool").resolve())
+        spool = f"{(c.dir / 'spool').resolve()}/"
 
-        def alive():
+        def alive():   # (every job's)
             found = []
             for p in psutil.process_iter(["environ"]):
                 try:
-                    if (p.info["environ"] or {}).get("AIR_STOP_REASON_FILE", "").startswith(spool) \
-                            and p.status() != psutil.STATUS_ZOMBIE:
+                    if in_spool(p.info["environ"] or {}, spool) and p.status() != psutil.STATUS_ZOMBIE:
                         found.append(p.pid)
                 except psutil.Error:
                     continue
