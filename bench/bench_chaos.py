@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chaos_cluster import BIN, INSIDE, ROOT, Cluster, enter_private_namespace  # noqa: E402
 from harness import report as write_report, table as table_of  # noqa: E402
 from chaos_report import KINDS, Fault, analyse, batch_mismatches, late_steps, per_kind_table, timeline_table  # noqa: E402
+from cluster import in_spool, job_processes, spool_prefixes  # noqa: E402  (tests/cluster.py, through harness's path)
 
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 SMALL = ["--layers", "2", "--width", "64", "--heads", "2", "--block", "32", "--batch", "4"]
@@ -171,22 +172,24 @@ class StepLog:
 
 class Overlaps:
     """Every process on the machine, a few times a second: the job's, grouped by run and by rank. (Its own
-    scan rather than cluster.job_processes: one pass reads each process's command line and state too.)"""
+    scan rather than cluster.job_processes: one pass reads each process's command line and state too.)
+    `found`: the samples that saw any of the job's processes, `runs_seen` their runs (none: the
+    overlap count measured nothing)."""
 
-    def __init__(self, job: str, spool: str):   # spool: resolved, with a slash at its end
+    def __init__(self, job: str, spool: Path):
         self.job = job
-        self.spool = spool   # this cluster's (a test run beside it numbers its jobs from 1 too)
-        self.samples = 0
+        self.prefixes = spool_prefixes(spool)   # this cluster's (a test run beside it numbers its jobs from 1 too)
+        self.samples = self.found = 0
+        self.runs_seen: set[str] = set()
         self.episodes: list[dict] = []
         self._open: dict | None = None
 
     def sample(self) -> None:
         import psutil
-        from cluster import in_spool   # (tests/cluster.py, on the path through harness)
         procs = []
         for p in psutil.process_iter(["pid", "environ", "cmdline", "status"]):
             env = p.info["environ"] or {}
-            if env.get("AIR_JOB_ID") != self.job or not in_spool(env, self.spool) \
+            if env.get("AIR_JOB_ID") != self.job or not in_spool(env, self.prefixes) \
                     or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(p.info["cmdline"] or [])
@@ -195,6 +198,8 @@ class Overlaps:
                           "cmd": cmd[:120]})
         self.samples += 1
         runs = {p["run"] for p in procs}
+        self.found += bool(procs)
+        self.runs_seen |= runs
         ranks: dict[str, int] = {}
         for p in procs:
             if p["rank"] is not None:
@@ -342,7 +347,6 @@ def _host_processes(job: str, node: str, cluster_dir) -> list:
     another cluster on the host numbers its jobs from 1 too), and the shepherds that started them (they
     outlive a daemon on purpose, and would report the kill as the job's exit)."""
     import psutil
-    from cluster import job_processes   # (tests/cluster.py, on the path through harness)
     found = job_processes(cluster_dir / "spool", [job], node)
     for p in list(found):
         try:
@@ -376,7 +380,7 @@ def chaos_run(work: Path, steps: int, args) -> dict:
     try:
         cluster.up()
         job = submit_training(cluster, work, steps, args)
-        log, overlaps = StepLog(work), Overlaps(str(job), f"{(cluster.dir / 'spool').resolve()}/")
+        log, overlaps = StepLog(work), Overlaps(str(job), cluster.dir / "spool")
         watch = Watch(log, overlaps, args.sample_every)
         watch.start()
         chaos = Chaos(cluster, job, work, args, log)
@@ -523,9 +527,11 @@ def report(work: Path, ref: Path, steps: int, got: dict, args) -> int:
     rows = [
         ("faults injected", f"{len(got['faults'])}: {shown_faults or 'none'}",
          f"one every {interval:.0f} s of the run on average (asked: {args.every:g} s)"),
-        ("overlapping runs seen", f"{len(episodes)}", f"{got['overlaps'].samples} samples of every process, "
-         f"every {args.sample_every:g} s; and {len(late)} steps logged by a run after a newer run's first step; "
-         "goal 0"),
+        ("overlapping runs seen",
+         f"{len(episodes)}" if got["overlaps"].found else "NOT MEASURED: no sample saw the job",
+         f"{got['overlaps'].samples} samples of every process, every {args.sample_every:g} s, "
+         f"{got['overlaps'].found} with the job's processes (runs {', '.join(sorted(got['overlaps'].runs_seen))}); "
+         f"and {len(late)} steps logged by a run after a newer run's first step; goal 0"),
         ("accepted jobs not completed", f"{len(lost_jobs)}" + (f": {', '.join(lost_jobs)}" if lost_jobs else ""),
          f"the training job and {len(got['others'])} preemptors; goal 0"),
         ("steps lost", f"{len(analysis.missing) + len(mismatched - set(analysis.missing))}",

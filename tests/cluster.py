@@ -83,34 +83,42 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str
         time.sleep(interval)
 
 
-def job_processes(spool: Path, job_ids: list, node: str | None = None) -> list[psutil.Process]:
-    """The live processes of these jobs of the cluster whose spool folder is `spool` (on `node` only, if
-    given), found by their environment: the job's id, and the stop-reason file their node daemon gives
-    them, in that spool (another cluster on this host numbers its jobs from 1 and names its nodes
-    node01... too)."""
+def job_processes(spool: Path, job_ids: list | None, node: str | None = None) -> list[psutil.Process]:
+    """The live processes of these jobs (None: of every job) of the cluster whose spool folder is
+    `spool` (on `node` only, if given), found by their environment: the job's id, and the stop-reason
+    file their node daemon gives them, in that spool (another cluster on this host numbers its jobs
+    from 1 and names its nodes node01... too)."""
     return [p for p, _ in job_process_envs(spool, job_ids, node)]
 
 
-def job_process_envs(spool: Path, job_ids: list, node: str | None = None) -> list[tuple[psutil.Process, dict]]:
+def job_process_envs(spool: Path, job_ids: list | None, node: str | None = None) \
+        -> list[tuple[psutil.Process, dict]]:
     """job_processes, each with its environment as it was read to find it."""
-    wanted = {str(j) for j in job_ids}
-    prefix = f"{Path(spool).resolve()}/" + (f"{node}/" if node else "")
+    wanted = None if job_ids is None else {str(j) for j in job_ids}
+    prefixes = spool_prefixes(spool, node)
     found = []
     for p in psutil.process_iter():
         try:
             env = p.environ()
-            if env.get("AIR_JOB_ID") in wanted and in_spool(env, prefix) \
-                    and (node is None or env.get("AIR_NODENAME") == node) and p.status() != psutil.STATUS_ZOMBIE:
+            if (wanted is None or env.get("AIR_JOB_ID") in wanted) and in_spool(env, prefixes) \
+                    and p.status() != psutil.STATUS_ZOMBIE:
                 found.append((p, env))
         except (psutil.Error, OSError):
             continue
     return found
 
 
-def in_spool(env: dict, prefix: str) -> bool:
-    """Whether a process's stop-reason file is under `prefix`, a resolved folder's path and a slash: the
-    file's path as the daemon wrote it is resolved the same way (a folder above may be a link)."""
-    return os.path.realpath(env.get("AIR_STOP_REASON_FILE", "") or "/nonexistent").startswith(prefix)
+def spool_prefixes(spool: Path, node: str | None = None) -> tuple[str, ...]:
+    """What the stop-reason files of the spool's runs (on `node`'s folder, if given) begin with: the
+    spool's path as given, and resolved (the daemon writes the one its configuration names)."""
+    tail = f"/{node}/" if node else "/"
+    return tuple({f"{spool}{tail}", f"{os.path.realpath(spool)}{tail}"})
+
+
+def in_spool(env: dict, prefixes: tuple[str, ...]) -> bool:
+    """Whether a process's stop-reason file is in the spool of `prefixes` (spool_prefixes). Compared as
+    text, never looked up: the path is the job's to set, and could lead into a mount that never answers."""
+    return env.get("AIR_STOP_REASON_FILE", "").startswith(prefixes)
 
 
 # airrun's own allocations end this long after airrun stops renewing them (short, so that tests see it;
@@ -236,6 +244,10 @@ class LocalCluster:
     def job_processes(self, job_ids: list[int], node: str | None = None) -> list[psutil.Process]:
         """The live processes of these jobs of this cluster (on `node` only, if given)."""
         return job_processes(self.dir / "spool", job_ids, node)
+
+    def job_process_envs(self, job_ids: list[int], node: str | None = None) -> list[tuple[psutil.Process, dict]]:
+        """job_process_envs of this cluster's spool."""
+        return job_process_envs(self.dir / "spool", job_ids, node)
 
     def start_node(self, index: int) -> int:
         """Start node0<index+1>'s daemon again (after kill_node), as its unit would."""

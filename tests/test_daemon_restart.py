@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from cluster import job_process_envs, wait_for
+from cluster import wait_for
 
 
 
@@ -21,7 +21,7 @@ CLUSTER = dict(gpus_per_node=2, node_timeout=12.0)
 def _pids_of(cluster, job_id: int) -> dict[int, str]:
     """pid -> AIR_RESTART_COUNT of every live process of the job (but the short sleeps its ranks run)."""
     out = {}
-    for p, env in job_process_envs(cluster.dir / "spool", [job_id]):
+    for p, env in cluster.job_process_envs([job_id]):
         try:
             if p.name() != "sleep":
                 out[p.pid] = env.get("AIR_RESTART_COUNT", "?")

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from air.airnoded.launcher import Launcher, StaleRun
-from cluster import LocalCluster, in_spool, job_process_envs, wait_for
+from cluster import LocalCluster, job_process_envs, job_processes, wait_for
 from air.protos import air_pb2 as pb
 
 
@@ -135,15 +135,15 @@ def test_a_node_that_loses_the_controller_stops_its_jobs_and_says_so(cluster):
     node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
     wait_for(lambda: "start 0" in (cluster.work / f"air-{job_id}.out").read_text(), what="run 0 to start")
     controller = psutil.Process(cluster.pids[0])
-    with Runs(job_id, cluster) as runs:
-        assert runs.alive() == {"0"}
-        controller.suspend()    # every node hears nothing from it, as if cut off
-        try:
-            began = time.monotonic()
-            wait_for(lambda: not runs.alive(), timeout=10, what="the node to stop the job's processes")
-            stopped_after = time.monotonic() - began
-        finally:
-            controller.resume()
+    runs = Runs(job_id, cluster)   # (looked at here only: no sampling thread)
+    assert runs.alive() == {"0"}
+    controller.suspend()    # every node hears nothing from it, as if cut off
+    try:
+        began = time.monotonic()
+        wait_for(lambda: not runs.alive(), timeout=10, what="the node to stop the job's processes")
+        stopped_after = time.monotonic() - began
+    finally:
+        controller.resume()
     assert stopped_after < 6.0                  # fenced before the controller's node timeout
     assert "stop 0" in (cluster.work / f"air-{job_id}.out").read_text()   # SIGTERM first: a chance to checkpoint
     log = (cluster.dir / "log" / f"{node}.log").read_text()
@@ -266,17 +266,9 @@ def test_a_local_cluster_taken_down_leaves_no_job_running():
         job_id = c.submit(c.write_script("left.sh", "#!/bin/sh\nsleep 300 &\nairrun -N 2 sleep 300\n"),
                           "-N", "2", "--gpus-per-node=1")
         c.wait_state(job_id, "RUNNING")
-        spool = f"{(c.dir / 'spool').resolve()}/"
 
         def alive():   # (every job's)
-            found = []
-            for p in psutil.process_iter(["environ"]):
-                try:
-                    if in_spool(p.info["environ"] or {}, spool) and p.status() != psutil.STATUS_ZOMBIE:
-                        found.append(p.pid)
-                except psutil.Error:
-                    continue
-            return found
+            return job_processes(c.dir / "spool", None)
         wait_for(lambda: len(alive()) >= 4, what="the batch script and a rank on each node")
     finally:
         c.down()

@@ -122,19 +122,6 @@ def _frozen(procs: list[psutil.Process]):
         freezer.rmdir()
 
 
-def _processes(cluster, job_id: int) -> list[psutil.Process]:
-    spool = str((cluster.dir / "spool").resolve())
-    found = []
-    for p in psutil.process_iter(["environ"]):
-        try:
-            env = p.info["environ"] or {}
-            if env.get("AIR_JOB_ID") == str(job_id) and env.get("AIR_STOP_REASON_FILE", "").startswith(spool):
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
-
-
 def _state(p: psutil.Process) -> str:
     try:
         return p.status()
@@ -147,7 +134,7 @@ def _running_sleep(cluster, name: str, line: str) -> tuple[int, str, list[psutil
     its sleep processes."""
     job_id = cluster.submit(cluster.write_script(name, f"#!/bin/sh\n{line}\nwait\n"), "-G", "1")
     node = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
-    sleeps = wait_for(lambda: [p for p in _processes(cluster, job_id) if p.name() == "sleep"] or None,
+    sleeps = wait_for(lambda: [p for p in cluster.job_processes([job_id]) if p.name() == "sleep"] or None,
                       what="the job's sleep")
     return job_id, node, sleeps
 
@@ -165,7 +152,7 @@ def test_a_run_stuck_after_sigkill_is_given_up_its_job_runs_again_and_its_node_d
     first = cluster.wait_state(job_id, "RUNNING")["nodes"][0]
     other = cluster.submit(script, "-G", "1", "-w", first)   # a job beside it, which must run on
     cluster.wait_state(other, "RUNNING")
-    procs = wait_for(lambda: len(p := _processes(cluster, job_id)) >= 2 and p, what="the job's processes")
+    procs = wait_for(lambda: len(p := cluster.job_processes([job_id])) >= 2 and p, what="the job's processes")
     with _frozen(procs):
         requeued_at = time.monotonic()
         cluster.cli("aircontrol", "requeue", str(job_id))
