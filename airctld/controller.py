@@ -668,7 +668,7 @@ class Controller:
         if self._listings_making:
             return 0
         with self._lock:
-            jobs = self.jobs.unrendered(limit or ROWS_BATCH)
+            jobs = self.jobs.unrendered(ROWS_BATCH if limit is None else limit)
         if not jobs:
             return 0
         items = squeue.compile_format(squeue.SQUEUE_DEFAULT, squeue.job_fields(self.clock()))
