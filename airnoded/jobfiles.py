@@ -54,8 +54,8 @@ JANITOR_RETRY_S = 60.0    # how often what could not be removed is tried again
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _names = itertools.count()
-# linux/fs.h, as x86, arm, riscv and s390 number them (on ppc, mips and sparc the call is refused, and
-# spread_runs does nothing)
+# linux/fs.h, as 64-bit x86, arm, riscv and s390 number them (elsewhere, 32-bit systems included, the
+# call is refused, and spread_runs does nothing)
 _FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_TOPDIR_FL = 0x80086601, 0x40086602, 0x00020000
 _janitors: dict[Path, "_Janitor"] = {}
 _janitors_lock = threading.Lock()

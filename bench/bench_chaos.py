@@ -524,13 +524,14 @@ def report(work: Path, ref: Path, steps: int, got: dict, args) -> int:
     counts = {k: sum(f.kind == k for f in got["faults"]) for k in KINDS}
     shown_faults = ", ".join(f"{k} {n}" for k, n in counts.items() if n)
     interval = (analysis.end - analysis.start) / len(got["faults"]) if got["faults"] else 0.0
+    seen_text = ", ".join(sorted(got["overlaps"].runs_seen)) or "none"
     rows = [
         ("faults injected", f"{len(got['faults'])}: {shown_faults or 'none'}",
          f"one every {interval:.0f} s of the run on average (asked: {args.every:g} s)"),
         ("overlapping runs seen",
          f"{len(episodes)}" if got["overlaps"].found else "NOT MEASURED: no sample saw the job",
          f"{got['overlaps'].samples} samples of every process, every {args.sample_every:g} s, "
-         f"{got['overlaps'].found} with the job's processes (runs {', '.join(sorted(got['overlaps'].runs_seen))}); "
+         f"{got['overlaps'].found} with the job's processes (runs {seen_text}); "
          f"and {len(late)} steps logged by a run after a newer run's first step; goal 0"),
         ("accepted jobs not completed", f"{len(lost_jobs)}" + (f": {', '.join(lost_jobs)}" if lost_jobs else ""),
          f"the training job and {len(got['others'])} preemptors; goal 0"),
@@ -554,6 +555,9 @@ def report(work: Path, ref: Path, steps: int, got: dict, args) -> int:
         misses.append(f"ETTR {analysis.ettr:.1%} < 90%")
     if episodes or late:
         misses.append(f"{len(episodes)} overlapping runs, {len(late)} steps of an older run logged late")
+    seen = got["overlaps"].runs_seen
+    if len(seen) < min(analysis.runs, 2):   # (one run seen: no two could have been seen at once)
+        misses.append(f"overlaps not measured: the sampler saw the job's runs {sorted(seen)} of {analysis.runs}")
     if lost_jobs:
         misses.append(f"{len(lost_jobs)} accepted jobs not completed")
     if analysis.missing or mismatched or not equal:
@@ -574,7 +578,9 @@ def report(work: Path, ref: Path, steps: int, got: dict, args) -> int:
     (work / "report.md").write_text(text + "\n")
     raw = {"steps": got["steps"], "restored": got["restored"], "events": got["events"], "ranks": got["ranks"],
            "faults": [vars(f) for f in got["faults"]], "overlaps": episodes, "final": got["final"],
-           "others": got["others"], "total_steps": steps}
+           "others": got["others"], "total_steps": steps,
+           "sampler": {"samples": got["overlaps"].samples, "found": got["overlaps"].found,
+                       "runs_seen": sorted(got["overlaps"].runs_seen)}}
     (work / "raw.json").write_text(json.dumps(raw, indent=1))   # to work the figures out again
     write_report("chaos", text, args.write,
            f"tinygpt ({steps} steps) on 2 of 3 local nodes (2 ranks each), a checkpoint every "
