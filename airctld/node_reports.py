@@ -22,6 +22,7 @@ from air.protos import air_pb2 as pb
 from air.protos import signals
 from air.protos.config import Config
 from air.protos.credential import Identity
+from air.protos.limits import MAX_HEALTH_PER_BEAT
 from air.protos.states import ACTIVE_PHASES, ExitCode, JobPhase, NodeState, Reason
 
 log = logging.getLogger("airctld")
@@ -215,12 +216,19 @@ class NodeReports:
                     changes.append((job, events.node_lost(job, now, Reason.JOB_LOST,
                                                      f"node {req.name} no longer has the job")))
             failing = []
-            health = self._health_not_taken(req)
+            sent = list(req.health)
+            if len(sent) > MAX_HEALTH_PER_BEAT:
+                # a daemon sends no more; a message's worth (a million) written under the lock would hold up
+                # every node's heartbeat until the nodes fenced themselves
+                log.warning("node %s sent %d health events in one heartbeat; the first %d are taken",
+                            req.name, len(sent), MAX_HEALTH_PER_BEAT)
+                sent = sent[:MAX_HEALTH_PER_BEAT]
+            health = self._health_not_taken(req, sent)
             with self.store.transaction():   # health events, drain and job changes: all or none
-                if req.health and req.boot_id:
+                if sent and req.boot_id:
                     # what this heartbeat carried, as taken once it commits (run first of what the commit runs;
                     # a failure before the commit has them taken when they come again)
-                    taken = ((req.boot_id, req.started_ns), frozenset(e.number for e in req.health if e.number))
+                    taken = ((req.boot_id, req.started_ns), frozenset(e.number for e in sent if e.number))
                     self.store.after_commit(lambda: self._health_taken.__setitem__(req.name, taken))
                 if health:
                     failing = self._health(node, health, now, {old.job_id for old, _ in changes})
@@ -286,8 +294,8 @@ class NodeReports:
         self._mark_dirty()
         log.info("node %s back in service: %s cleared", node.name, node.drain_signal)
 
-    def _health_not_taken(self, req: pb.HeartbeatRequest) -> list:
-        """The heartbeat's health events less those its daemon's last heartbeat taken carried. A node
+    def _health_not_taken(self, req: pb.HeartbeatRequest, sent: list) -> list:
+        """The heartbeat's health events (`sent`) less those its daemon's last heartbeat taken carried. A node
         sends its events until a heartbeat carrying them is answered, every one not yet answered in each
         heartbeat: an answer lost after the commit has them come again, and each would be recorded, and
         drain the node (which an operator may have resumed meanwhile), a second time. The daemon numbers
@@ -298,8 +306,8 @@ class NodeReports:
         taken."""
         taken = self._health_taken.get(req.name)
         if not req.boot_id or taken is None or taken[0] != (req.boot_id, req.started_ns):
-            return list(req.health)
-        return [e for e in req.health if not e.number or e.number not in taken[1]]
+            return sent
+        return [e for e in sent if not e.number or e.number not in taken[1]]
 
     def _health(self, node: Node, health, now: float, already: set[int]) -> list[tuple[Job, Job]]:
         """Record a node's health events; a critical one drains the node and, where its kind says so,

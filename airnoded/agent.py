@@ -25,6 +25,7 @@ from air.airnoded.shepherd import boot_id
 from air.airnoded.steps import StepError, StepLimit, StepRunner, Stopping
 from air.protos import air_pb2 as pb
 from air.protos import rlimits, signals
+from air.protos.limits import MAX_HEALTH_PER_BEAT
 from air.protos import air_pb2_grpc as rpc
 from air.protos.credential import signed
 
@@ -230,7 +231,7 @@ class Agent:
         runs = self._runs_here()   # first: a run given up since goes with its end and its drain
         with self._lock:
             exits = list(self._exits.values())
-            health = list(self._health)
+            health = self._health[:MAX_HEALTH_PER_BEAT]   # (the oldest; the rest go with the next beats)
         self._seq += 1
         reply = self._registry.Heartbeat(
             pb.HeartbeatRequest(name=self.node.name, running=sorted({j for j, _ in self.launcher.runs_here()}),

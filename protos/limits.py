@@ -6,6 +6,8 @@ MIB = 1024 * 1024
 MAX_CONSTRAINT_CHARS = 1024   # one --constraint
 MAX_NODE_NAMES = 65536        # one -w or -x
 MAX_HET_COMPONENTS = 128      # components of one heterogeneous job (#SBATCH hetjob)
+MAX_HEALTH_PER_BEAT = 1000    # health events in one heartbeat: a node daemon sends its oldest so many
+#                               (the rest in the next), the controller takes no more
 
 
 def memory_limit_bytes(mem_per_node_mb: int, mem_per_gpu_mb: int, gpus_here: int) -> int:

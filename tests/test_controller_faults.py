@@ -127,7 +127,7 @@ def test_a_burst_of_submissions_concurrent_with_passes_and_readers_never_raises(
             try:
                 while not stop.is_set():
                     fn()
-            except Exception as e:   # anything at all is a failure of the test
+            except Exception:   # anything at all is a failure of the test
                 errors.append(traceback.format_exc())
                 stop.set()
         return threading.Thread(target=body, daemon=True)
@@ -326,29 +326,19 @@ def test_health_events_of_a_heartbeat_answered_register_again_are_taken_when_sen
     assert c.nodes["n1"].state == NodeState.DRAIN
 
 
-def test_a_node_daemon_sends_its_events_again_after_a_lost_answer_and_the_controller_takes_them_once(make, tmp_path):
-    """The node daemon's own heartbeat (Agent._beat) against the controller in this process: the answer
-    to a committed heartbeat is lost on its way back, so the daemon keeps its events and sends them
-    again with the next; the controller records each once, and a later event is recorded too."""
+def _beating_agent(c, tmp_path, answer):
+    """A node daemon's Agent, bare but for its heartbeat (Agent._beat) to the controller `c` in this
+    process: `answer(request, reply)` is what the daemon gets back (or raises)."""
     import threading
     from types import SimpleNamespace
 
     from air.airnoded import agent as agent_module
     from air.airnoded.givenup import GivenUp
-    build, _ = make
-    c = build(Clients())
-    lost = []   # per heartbeat: whether its answer is lost after the controller took it
-
-    class Lost(Exception):
-        pass
 
     class Registry:
         @staticmethod
         def Heartbeat(req, timeout):
-            reply = c.heartbeat(req)
-            if lost.pop(0):
-                raise Lost()
-            return reply
+            return answer(req, c.heartbeat(req))
 
     a = object.__new__(agent_module.Agent)
     a._lock, a._wake, a._health, a._drains, a._exits = threading.Lock(), threading.Event(), [], {}, {}
@@ -361,26 +351,73 @@ def test_a_node_daemon_sends_its_events_again_after_a_lost_answer_and_the_contro
     a._progress = lambda runs, began, ending=(): []
     a.metrics = SimpleNamespace(heartbeat_rtt=SimpleNamespace(observe=lambda seconds: None))
     a._renew = lambda began: None
+    return a
 
-    def xid(gpu, critical=False):
-        return pb.HealthEvent(gpu=gpu, signal="XID 79" if critical else "XID 13", message="m", time=5.0,
-                              critical=critical)
 
-    a._health_event(xid(1))
-    a._health_event(xid(1))   # the same fault twice in one check: two events
-    a._health_event(xid(0, critical=True))
+def _xid(gpu, critical=False):
+    return pb.HealthEvent(gpu=gpu, signal="XID 79" if critical else "XID 13", message="m", time=5.0, critical=critical)
+
+
+def _xid_rows(c):
+    return [(e["gpu"], e["signal"]) for e in c.store.node_events("n1") if e["signal"].startswith("XID")]
+
+
+def test_a_node_daemon_sends_its_events_again_after_a_lost_answer_and_the_controller_takes_them_once(make, tmp_path):
+    """The node daemon's own heartbeat (Agent._beat) against the controller in this process: the answer
+    to a committed heartbeat is lost on its way back, so the daemon keeps its events and sends them
+    again with the next; the controller records each once, and a later event is recorded too."""
+    build, _ = make
+    c = build(Clients())
+    lost = []   # per heartbeat: whether its answer is lost after the controller took it
+
+    class Lost(Exception):
+        pass
+
+    def answer(req, reply):
+        if lost.pop(0):
+            raise Lost()
+        return reply
+
+    a = _beating_agent(c, tmp_path, answer)
+    a._health_event(_xid(1))
+    a._health_event(_xid(1))   # the same fault twice in one check: two events
+    a._health_event(_xid(0, critical=True))
     lost.append(True)
     with pytest.raises(Lost):
         a._beat(0.0)
     assert len(a._health) == 3   # not answered: kept, to be sent again
     c.update_node("n1", NodeState.UP, "", ROOT)   # an operator resumes the node meanwhile
-    a._health_event(xid(2))
+    a._health_event(_xid(2))
     lost.append(False)
     a._beat(0.0)
     assert a._health == []
-    rows = [(e["gpu"], e["signal"]) for e in c.store.node_events("n1") if e["signal"].startswith("XID")]
-    assert rows == [(1, "XID 13"), (1, "XID 13"), (0, "XID 79"), (2, "XID 13")]
+    assert _xid_rows(c) == [(1, "XID 13"), (1, "XID 13"), (0, "XID 79"), (2, "XID 13")]
     assert c.nodes["n1"].state == NodeState.UP   # the copy of the XID 79 did not drain it again
+
+
+def test_a_heartbeat_carries_a_bounded_number_of_health_events_and_the_rest_go_with_the_next(make, tmp_path,
+                                                                                          monkeypatch):
+    """A daemon with more health events queued than a heartbeat may carry sends its oldest, the rest with
+    the next beats, none lost or taken twice; a heartbeat that carries more anyway (a daemon's bug: a
+    message of them, written under the controller's lock, would hold up every node's heartbeat) has
+    only the first so many taken."""
+    from air.airctld import node_reports
+    from air.airnoded import agent as agent_module
+    monkeypatch.setattr(agent_module, "MAX_HEALTH_PER_BEAT", 3)
+    monkeypatch.setattr(node_reports, "MAX_HEALTH_PER_BEAT", 3)
+    build, _ = make
+    c = build(Clients())
+    carried = []
+    a = _beating_agent(c, tmp_path, lambda req, reply: carried.append(len(req.health)) or reply)
+    for gpu in range(7):   # a backlog while the controller was away
+        a._health_event(_xid(gpu))
+    while a._health:
+        a._beat(0.0)
+    assert carried == [3, 3, 1]
+    assert _xid_rows(c) == [(gpu, "XID 13") for gpu in range(7)]   # each once, oldest first
+    too_many = [pb.HealthEvent(number=n, gpu=10 + n, signal="XID 13", message="m", time=6.0) for n in range(1, 6)]
+    c.heartbeat(pb.HeartbeatRequest(name="n1", health=too_many, boot_id="b2", started_ns=20, seq=1))
+    assert _xid_rows(c)[7:] == [(11, "XID 13"), (12, "XID 13"), (13, "XID 13")]
 
 
 # ------------------------------------------------------------ a node that does not answer a launch
