@@ -218,8 +218,9 @@ class NodeReports:
             failing = []
             sent = list(req.health)
             if len(sent) > MAX_HEALTH_PER_BEAT:
-                # a daemon sends no more; a message's worth (a million) written under the lock would hold up
-                # every node's heartbeat until the nodes fenced themselves
+                # a daemon sends no more; a message's worth (hundreds of thousands) written under the lock
+                # would hold up every node's heartbeat until the nodes fenced themselves. The reply says how
+                # many are left: the daemon keeps those and sends them again.
                 log.warning("node %s sent %d health events in one heartbeat; the first %d are taken",
                             req.name, len(sent), MAX_HEALTH_PER_BEAT)
                 sent = sent[:MAX_HEALTH_PER_BEAT]
@@ -246,7 +247,8 @@ class NodeReports:
         for r in stale:
             log.warning("job %d: run %d still runs on %s, but the job is on run %d; killing it", r.job_id, r.run,
                         req.name, self.jobs.get(r.job_id).restart_count if self.jobs.get(r.job_id) else -1)
-        return pb.HeartbeatReply(acked=sorted(reported), kill=kill, stale=stale)
+        return pb.HeartbeatReply(acked=sorted(reported), kill=kill, stale=stale,
+                                 health_left=len(req.health) - len(sent))
 
     def _take_progress(self, node: str, reports, now: float) -> None:
         """Ranks' progress from a node: when the job last moved (hang detection), its newest report

@@ -242,8 +242,8 @@ class Agent:
                                 boot_id=self._boot_id, started_ns=self._started_ns, seq=self._seq),
             timeout=min(CALL_TIMEOUT_S, self.interval))
         self.metrics.heartbeat_rtt.observe(lease_clock() - began)
-        if not reply.reregister:
-            self._delivered(health)
+        if not reply.reregister:   # (those past the controller's bound stay, to go again)
+            self._delivered(health[:max(0, len(health) - reply.health_left)])
         if reply.reregister:
             self._registered = False
             self._wake.set()

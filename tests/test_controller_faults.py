@@ -398,26 +398,46 @@ def test_a_node_daemon_sends_its_events_again_after_a_lost_answer_and_the_contro
 def test_a_heartbeat_carries_a_bounded_number_of_health_events_and_the_rest_go_with_the_next(make, tmp_path,
                                                                                           monkeypatch):
     """A daemon with more health events queued than a heartbeat may carry sends its oldest, the rest with
-    the next beats, none lost or taken twice; a heartbeat that carries more anyway (a daemon's bug: a
-    message of them, written under the controller's lock, would hold up every node's heartbeat) has
-    only the first so many taken."""
+    the next beats, none lost or taken twice. A heartbeat that carries more than the controller takes
+    (another version's bound, or a daemon's bug: a message of them, written under the controller's lock,
+    would hold up every node's heartbeat) has the first so many taken, and the daemon keeps the rest,
+    a drain for a run given up among them, to send them again."""
     from air.airctld import node_reports
     from air.airnoded import agent as agent_module
+    from air.protos import signals
     monkeypatch.setattr(agent_module, "MAX_HEALTH_PER_BEAT", 3)
     monkeypatch.setattr(node_reports, "MAX_HEALTH_PER_BEAT", 3)
     build, _ = make
     c = build(Clients())
-    carried = []
-    a = _beating_agent(c, tmp_path, lambda req, reply: carried.append(len(req.health)) or reply)
+    carried, left = [], []
+
+    def answer(req, reply):
+        carried.append(len(req.health))
+        left.append(reply.health_left)
+        return reply
+
+    a = _beating_agent(c, tmp_path, answer)
     for gpu in range(7):   # a backlog while the controller was away
         a._health_event(_xid(gpu))
     while a._health:
         a._beat(0.0)
-    assert carried == [3, 3, 1]
+    assert carried == [3, 3, 1] and left == [0, 0, 0]
     assert _xid_rows(c) == [(gpu, "XID 13") for gpu in range(7)]   # each once, oldest first
-    too_many = [pb.HealthEvent(number=n, gpu=10 + n, signal="XID 13", message="m", time=6.0) for n in range(1, 6)]
-    c.heartbeat(pb.HeartbeatRequest(name="n1", health=too_many, boot_id="b2", started_ns=20, seq=1))
-    assert _xid_rows(c)[7:] == [(11, "XID 13"), (12, "XID 13"), (13, "XID 13")]
+
+    monkeypatch.setattr(agent_module, "MAX_HEALTH_PER_BEAT", 5)   # a daemon that sends more than is taken
+    carried.clear(), left.clear()
+    for gpu in range(10, 17):
+        a._health_event(_xid(gpu))
+    drain = pb.HealthEvent(gpu=-1, signal=signals.KILL_TASK_FAILED, critical=True, time=6.0, message="stuck")
+    a._health_event(drain, drain_for=(7, 0))
+    a._beat(0.0)
+    a._beat(0.0)
+    assert carried == [5, 5] and left == [2, 2]
+    assert (7, 0) not in a.given_up and len(a._health) == 2   # its drain not taken yet: kept, not given up
+    a._beat(0.0)
+    assert carried == [5, 5, 2] and left == [2, 2, 0] and a._health == []
+    assert (7, 0) in a.given_up and c.nodes["n1"].state == NodeState.DRAIN
+    assert _xid_rows(c)[7:] == [(gpu, "XID 13") for gpu in range(10, 17)]   # each once, in order
 
 
 # ------------------------------------------------------------ a node that does not answer a launch
