@@ -1,14 +1,17 @@
-"""airbatch: submit a batch script. Imports stay light; grpc loads only when the job is sent."""
+"""airbatch: submit a batch script. Imports stay light: click only where aircli.batchargs leaves the
+command line to it (help, a mistake, a rare form), protobuf never."""
 from __future__ import annotations
 
 import os
-import socket
+import sys
+from typing import TYPE_CHECKING
 
-import click
-
-from air.aircli.client import CliError, entry
+from air.aircli.client import CliError, plain
 from air.aircli.options import (FLAG_KINDS, OPTIONS, SLURM_ONLY, OptionError, export_environment,
                                 from_environment, merge_het, not_supported, parse_directives, resolve_tasks)
+
+if TYPE_CHECKING:
+    import click
 
 SUBMIT_LINE_CHARS = 4096   # as airctld keeps it (validate.MAX_SUBMIT_LINE)
 
@@ -41,12 +44,13 @@ def _cli_values(kwargs: dict) -> dict[str, object]:
             continue
         try:
             values[opt.dest] = convert(opt, None if opt.kind in FLAG_KINDS else raw)
-        except OptionError as e:
-            raise click.BadParameter(str(e), param_hint=opt.long) from None
+        except OptionError as e:   # (as click's BadParameter says it)
+            raise CliError(f"Invalid value for {opt.long}: {e}") from None
     return values
 
 
 def _params() -> list[click.Parameter]:
+    import click
     params: list[click.Parameter] = []
     for opt in OPTIONS:
         decls = [opt.long] + ([opt.short] if opt.short else [])
@@ -70,18 +74,18 @@ def _params() -> list[click.Parameter]:
 
 def _refuse(ctx: click.Context, param: click.Parameter, value) -> None:
     if value is not None and value is not False:
-        raise click.UsageError(not_supported(param.opts[0]))
+        raise CliError(not_supported(param.opts[0]))
 
 
 def submit_line() -> str:
     """The command as typed, for history (SubmitLine); cut to what the controller keeps."""
     import shlex
-    import sys
     line = shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:])
     return line if len(line) <= SUBMIT_LINE_CHARS else line[:SUBMIT_LINE_CHARS - 3] + "..."
 
 
-def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
+def submit(prog: str, script, args, parsable, test_only, wrap, config, **kwargs) -> int:
+    """Submit as the command line says (click's parameters, or aircli.batchargs' same); the exit code."""
     if wrap is not None:
         if script:
             raise CliError("give a script or --wrap, not both")
@@ -132,7 +136,7 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         mem_per_node_mb=values.get("mem", 0), mem_per_gpu_mb=values.get("mem_per_gpu", 0),
         hang_timeout_s=values.get("hang_timeout", 0),
         no_requeue=bool(values.get("no_requeue")) and not values.get("requeue"), retries=values.get("retries", 0),
-        submit_line=submit_line(), submit_host=socket.gethostname()[:255], comment=values.get("comment", ""),
+        submit_line=submit_line(), submit_host=os.uname().nodename[:255], comment=values.get("comment", ""),
         wckey=values.get("wckey", ""), mail_type=values.get("mail_type", ""), mail_user=values.get("mail_user", ""),
         open_truncate=values.get("open_mode") == "truncate", nodelist=values.get("nodelist", []),
         exclude=values.get("exclude", []), constraint=values.get("constraint", ""),
@@ -146,17 +150,18 @@ def submit(script, args, parsable, test_only, wrap, config, **kwargs) -> None:
         req["warn_signal"], req["warn_time_s"], req["warn_batch_only"] = values["signal"]
         # sbatch's meaning, when called so: without B: the steps' ranks only (the batch shell would die of
         # a signal it does not expect); airbatch's own: the whole job
-        req["warn_steps_only"] = not req["warn_batch_only"] and click.get_current_context().info_name == "sbatch"
+        req["warn_steps_only"] = not req["warn_batch_only"] and prog == "sbatch"
     client = Client(config)
     reply = client.submit_fields({"job": req, "test_only": test_only})
     if test_only:
-        click.echo(f"{click.get_current_context().info_name}: job {reply['message']}")   # (sbatch: as sbatch)
+        print(f"{prog}: job {reply['message']}", flush=True)   # (sbatch: as sbatch)
     elif parsable:
-        click.echo(str(reply["job_id"]))
+        print(reply["job_id"], flush=True)
     else:
-        click.echo(f"Submitted batch job {reply['job_id']}")
+        print(f"Submitted batch job {reply['job_id']}", flush=True)
     if values.get("wait") and not test_only:
-        raise click.exceptions.Exit(_wait(client, reply["job_id"]))
+        return _wait(client, reply["job_id"])
+    return 0
 
 
 def _wait(client, job_id: int) -> int:
@@ -183,11 +188,40 @@ def _wait(client, job_id: int) -> int:
         delay = min(delay * 1.5, 5.0)
 
 
-command = click.Command(
-    "airbatch", callback=submit, params=_params(),
-    context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
-    help="Submit a batch script to AIR. Options may also come from #AIR or #SBATCH lines in the script.")
-main = entry(command, "airbatch")
+def _submit_from_click(**params) -> int:
+    import click
+    return submit(click.get_current_context().info_name, **params)
+
+
+def _command() -> click.Command:
+    import click
+    return click.Command(
+        "airbatch", callback=_submit_from_click, params=_params(),
+        context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
+        help="Submit a batch script to AIR. Options may also come from #AIR or #SBATCH lines in the script.")
+
+
+def __getattr__(name: str):   # `command`, the click command, made when first asked for
+    if name == "command":
+        globals()["command"] = _command()
+        return globals()["command"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def start(prog: str, argv: list[str]) -> int:
+    """airbatch (or sbatch) on argv: read by aircli.batchargs where it can, else by click."""
+    from air.aircli.batchargs import parse
+    completing = f"_{prog}_COMPLETE".replace("-", "_").upper() in os.environ   # (click's shell completion)
+    params = None if completing else parse(argv)
+    if params is None:
+        from air.aircli.client import run
+        return run(__getattr__("command"), prog, argv)
+    return plain(lambda: submit(prog, **params), prog)
+
+
+def main() -> None:
+    sys.exit(start("airbatch", sys.argv[1:]))
+
 
 if __name__ == "__main__":
     main()

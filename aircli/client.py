@@ -4,23 +4,32 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Callable
 
-import click
+if TYPE_CHECKING:   # (the generated code is imported when a Client is made, not by every command's start;
+    import click    # click when a command is run through it: airbatch's common forms never load it)
 
-if TYPE_CHECKING:   # (the generated code is imported when a Client is made, not by every command's start)
     from air.protos import air_pb2 as pb
 
 
-class CliError(click.ClickException):
+class CliError(Exception):
     """A failure the user sees as one line on stderr, with a non-zero exit; `status`: the gRPC status
     name when the controller answered so (UNAVAILABLE: it could not be reached)."""
 
     def __init__(self, message: str, status: str = ""):
         super().__init__(message)
+        self.message = message
         self.status = status
+
+    def format_message(self) -> str:
+        return self.message
 
 
 def run(command: click.Command, prog: str, argv: list[str] | None = None) -> int:
     """Run a click command, turning every failure into `prog: error: message` and exit 1."""
+    return plain(lambda: _click_main(command, prog, argv), prog)
+
+
+def _click_main(command: click.Command, prog: str, argv: list[str] | None) -> int:
+    import click
     try:   # without standalone mode, click returns an Exit's code instead of raising it
         code = command.main(args=argv, prog_name=prog, standalone_mode=False)
         return code if isinstance(code, int) and not isinstance(code, bool) else 0
@@ -29,10 +38,23 @@ def run(command: click.Command, prog: str, argv: list[str] | None = None) -> int
     except click.Abort:
         return 130
     except click.ClickException as e:
+        raise CliError(e.format_message()) from None
+
+
+def plain(call: Callable[[], int], prog: str) -> int:
+    """call()'s exit code, every CliError made `prog: error: message` and exit 1."""
+    try:
+        return call()
+    except CliError as e:
         print(f"{prog}: error: {_one_line(e.format_message())}", file=sys.stderr)
         return 1
-    except BrokenPipeError:
-        return 0
+    except BrokenPipeError:   # (a reader gone: exit 1 as click does, and no second error at exit's flush)
+        import os
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -30,9 +30,10 @@ MARK = "# A Slurm command name for AIR, written by: aircontrol slurm-commands in
 
 
 def main(name: str) -> None:
-    """The entry of an installed front end."""
-    command = importlib.import_module(FRONT_ENDS[name]).command
-    sys.exit(run(command, name))
+    """The entry of an installed front end (through the tool's own `start` where it has one)."""
+    module = importlib.import_module(FRONT_ENDS[name])
+    start = getattr(module, "start", None)
+    sys.exit(start(name, sys.argv[1:]) if start else run(module.command, name))
 
 
 def _ours(path: Path) -> bool:

@@ -1,0 +1,93 @@
+"""airbatch's command line read without click (aircli.batchargs), held to click's own reading of the same
+argv: where batchargs answers, click must give the command the same parameters; where click would refuse
+or do something else (help), batchargs must leave it to click."""
+import subprocess
+import sys
+
+import click
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from air.aircli import batch, batchargs
+from air.aircli.client import CliError
+from air.aircli.options import FLAG_KINDS, OPTIONS, SLURM_ONLY
+
+VALUED = [o.long for o in OPTIONS if o.kind not in FLAG_KINDS] + ["--wrap", "--config"]
+FLAGS = [o.long for o in OPTIONS if o.kind in FLAG_KINDS] + ["--parsable", "--test-only"]
+SHORT_VALUED = [o.short for o in OPTIONS if o.short and o.kind not in FLAG_KINDS]
+SHORT_FLAGS = [o.short for o in OPTIONS if o.short and o.kind in FLAG_KINDS]
+WORDS = ["job.sh", "train.sh", "4", "1:00:00", "a b", "", ":", "node[01-02]", "x=y", "é", "-", "--", "-5",
+         "-x", "--nodes", "-h", "--help", "--frobnicate", "-Z", "--hold=1", "-HW", "-Nfoo", "--job-name=",
+         "--job-name=-x", "-J=x"] + [long for long, _, _ in SLURM_ONLY[:6]] + \
+        [short for _, short, _ in SLURM_ONLY if short][:4]
+
+
+def click_reading(argv: list[str]):
+    """The parameters click gives airbatch's callback for argv, or "refused" (an error, or help)."""
+    try:
+        return batch.command.make_context("airbatch", list(argv)).params
+    except (click.ClickException, click.exceptions.Exit, CliError):
+        return "refused"
+
+
+def everyday_token_lists():
+    """Options in the forms people and scripts write, then maybe a script and its arguments."""
+    option = st.one_of(
+        st.tuples(st.sampled_from(VALUED), st.sampled_from(["4", "1:00", "gpu", "a b", "", "x=y", "é"]))
+        .map(lambda p: [f"{p[0]}={p[1]}"] if p[1] == "" else [p[0], p[1]]),
+        st.tuples(st.sampled_from(VALUED), st.sampled_from(["4", "-1", "a=b", ""])).map(lambda p: [f"{p[0]}={p[1]}"]),
+        st.tuples(st.sampled_from(SHORT_VALUED), st.sampled_from(["4", "gpu", "1:00"]))
+        .flatmap(lambda p: st.sampled_from([[p[0], p[1]], [p[0] + p[1]]])),
+        st.sampled_from(FLAGS + SHORT_FLAGS).map(lambda f: [f]),
+    )
+    tail = st.one_of(st.just([]), st.lists(st.sampled_from(WORDS), max_size=4).map(lambda rest: ["job.sh"] + rest))
+    return st.tuples(st.lists(option, max_size=6), tail).map(lambda p: [t for o in p[0] for t in o] + p[1])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(WORDS + VALUED + FLAGS + SHORT_VALUED + SHORT_FLAGS),
+                          st.text(max_size=6)), max_size=8))
+def test_where_batchargs_reads_a_command_line_click_reads_it_the_same(argv):
+    fast = batchargs.parse(argv)
+    if fast is not None:
+        assert click_reading(argv) == fast, argv
+
+
+@settings(max_examples=300, deadline=None)
+@given(everyday_token_lists())
+def test_batchargs_reads_every_everyday_command_line_as_click_does(argv):
+    assert batchargs.parse(argv) == click_reading(argv), argv
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["--help"], ["--", "job.sh"], ["-HW", "job.sh"], ["--hold=yes", "job.sh"],
+                                  ["--nodes"], ["-J", "-x", "job.sh"], ["--frobnicate", "job.sh"],
+                                  ["--gpu-bind", "closest", "job.sh"], ["-v", "job.sh"]])
+def test_help_mistakes_and_rare_forms_are_left_to_click(argv):
+    assert batchargs.parse(argv) is None
+
+
+def test_a_value_click_refuses_is_refused_in_the_same_words_either_way(tmp_path, capsys):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\ntrue\n")
+    for argv in (["--nodes", "0", str(script)], ["-t", "soon", str(script)], ["--wrap", "true", str(script)]):
+        assert batch.start("airbatch", argv) == 1
+        fast = capsys.readouterr().err
+        from air.aircli.client import run
+        assert run(batch.command, "airbatch", argv) == 1
+        assert capsys.readouterr().err == fast and fast.startswith("airbatch: error: "), (argv, fast)
+
+
+def test_an_everyday_airbatch_never_imports_click(tmp_path):
+    """(The point of batchargs: a third of airbatch's start.) A submission to a controller that is not
+    there fails with its one line, and click was never loaded; help still comes from click."""
+    config = tmp_path / "air.toml"
+    config.write_text('[controller]\naddress = "127.0.0.1:9"\nauth = "none"\n')
+    code = ("import sys\nfrom air.aircli import batch\n"
+            "code = batch.start('airbatch', sys.argv[1:])\nprint(code, 'click' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, "--config", str(config), "-H", "-N", "1", "--wrap", "true"],
+                         capture_output=True, text=True, cwd="/")
+    assert out.stdout.split() == ["1", "False"], out
+    assert "cannot reach airctld" in out.stderr
+    out = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, cwd="/")
+    assert out.stdout.split()[-2:] == ["0", "True"] and "--job-name" in out.stdout, out
