@@ -148,17 +148,18 @@ class NodeReports:
             self.nodes[req.name] = node = evolve(node, last_heartbeat=now)
             self.heard[req.name] = self.mono()
             self.suspect.pop(req.name, None)
-            self.telemetry[req.name] = list(req.gpus)
+            self.telemetry[req.name] = list(req.gpus[:len(node.gpus)])   # (no more than it registered)
             if req.progress:
                 self._take_progress(req.name, req.progress, now)
             if node.state == NodeState.DRAIN and node.drain_signal and not req.ongoing:
                 self._maybe_return(node, now)
             reported = {e.job_id for e in req.exits}
-            changes = []
+            changes, ended = [], set()
             for e in req.exits:
                 job = self.jobs.get(e.job_id)
                 if job is not None and job.phase in ACTIVE_PHASES and job.batch_node == req.name \
-                        and e.run == job.restart_count:   # an older run's exit says nothing of this one
+                        and e.run == job.restart_count and job.job_id not in ended:   # (an older run's exit says
+                    ended.add(job.job_id)   # nothing of this one; a copy of an exit is not a second end)
                     if e.fenced:   # the node lost the controller and stopped it: a node failure
                         changes.append((job, events.node_lost(job, now, Reason.NODE_FAIL,
                                                               f"node {req.name} fenced itself: {e.detail}")))
@@ -177,11 +178,14 @@ class NodeReports:
             runs = {(r.job_id, r.run) for r in req.runs}
             launching = {j for j, _ in self._launching}
             inherited = self.mono() < self._inherited_until
+            earliest: dict[int, int] = {}   # job id -> its earliest run here
+            for j, r in runs:
+                earliest[j] = min(r, earliest.get(j, r))
             for job_id, waits in list(self.fence_wait.items()):   # this node answers: without that job's runs?
                 job = self.jobs.get(job_id)
                 if req.name not in waits or job is None:
                     pass
-                elif any(j == job_id and r < job.restart_count for j, r in runs):   # an earlier run still here
+                elif earliest.get(job_id, job.restart_count) < job.restart_count:   # an earlier run still here
                     # (killed below as stale): its node renews its lease by answering, so the fence's
                     # deadline says nothing while it does; the job waits until the node reports it gone
                     waits[req.name] = max(waits[req.name], self.heard[req.name] + self.config.controller.fenced_by_s)
@@ -260,8 +264,8 @@ class NodeReports:
         for p in reports:
             job = self.jobs.get(p.job_id)
             if job is None or job.phase not in ACTIVE_PHASES or node not in job.node_names \
-                    or p.run != job.restart_count:
-                continue   # not this node's, or a stale run's
+                    or p.run != job.restart_count or p.job_id in moved:
+                continue   # not this node's, a stale run's, or a copy (a daemon sends one a run a beat)
             age = max(0.0, p.age_s)
             moved[p.job_id] = max(moved.get(p.job_id, self.last_progress.get(p.job_id, 0.0)), now - age)
             if job.phase == JobPhase.RUNNING:

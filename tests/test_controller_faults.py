@@ -440,6 +440,28 @@ def test_a_heartbeat_carries_a_bounded_number_of_health_events_and_the_rest_go_w
     assert _xid_rows(c)[7:] == [(gpu, "XID 13") for gpu in range(10, 17)]   # each once, in order
 
 
+def test_copies_in_a_heartbeat_are_taken_once_and_its_gpu_readings_are_the_nodes_gpus(make):
+    """A daemon sends a run's exit and its progress once a beat, and a reading for each of its GPUs. A
+    heartbeat that carries copies (a daemon's bug, or a hostile one: each copy was a job end or a row
+    written under the controller's lock) ends the job once, with one event, keeps one report a job, and
+    keeps readings for no more GPUs than the node registered."""
+    build, _ = make
+    c = build(Clients())
+    done, runs_on = _start(c), _start(c)
+    _beat(c, (done, 0), (runs_on, 0))
+    end = pb.JobExit(job_id=done, run=0, exit_code=3)
+    reports = [pb.JobProgress(job_id=j, run=0, report=f'{{"step": {i}}}') for j in (runs_on, done) for i in range(5)]
+    reply = c.heartbeat(pb.HeartbeatRequest(name="n1", running=[runs_on], runs=[pb.RunRef(job_id=runs_on, run=0)],
+                                            exits=[end, end, end], progress=reports,
+                                            gpus=[pb.GpuStatus(index=i % 4) for i in range(1000)]))
+    assert list(reply.acked) == [done]
+    ended = [e for e in c.store.events(done) if e["old_state"] == "RUNNING"]
+    assert [e["new_state"] for e in ended] == ["FAILED"] and c.jobs.get(done).exit_code == 3
+    rows = c.store.db.execute("SELECT job_id, report FROM reports ORDER BY rowid").fetchall()
+    assert rows == [(runs_on, '{"step": 0}'), (done, '{"step": 0}')]
+    assert [g.index for g in c.node_views()[0].gpu_status] == [0, 1, 2, 3]   # (what airinfo shows)
+
+
 # ------------------------------------------------------------ a node that does not answer a launch
 
 def _start(c, **kw):
