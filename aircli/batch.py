@@ -153,8 +153,9 @@ def submit(prog: str, script, args, parsable, test_only, wrap, config, **kwargs)
         req["warn_steps_only"] = not req["warn_batch_only"] and prog == "sbatch"
     client = Client(config)
     reply = client.submit_fields({"job": req, "test_only": test_only})
-    if test_only:
-        print(f"{prog}: job {reply['message']}", flush=True)   # (sbatch: as sbatch)
+    if test_only:   # (the controller's words: click.echo, which keeps a terminal's escapes off a pipe)
+        import click
+        click.echo(f"{prog}: job {reply['message']}")   # (sbatch: as sbatch)
     elif parsable:
         print(reply["job_id"], flush=True)
     else:
@@ -211,7 +212,7 @@ def __getattr__(name: str):   # `command`, the click command, made when first as
 def start(prog: str, argv: list[str]) -> int:
     """airbatch (or sbatch) on argv: read by aircli.batchargs where it can, else by click."""
     from air.aircli.batchargs import parse
-    completing = f"_{prog}_COMPLETE".replace("-", "_").upper() in os.environ   # (click's shell completion)
+    completing = f"_{prog}_COMPLETE".replace("-", "_").replace(".", "_").upper() in os.environ   # (click's shell completion)
     params = None if completing else parse(argv)
     if params is None:
         from air.aircli.client import run

@@ -55,7 +55,8 @@ def plain(call: Callable[[], int], prog: str) -> int:
         except (OSError, ValueError):
             pass
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, EOFError):   # (as click's Abort: a new line after the terminal's ^C)
+        print(file=sys.stderr)
         return 130
 
 

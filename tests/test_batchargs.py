@@ -1,6 +1,7 @@
 """airbatch's command line read without click (aircli.batchargs), held to click's own reading of the same
 argv: where batchargs answers, click must give the command the same parameters; where click would refuse
 or do something else (help), batchargs must leave it to click."""
+import os
 import subprocess
 import sys
 
@@ -91,3 +92,23 @@ def test_an_everyday_airbatch_never_imports_click(tmp_path):
     assert "cannot reach airctld" in out.stderr
     out = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, cwd="/")
     assert out.stdout.split()[-2:] == ["0", "True"] and "--job-name" in out.stdout, out
+    # shell completion is click's, whatever the command line
+    completing = dict(os.environ, _AIRBATCH_COMPLETE="bash_source")
+    out = subprocess.run([sys.executable, "-c", code, "--wrap", "true"], capture_output=True, text=True, cwd="/",
+                         env=completing)
+    assert out.returncode == 0 and "complete -o nosort -F _airbatch_completion airbatch" in out.stdout, out
+
+
+def test_an_interrupted_airbatch_ends_as_an_interrupted_click_command(tmp_path, monkeypatch, capsys):
+    """Ctrl-C: exit 130 and a new line on stderr after the terminal's ^C, on either path."""
+    from air.aircli.client import run
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(batch, "_read_script", interrupted)
+    argv = ["-H", str(tmp_path / "job.sh")]
+    assert batchargs.parse(argv) is not None
+    assert batch.start("airbatch", argv) == 130
+    fast = capsys.readouterr()
+    assert run(batch.command, "airbatch", argv) == 130
+    assert capsys.readouterr() == fast and fast.err == "\n"

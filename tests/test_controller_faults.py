@@ -462,6 +462,26 @@ def test_copies_in_a_heartbeat_are_taken_once_and_its_gpu_readings_are_the_nodes
     assert [g.index for g in c.node_views()[0].gpu_status] == [0, 1, 2, 3]   # (what airinfo shows)
 
 
+def test_an_older_runs_exit_or_report_first_in_a_heartbeat_hides_nothing_of_the_current_run(make):
+    """(The copies above are taken once per job, but only among the current run's: an older run's exit
+    or report that comes first is not the job's.) The exit is acked, and the daemon drops it then: a
+    current run's exit passed over would be a job's end lost."""
+    from air.airctld.model import evolve
+    build, _ = make
+    c = build(Clients())
+    job = _start(c)
+    _beat(c, (job, 0))
+    c.jobs.put(evolve(c.jobs.get(job), restart_count=1))   # (its run 1 now runs on n1)
+    reply = c.heartbeat(pb.HeartbeatRequest(
+        name="n1", running=[job], runs=[pb.RunRef(job_id=job, run=1)],
+        exits=[pb.JobExit(job_id=job, run=0, exit_code=9), pb.JobExit(job_id=job, run=1, exit_code=3)],
+        progress=[pb.JobProgress(job_id=job, run=0, report='{"run": 0}'),
+                  pb.JobProgress(job_id=job, run=1, report='{"run": 1}')]))
+    assert list(reply.acked) == [job]
+    assert c.jobs.get(job).phase == JobPhase.DONE and c.jobs.get(job).exit_code == 3
+    assert c.store.db.execute("SELECT report FROM reports").fetchall() == [('{"run": 1}',)]
+
+
 # ------------------------------------------------------------ a node that does not answer a launch
 
 def _start(c, **kw):
