@@ -1,12 +1,13 @@
-"""airbatch: submit a batch script. Imports stay light: click only where aircli.batchargs leaves the
-command line to it (help, a mistake, a rare form), protobuf never."""
+"""airbatch: submit a batch script. Imports stay light: click only where aircli.argv leaves the command
+line to it (help, a mistake, a rare form), protobuf never."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import TYPE_CHECKING
 
-from air.aircli.client import CliError, plain
+from air.aircli.client import CliError, bad_value, start_tool
 from air.aircli.options import (FLAG_KINDS, OPTIONS, SLURM_ONLY, OptionError, export_environment,
                                 from_environment, merge_het, not_supported, parse_directives, resolve_tasks)
 
@@ -44,8 +45,8 @@ def _cli_values(kwargs: dict) -> dict[str, object]:
             continue
         try:
             values[opt.dest] = convert(opt, None if opt.kind in FLAG_KINDS else raw)
-        except OptionError as e:   # (as click's BadParameter says it)
-            raise CliError(f"Invalid value for {opt.long}: {e}") from None
+        except OptionError as e:
+            raise bad_value(opt.long, str(e)) from None
     return values
 
 
@@ -85,7 +86,7 @@ def submit_line() -> str:
 
 
 def submit(prog: str, script, args, parsable, test_only, wrap, config, **kwargs) -> int:
-    """Submit as the command line says (click's parameters, or aircli.batchargs' same); the exit code."""
+    """Submit as the command line says (click's parameters, or aircli.argv's same); the exit code."""
     if wrap is not None:
         if script:
             raise CliError("give a script or --wrap, not both")
@@ -194,6 +195,7 @@ def _submit_from_click(**params) -> int:
     return submit(click.get_current_context().info_name, **params)
 
 
+@functools.cache
 def _command() -> click.Command:
     import click
     return click.Command(
@@ -204,20 +206,22 @@ def _command() -> click.Command:
 
 def __getattr__(name: str):   # `command`, the click command, made when first asked for
     if name == "command":
-        globals()["command"] = _command()
-        return globals()["command"]
+        return _command()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def options() -> dict:
+    """The command line's options for aircli.argv: the option table's and airbatch's own."""
+    from air.aircli.argv import Param, table
+    return table([((o.long,) + ((o.short,) if o.short else ()),
+                   Param(o.long[2:].replace("-", "_"), o.kind not in FLAG_KINDS)) for o in OPTIONS] +
+                 [(("--parsable",), Param("parsable", False, False)), (("--test-only",), Param("test_only", False, False)),
+                  (("--wrap",), Param("wrap", True)), (("--config",), Param("config", True))])
+
+
 def start(prog: str, argv: list[str]) -> int:
-    """airbatch (or sbatch) on argv: read by aircli.batchargs where it can, else by click."""
-    from air.aircli.batchargs import parse
-    completing = f"_{prog}_COMPLETE".replace("-", "_").replace(".", "_").upper() in os.environ   # (click's shell completion)
-    params = None if completing else parse(argv)
-    if params is None:
-        from air.aircli.client import run
-        return run(__getattr__("command"), prog, argv)
-    return plain(lambda: submit(prog, **params), prog)
+    """airbatch (or sbatch) on argv: read by aircli.argv where it can, else by click."""
+    return start_tool(prog, argv, options(), _command, lambda params: submit(prog, **params), script=True)
 
 
 def main() -> None:

@@ -23,9 +23,26 @@ class CliError(Exception):
         return self.message
 
 
+def bad_value(option: str, message: str) -> CliError:
+    """A value an option cannot take, told as click's BadParameter tells it."""
+    return CliError(f"Invalid value for {option}: {message}")
+
+
 def run(command: click.Command, prog: str, argv: list[str] | None = None) -> int:
     """Run a click command, turning every failure into `prog: error: message` and exit 1."""
     return plain(lambda: _click_main(command, prog, argv), prog)
+
+
+def start_tool(prog: str, argv: list[str], options: dict, command: Callable[[], click.Command],
+               call: Callable[[dict], int], script: bool = False) -> int:
+    """A tool on argv: read by aircli.argv from the tool's `options` where it can, and call(params); else
+    by click (`command()` makes the tool's click command, loading click, only then)."""
+    import os
+    from air.aircli.argv import completing, read
+    params = None if completing(prog, os.environ) else read(argv, options, script)
+    if params is None:
+        return run(command(), prog, argv)
+    return plain(lambda: call(params), prog)
 
 
 def _click_main(command: click.Command, prog: str, argv: list[str] | None) -> int:

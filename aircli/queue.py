@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import codecs
-import json
+import functools
 import os
 import pwd
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import click
+from air.aircli.client import CliError, bad_value, start_tool
 
-from air.aircli.client import CliError, entry
+if TYPE_CHECKING:
+    import click
 
 
 def _write_rows(head: str, rows) -> None:
@@ -46,8 +48,7 @@ def job_ids(text: str, option: str, tasks: list | None = None) -> list[int]:
             tasks.append((int(array), int(task)))
             continue
         if not part.isdigit() or int(part) < 1:
-            raise click.BadParameter(f"{part!r} is not a job id (such as 123, or 123_7 for a task of an array)",
-                                     param_hint=option)
+            raise bad_value(option, f"{part!r} is not a job id (such as 123, or 123_7 for a task of an array)")
         ids.append(int(part))
     return ids
 
@@ -65,33 +66,36 @@ def state_filter(text: str, option: str) -> tuple[list[int], list[int]]:
         elif long == "ALL":
             continue
         else:
-            raise click.BadParameter(f"unknown state {part!r}; use PD, R, CG, CD, F, CA, TO, NF or their long names",
-                                     param_hint=option)
+            raise bad_value(option, f"unknown state {part!r}; use PD, R, CG, CD, F, CA, TO, NF or their long names")
     if results:
         phases.append(JobPhase.DONE)
     return phases, results
 
 
-@click.command(context_settings={"help_option_names": ["--help"]})
-@click.option("-u", "--user", "users", help="only these users' jobs (comma-separated names or uids)")
-@click.option("--me", is_flag=True, help="only my jobs")
-@click.option("-t", "--states", help="only jobs in these states (PD,R,CD,...)")
-@click.option("-j", "--jobs", "jobs", help="only these job ids")
-@click.option("-n", "--name", "names", help="only jobs with these names")
-@click.option("-h", "--noheader", is_flag=True, help="no header line")
-@click.option("-o", "--format", "fmt", help="squeue-style %-field format")
-@click.option("-O", "--Format", "long_fmt", help="squeue's field names: JobID,Name:30,State,...")
-@click.option("-p", "--partition", "partitions", help="only jobs in these partitions (comma-separated)")
-@click.option("--json", "as_json", is_flag=True, help="JSON for programs")
-@click.option("-r", "--array", "expand_arrays", is_flag=True, help="one line per array task")
-@click.option("-l", "--long", "long_", is_flag=True,
-              help="with running jobs' progress: STEP, LOSS, TOK/S, MFU, LAST_CKPT (from runtime reports)")
-@click.option("--priority", "show_priority", is_flag=True,
-              help="pending jobs' priority factors, weighted (as sprio shows them)")
-@click.option("--start", "show_start", is_flag=True, help="pending jobs' estimated start times")
-@click.option("--config", hidden=True)
-def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions, as_json, expand_arrays, long_,
-            show_priority, show_start, config):
+# (names, click's parameter name, takes a value, help; None: hidden)
+OPTIONS: tuple[tuple[tuple[str, ...], str, bool, str | None], ...] = (
+    (("-u", "--user"), "users", True, "only these users' jobs (comma-separated names or uids)"),
+    (("--me",), "me", False, "only my jobs"),
+    (("-t", "--states"), "states", True, "only jobs in these states (PD,R,CD,...)"),
+    (("-j", "--jobs"), "jobs", True, "only these job ids"),
+    (("-n", "--name"), "names", True, "only jobs with these names"),
+    (("-h", "--noheader"), "noheader", False, "no header line"),
+    (("-o", "--format"), "fmt", True, "squeue-style %-field format"),
+    (("-O", "--Format"), "long_fmt", True, "squeue's field names: JobID,Name:30,State,..."),
+    (("-p", "--partition"), "partitions", True, "only jobs in these partitions (comma-separated)"),
+    (("--json",), "as_json", False, "JSON for programs"),
+    (("-r", "--array"), "expand_arrays", False, "one line per array task"),
+    (("-l", "--long"), "long_", False,
+     "with running jobs' progress: STEP, LOSS, TOK/S, MFU, LAST_CKPT (from runtime reports)"),
+    (("--priority",), "show_priority", False, "pending jobs' priority factors, weighted (as sprio shows them)"),
+    (("--start",), "show_start", False, "pending jobs' estimated start times"),
+    (("--config",), "config", True, None),
+)
+
+
+def listing(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions, as_json, expand_arrays, long_,
+            show_priority, show_start, config) -> None:
+    """airq's work, on click's parameters (or aircli.argv's same)."""
     from air.aircli.client import Client
     from air.protos import squeue
     wanted: dict = {}   # a JobFilter, as protos.protowire's dict: a plain airq sends it without protobuf
@@ -113,7 +117,7 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
         items = squeue.compile_format(fmt or (squeue.SQUEUE_LONG if long_ else squeue.SQUEUE_DEFAULT),
                                        squeue.job_fields(time.time()))
     except squeue.FormatError as e:
-        raise click.BadParameter(str(e), param_hint="'-O'" if long_fmt else "'-o'") from None
+        raise bad_value("'-O'" if long_fmt else "'-o'", str(e)) from None
     sent: list[bytes] | None = None
     if not (fmt or long_ or as_json or show_priority or show_start):   # squeue's default rows, kept rendered
         plain = Client(config).list_jobs_fields({**wanted, "rendered": True, "expand_arrays": expand_arrays},
@@ -131,6 +135,7 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
         filt.phases.append(pb.JOB_PHASE_PENDING)
         pending = Client(config).pending(filt).jobs
         if as_json:
+            import json
             keys = ("job_id", "user", "account", "partition", "qos", "priority", "age", "fairshare", "jobsize",
                     "partition_factor", "qos_factor", "nice", "est_start")
             json.dump({"jobs": [{k: getattr(p, k) for k in keys} | {"est_nodes": list(p.est_nodes)} for p in pending]},
@@ -148,6 +153,7 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
         listed = [j for j in listed if j.partition in filt.partitions]
     rows = listed if expand_arrays else squeue.compact_arrays(listed)
     if as_json:
+        import json
         json.dump({"jobs": [formats.job_json(j, now) for j in rows]}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
@@ -155,7 +161,36 @@ def command(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
     sys.stdout.write("\n".join(lines) + "\n" if lines else "")
 
 
-main = entry(command, "airq")
+@functools.cache
+def _command() -> click.Command:
+    import click
+    params = [click.Option([*names, name], is_flag=not takes_value, default=None if takes_value else False,
+                           help=text, hidden=text is None) for names, name, takes_value, text in OPTIONS]
+    return click.Command("command", callback=listing, params=params,
+                         context_settings={"help_option_names": ["--help"]})
+
+
+def __getattr__(name: str):   # `command`, the click command, made when first asked for
+    if name == "command":
+        return _command()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def options() -> dict:
+    """The command line's options for aircli.argv."""
+    from air.aircli.argv import Param, table
+    return table([(names, Param(name, takes_value, None if takes_value else False))
+                  for names, name, takes_value, _ in OPTIONS])
+
+
+def start(prog: str, argv: list[str]) -> int:
+    """airq (or squeue) on argv: read by aircli.argv where it can, else by click."""
+    return start_tool(prog, argv, options(), _command, lambda params: listing(**params) or 0)
+
+
+def main() -> None:
+    sys.exit(start("airq", sys.argv[1:]))
+
 
 if __name__ == "__main__":
     main()

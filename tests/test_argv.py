@@ -1,6 +1,6 @@
-"""airbatch's command line read without click (aircli.batchargs), held to click's own reading of the same
-argv: where batchargs answers, click must give the command the same parameters; where click would refuse
-or do something else (help), batchargs must leave it to click."""
+"""Command lines read without click (aircli.argv), held to click's own reading of the same argv, for
+airbatch and airq: where argv answers, click must give the command the same parameters; where click
+would refuse or do something else (help), argv must leave it to click."""
 import os
 import subprocess
 import sys
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from air.aircli import batch, batchargs
+from air.aircli import argv as fast
+from air.aircli import batch, queue
 from air.aircli.client import CliError
 from air.aircli.options import FLAG_KINDS, OPTIONS, SLURM_ONLY
 
@@ -24,12 +25,20 @@ WORDS = ["job.sh", "train.sh", "4", "1:00:00", "a b", "", ":", "node[01-02]", "x
         [short for _, short, _ in SLURM_ONLY if short][:4]
 
 
-def click_reading(argv: list[str]):
-    """The parameters click gives airbatch's callback for argv, or "refused" (an error, or help)."""
+def click_reading(argv: list[str], tool=batch):
+    """The parameters click gives the tool's callback for argv, or "refused" (an error, or help)."""
     try:
-        return batch.command.make_context("airbatch", list(argv)).params
+        return tool.command.make_context("airbatch", list(argv)).params
     except (click.ClickException, click.exceptions.Exit, CliError):
         return "refused"
+
+
+def batchargs(argv: list[str]):
+    return fast.read(argv, batch.options(), script=True)
+
+
+def queueargs(argv: list[str]):
+    return fast.read(argv, queue.options())
 
 
 def everyday_token_lists():
@@ -50,7 +59,7 @@ def everyday_token_lists():
 @given(st.lists(st.one_of(st.sampled_from(WORDS + VALUED + FLAGS + SHORT_VALUED + SHORT_FLAGS),
                           st.text(max_size=6)), max_size=8))
 def test_where_batchargs_reads_a_command_line_click_reads_it_the_same(argv):
-    fast = batchargs.parse(argv)
+    fast = batchargs(argv)
     if fast is not None:
         assert click_reading(argv) == fast, argv
 
@@ -58,14 +67,47 @@ def test_where_batchargs_reads_a_command_line_click_reads_it_the_same(argv):
 @settings(max_examples=300, deadline=None)
 @given(everyday_token_lists())
 def test_batchargs_reads_every_everyday_command_line_as_click_does(argv):
-    assert batchargs.parse(argv) == click_reading(argv), argv
+    assert batchargs(argv) == click_reading(argv), argv
+
+
+AIRQ_VALUED = [n for names, _, takes, _ in queue.OPTIONS if takes for n in names]
+AIRQ_FLAGS = [n for names, _, takes, _ in queue.OPTIONS if not takes for n in names]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(WORDS + AIRQ_VALUED + AIRQ_FLAGS + ["-hl", "-uroot", "--user=", "-v"]),
+                          st.text(max_size=6)), max_size=8))
+def test_where_argv_reads_an_airq_command_line_click_reads_it_the_same(argv):
+    mine = queueargs(argv)
+    if mine is not None:
+        assert click_reading(argv, queue) == mine, argv
+
+
+def _airq_option(name: str, value: str) -> list[list[str]]:
+    """The forms people write an option of airq's with its value in."""
+    attached = f"{name}={value}" if name.startswith("--") else name + value
+    return [[name, value], [attached]] if value else [[attached]] if name.startswith("--") else [[name, "x"]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.sampled_from(AIRQ_VALUED), st.sampled_from(["root", "R,PD", "1,2", "%i %j", "", "é"]))
+    .flatmap(lambda p: st.sampled_from(_airq_option(*p))),
+    st.sampled_from(AIRQ_FLAGS).map(lambda f: [f])), max_size=5).map(lambda groups: [t for g in groups for t in g]))
+def test_argv_reads_every_everyday_airq_command_line_as_click_does(argv):
+    assert queueargs(argv) == click_reading(argv, queue), argv
 
 
 @pytest.mark.parametrize("argv", [["-h"], ["--help"], ["--", "job.sh"], ["-HW", "job.sh"], ["--hold=yes", "job.sh"],
                                   ["--nodes"], ["-J", "-x", "job.sh"], ["--frobnicate", "job.sh"],
                                   ["--gpu-bind", "closest", "job.sh"], ["-v", "job.sh"]])
 def test_help_mistakes_and_rare_forms_are_left_to_click(argv):
-    assert batchargs.parse(argv) is None
+    assert batchargs(argv) is None
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-hl"], ["job.sh"], ["-u"], ["-u", "-h"], ["--me=1"], ["--", "-h"]])
+def test_airqs_help_mistakes_and_rare_forms_are_left_to_click(argv):
+    assert queueargs(argv) is None
 
 
 def test_a_value_click_refuses_is_refused_in_the_same_words_either_way(tmp_path, capsys):
@@ -79,20 +121,27 @@ def test_a_value_click_refuses_is_refused_in_the_same_words_either_way(tmp_path,
         assert capsys.readouterr().err == fast and fast.startswith("airbatch: error: "), (argv, fast)
 
 
-def test_an_everyday_airbatch_never_imports_click(tmp_path):
-    """(The point of batchargs: a third of airbatch's start.) A submission to a controller that is not
+@pytest.mark.parametrize("tool,prog,argv,helps", [
+    ("batch", "airbatch", ["-H", "-N", "1", "--wrap", "true"], "--job-name"),
+    ("queue", "airq", ["-u", "root", "-h"], "--noheader"),
+])
+def test_an_everyday_command_never_imports_click(tmp_path, tool, prog, argv, helps):
+    """(The point of aircli.argv: a third of a short command's start.) A call to a controller that is not
     there fails with its one line, and click was never loaded; help still comes from click."""
     config = tmp_path / "air.toml"
     config.write_text('[controller]\naddress = "127.0.0.1:9"\nauth = "none"\n')
-    code = ("import sys\nfrom air.aircli import batch\n"
-            "code = batch.start('airbatch', sys.argv[1:])\nprint(code, 'click' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code, "--config", str(config), "-H", "-N", "1", "--wrap", "true"],
+    code = (f"import sys\nfrom air.aircli import {tool}\n"
+            f"code = {tool}.start({prog!r}, sys.argv[1:])\nprint(code, 'click' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, "--config", str(config), *argv],
                          capture_output=True, text=True, cwd="/")
     assert out.stdout.split() == ["1", "False"], out
     assert "cannot reach airctld" in out.stderr
     out = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, cwd="/")
-    assert out.stdout.split()[-2:] == ["0", "True"] and "--job-name" in out.stdout, out
-    # shell completion is click's, whatever the command line
+    assert out.stdout.split()[-2:] == ["0", "True"] and helps in out.stdout, out
+
+
+def test_shell_completion_is_clicks_whatever_the_command_line():
+    code = "import sys\nfrom air.aircli import batch\nsys.exit(batch.start('airbatch', sys.argv[1:]))"
     completing = dict(os.environ, _AIRBATCH_COMPLETE="bash_source")
     out = subprocess.run([sys.executable, "-c", code, "--wrap", "true"], capture_output=True, text=True, cwd="/",
                          env=completing)
@@ -107,7 +156,7 @@ def test_an_interrupted_airbatch_ends_as_an_interrupted_click_command(tmp_path, 
         raise KeyboardInterrupt
     monkeypatch.setattr(batch, "_read_script", interrupted)
     argv = ["-H", str(tmp_path / "job.sh")]
-    assert batchargs.parse(argv) is not None
+    assert batchargs(argv) is not None
     assert batch.start("airbatch", argv) == 130
     fast = capsys.readouterr()
     assert run(batch.command, "airbatch", argv) == 130
