@@ -83,8 +83,9 @@ class NodeReports:
         self._inherited_until = mono() + CALL_TIMEOUT_S
         self.telemetry: dict[str, list[pb.GpuStatus]] = {}   # node -> its GPUs' latest reading
         self._beats: dict[str, tuple[str, tuple[int, int]]] = {}   # node -> its newest heartbeat taken (see heartbeat)
-        # node -> ((boot_id, started_ns) of its daemon, the numbers of the health events of its last heartbeat taken)
-        self._health_taken: dict[str, tuple[tuple[str, int], frozenset[int]]] = {}
+        # node -> ((boot_id, started_ns) of its daemon, the numbers of the health events of its last heartbeat
+        # taken), kept in the store too: a restarted controller takes none of them again
+        self._health_taken: dict[str, tuple[tuple[str, int], frozenset[int]]] = store.health_taken()
 
     def node_views(self) -> list[pb.Node]:
         with self._lock:
@@ -234,6 +235,7 @@ class NodeReports:
                     # what this heartbeat carried, as taken once it commits (run first of what the commit runs;
                     # a failure before the commit has them taken when they come again)
                     taken = ((req.boot_id, req.started_ns), frozenset(e.number for e in sent if e.number))
+                    self.store.save_health_taken(req.name, *taken)
                     self.store.after_commit(lambda: self._health_taken.__setitem__(req.name, taken))
                 if health:
                     failing = self._health(node, health, now, {old.job_id for old, _ in changes})
@@ -306,10 +308,10 @@ class NodeReports:
         heartbeat: an answer lost after the commit has them come again, and each would be recorded, and
         drain the node (which an operator may have resumed meanwhile), a second time. The daemon numbers
         its events. Only a number the last heartbeat taken carried is left out, so that a number out of
-        order, or one far ahead, costs a copy at worst, never a later event. (In memory: a controller
-        restarted after the commit, before the node sent the events again, records them again and drains
-        the node again.) Unnumbered events, and those of a heartbeat that names no daemon, are always
-        taken."""
+        order, or one far ahead, costs a copy at worst, never a later event. The numbers are kept in the
+        store with the events, so a controller restarted after the commit, before the node sent them
+        again, leaves them out too. Unnumbered events, and those of a heartbeat that names no daemon, are
+        always taken."""
         taken = self._health_taken.get(req.name)
         if not req.boot_id or taken is None or taken[0] != (req.boot_id, req.started_ns):
             return sent

@@ -164,8 +164,16 @@ def _migrate_13(db: sqlite_utils.Database) -> None:
         db.execute(f"CREATE INDEX {name} ON jobs ({columns}) WHERE phase = 4")
 
 
+def _migrate_14(db: sqlite_utils.Database) -> None:
+    """Each node's health events its last heartbeat taken carried (their daemon's boot id and start, and
+    their numbers, comma-separated): a controller restarted after that heartbeat's commit, before the
+    node sends them again (its answer lost), takes them once all the same (NodeReports._health_not_taken)."""
+    db.execute("CREATE TABLE IF NOT EXISTS health_taken (node TEXT PRIMARY KEY, boot_id TEXT NOT NULL, "
+               "started_ns INTEGER NOT NULL, numbers TEXT NOT NULL)")
+
+
 MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5, _migrate_6, _migrate_7, _migrate_8,
-              _migrate_9, _migrate_10, _migrate_11, _migrate_12, _migrate_13]
+              _migrate_9, _migrate_10, _migrate_11, _migrate_12, _migrate_13, _migrate_14]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -569,6 +577,17 @@ class Store:
             "INSERT INTO node_events (node, time, gpu, signal, message, critical) VALUES (?, ?, ?, ?, ?, ?)",
             [(node, e.time if now is None else min(e.time, now) if math.isfinite(e.time) else now, e.gpu,
               e.signal, e.message, int(e.critical)) for e in events])
+
+    def save_health_taken(self, node: str, daemon: tuple[str, int], numbers: frozenset[int]) -> None:
+        """The numbers of the health events a node's heartbeat carried, as taken (see _migrate_14)."""
+        self.db.execute("INSERT OR REPLACE INTO health_taken (node, boot_id, started_ns, numbers) VALUES (?, ?, ?, ?)",
+                        [node, daemon[0], daemon[1], ",".join(map(str, sorted(numbers)))])
+
+    def health_taken(self) -> dict[str, tuple[tuple[str, int], frozenset[int]]]:
+        """{node: ((boot id, started_ns) of its daemon, the numbers its last heartbeat taken carried)}."""
+        return {node: ((boot_id, started_ns), frozenset(int(n) for n in numbers.split(",") if n))
+                for node, boot_id, started_ns, numbers in
+                self._rows("SELECT node, boot_id, started_ns, numbers FROM health_taken")}
 
     def last_report(self, job_id: int) -> str:
         rows = self._rows("SELECT report FROM reports WHERE job_id = ? ORDER BY time DESC LIMIT 1", [job_id])

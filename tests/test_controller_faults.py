@@ -310,6 +310,26 @@ def test_health_events_sent_again_after_a_lost_answer_are_taken_once_and_alike_o
     assert xids()[7:] == [(7.0, 3, "XID 13", 0), (8.0, 3, "XID 13", 0)]
 
 
+def test_health_events_sent_again_to_a_restarted_controller_are_taken_once(make):
+    """The controller took a heartbeat's events (the commit done), then stopped before its answer left:
+    the node sends them again to the controller that starts next. Recorded once and not draining the
+    node again, which an operator resumed meanwhile; a new event in the same heartbeat is taken."""
+    build, _ = make
+    c = build(Clients())
+    xid = pb.HealthEvent(number=1, gpu=0, signal="XID 79", message="m", time=5.0, critical=True)
+    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid], boot_id="b1", started_ns=10, seq=1))
+    assert c.nodes["n1"].state == NodeState.DRAIN
+    c.update_node("n1", NodeState.UP, "", ROOT)
+    c.stop()
+    c = build(Clients())   # the next controller, on the same store
+    later = pb.HealthEvent(number=2, gpu=1, signal="XID 13", message="m", time=6.0)
+    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid, later], boot_id="b1", started_ns=10, seq=2))
+    assert [e["signal"] for e in c.store.node_events("n1") if e["signal"].startswith("XID")] == ["XID 79", "XID 13"]
+    assert c.nodes["n1"].state == NodeState.UP
+    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid], boot_id="b2", started_ns=20, seq=1))   # (a new daemon
+    assert c.nodes["n1"].state == NodeState.DRAIN                                                  # numbers anew)
+
+
 def test_health_events_of_a_heartbeat_answered_register_again_are_taken_when_sent_again(make):
     """A heartbeat of a node the controller takes as down is answered `reregister`, its events not
     taken: the node sends them again once registered, and they are recorded and drain it then."""
