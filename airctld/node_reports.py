@@ -235,8 +235,9 @@ class NodeReports:
                     # what this heartbeat carried, as taken once it commits (run first of what the commit runs;
                     # a failure before the commit has them taken when they come again)
                     taken = ((req.boot_id, req.started_ns), frozenset(e.number for e in sent if e.number))
-                    self.store.save_health_taken(req.name, *taken)
-                    self.store.after_commit(lambda: self._health_taken.__setitem__(req.name, taken))
+                    if taken != self._health_taken.get(req.name):   # (copies alone: written already)
+                        self.store.save_health_taken(req.name, *taken)
+                        self.store.after_commit(lambda: self._health_taken.__setitem__(req.name, taken))
                 if health:
                     failing = self._health(node, health, now, {old.job_id for old, _ in changes})
                     changes += failing

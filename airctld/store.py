@@ -169,7 +169,7 @@ def _migrate_14(db: sqlite_utils.Database) -> None:
     their numbers, comma-separated): a controller restarted after that heartbeat's commit, before the
     node sends them again (its answer lost), takes them once all the same (NodeReports._health_not_taken)."""
     db.execute("CREATE TABLE IF NOT EXISTS health_taken (node TEXT PRIMARY KEY, boot_id TEXT NOT NULL, "
-               "started_ns INTEGER NOT NULL, numbers TEXT NOT NULL)")
+               "started_ns TEXT NOT NULL, numbers TEXT NOT NULL)")   # (a uint64: beyond SQLite's INTEGER)
 
 
 MIGRATIONS = [_migrate_1, _migrate_2, _migrate_3, _migrate_4, _migrate_5, _migrate_6, _migrate_7, _migrate_8,
@@ -581,11 +581,11 @@ class Store:
     def save_health_taken(self, node: str, daemon: tuple[str, int], numbers: frozenset[int]) -> None:
         """The numbers of the health events a node's heartbeat carried, as taken (see _migrate_14)."""
         self.db.execute("INSERT OR REPLACE INTO health_taken (node, boot_id, started_ns, numbers) VALUES (?, ?, ?, ?)",
-                        [node, daemon[0], daemon[1], ",".join(map(str, sorted(numbers)))])
+                        [node, daemon[0], str(daemon[1]), ",".join(map(str, sorted(numbers)))])
 
     def health_taken(self) -> dict[str, tuple[tuple[str, int], frozenset[int]]]:
         """{node: ((boot id, started_ns) of its daemon, the numbers its last heartbeat taken carried)}."""
-        return {node: ((boot_id, started_ns), frozenset(int(n) for n in numbers.split(",") if n))
+        return {node: ((boot_id, int(started_ns)), frozenset(int(n) for n in numbers.split(",") if n))
                 for node, boot_id, started_ns, numbers in
                 self._rows("SELECT node, boot_id, started_ns, numbers FROM health_taken")}
 

@@ -83,6 +83,20 @@ def test_where_argv_reads_an_airq_command_line_click_reads_it_the_same(argv):
         assert click_reading(argv, queue) == mine, argv
 
 
+# airq's options, as its manual page and scripts know them (the table builds both readers: a name lost
+# or misspelt there would be lost from both, and only this list sees it)
+AIRQ_NAMES = ("-u --user --me -t --states -j --jobs -n --name -h --noheader -o --format -O --Format -p --partition "
+              "--json -r --array -l --long --priority --start").split()
+
+
+def test_airq_takes_the_options_it_always_took_by_the_same_names_either_way():
+    shown = {name for p in queue.command.params if not p.hidden for name in p.opts}
+    assert shown == set(AIRQ_NAMES)
+    assert set(queue.options()) == set(AIRQ_NAMES) | {"--config"}
+    assert {p.name: p.takes_value for p in queue.options().values()} == \
+        {p.name: not p.is_flag for p in queue.command.params}
+
+
 def _airq_option(name: str, value: str) -> list[list[str]]:
     """The forms people write an option of airq's with its value in."""
     attached = f"{name}={value}" if name.startswith("--") else name + value

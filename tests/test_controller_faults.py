@@ -330,6 +330,29 @@ def test_health_events_sent_again_to_a_restarted_controller_are_taken_once(make)
     assert c.nodes["n1"].state == NodeState.DRAIN                                                  # numbers anew)
 
 
+def test_health_events_of_a_heartbeat_rolled_back_are_taken_by_the_next_controller(make):
+    """What the store keeps as taken is written with the events, in the heartbeat's transaction: a
+    heartbeat whose commit failed leaves nothing taken, and its copy is recorded, and drains the node,
+    at the controller that starts next. A daemon's start time past SQLite's integers is kept all the same."""
+    build, _ = make
+    c = build(Clients())
+    xid = pb.HealthEvent(number=1, gpu=0, signal="XID 79", message="m", time=5.0, critical=True)
+    c.store.fail_on = "COMMIT"
+    with pytest.raises(StoreFailed):
+        c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid], boot_id="b1", started_ns=10, seq=1))
+    c.stop()
+    c = build(Clients())
+    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid], boot_id="b1", started_ns=10, seq=2))
+    assert [e["signal"] for e in c.store.node_events("n1") if e["signal"].startswith("XID")] == ["XID 79"]
+    assert c.nodes["n1"].state == NodeState.DRAIN
+    late = pb.HealthEvent(number=1, gpu=1, signal="XID 13", message="m", time=6.0)
+    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[late], boot_id="b2", started_ns=2 ** 64 - 1, seq=1))
+    c.stop()
+    c = build(Clients())
+    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[late], boot_id="b2", started_ns=2 ** 64 - 1, seq=2))
+    assert [e["signal"] for e in c.store.node_events("n1") if e["signal"].startswith("XID")] == ["XID 79", "XID 13"]
+
+
 def test_health_events_of_a_heartbeat_answered_register_again_are_taken_when_sent_again(make):
     """A heartbeat of a node the controller takes as down is answered `reregister`, its events not
     taken: the node sends them again once registered, and they are recorded and drain it then."""
