@@ -89,12 +89,21 @@ AIRQ_NAMES = ("-u --user --me -t --states -j --jobs -n --name -h --noheader -o -
               "--json -r --array -l --long --priority --start").split()
 
 
+# what each of them means: the parameter of airq's listing it sets (its names), and whether it takes a value
+AIRQ_MEANING = {"users": ("-u --user", True), "me": ("--me", False), "states": ("-t --states", True),
+                "jobs": ("-j --jobs", True), "names": ("-n --name", True), "noheader": ("-h --noheader", False),
+                "fmt": ("-o --format", True), "long_fmt": ("-O --Format", True),
+                "partitions": ("-p --partition", True), "as_json": ("--json", False),
+                "expand_arrays": ("-r --array", False), "long_": ("-l --long", False),
+                "show_priority": ("--priority", False), "show_start": ("--start", False), "config": ("--config", True)}
+
+
 def test_airq_takes_the_options_it_always_took_by_the_same_names_either_way():
     shown = {name for p in queue.command.params if not p.hidden for name in p.opts}
     assert shown == set(AIRQ_NAMES)
-    assert set(queue.options()) == set(AIRQ_NAMES) | {"--config"}
-    assert {p.name: p.takes_value for p in queue.options().values()} == \
-        {p.name: not p.is_flag for p in queue.command.params}
+    meaning = {name: (param, takes) for param, (names, takes) in AIRQ_MEANING.items() for name in names.split()}
+    assert {name: (p.name, p.takes_value) for name, p in queue.options().items()} == meaning
+    assert {(p.name, not p.is_flag) for p in queue.command.params} == set(meaning.values())
 
 
 def _airq_option(name: str, value: str) -> list[list[str]]:

@@ -322,8 +322,11 @@ def test_health_events_sent_again_to_a_restarted_controller_are_taken_once(make)
     c.update_node("n1", NodeState.UP, "", ROOT)
     c.stop()
     c = build(Clients())   # the next controller, on the same store
+    c.store.fail_on = "INSERT OR REPLACE INTO health_taken"   # (copies alone write nothing: this one stays)
+    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid], boot_id="b1", started_ns=10, seq=2))
+    c.store.fail_on = None
     later = pb.HealthEvent(number=2, gpu=1, signal="XID 13", message="m", time=6.0)
-    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid, later], boot_id="b1", started_ns=10, seq=2))
+    c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid, later], boot_id="b1", started_ns=10, seq=3))
     assert [e["signal"] for e in c.store.node_events("n1") if e["signal"].startswith("XID")] == ["XID 79", "XID 13"]
     assert c.nodes["n1"].state == NodeState.UP
     c.heartbeat(pb.HeartbeatRequest(name="n1", health=[xid], boot_id="b2", started_ns=20, seq=1))   # (a new daemon
