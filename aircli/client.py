@@ -1,6 +1,7 @@
 """The tools' connection to airctld, and the one-line error every failure becomes."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Callable
 
@@ -37,7 +38,6 @@ def start_tool(prog: str, argv: list[str], options: dict, command: Callable[[], 
                call: Callable[[dict], int], script: bool = False) -> int:
     """A tool on argv: read by aircli.argv from the tool's `options` where it can, and call(params); else
     by click (`command()` makes the tool's click command, loading click, only then)."""
-    import os
     from air.aircli.argv import completing, read
     params = None if completing(prog, os.environ) else read(argv, options, script)
     if params is None:
@@ -66,7 +66,6 @@ def plain(call: Callable[[], int], prog: str) -> int:
         print(f"{prog}: error: {_one_line(e.format_message())}", file=sys.stderr)
         return 1
     except BrokenPipeError:   # (a reader gone: exit 1 as click does, and no second error at exit's flush)
-        import os
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         except (OSError, ValueError):

@@ -179,8 +179,8 @@ class NodeReports:
             runs = {(r.job_id, r.run) for r in req.runs}
             launching = {j for j, _ in self._launching}
             inherited = self.mono() < self._inherited_until
-            earliest: dict[int, int] = {}   # job id -> its earliest run here
-            for j, r in runs:
+            earliest: dict[int, int] = {}   # job id -> its earliest run here (where a job waits on a fence)
+            for j, r in runs if self.fence_wait else ():
                 earliest[j] = min(r, earliest.get(j, r))
             for job_id, waits in list(self.fence_wait.items()):   # this node answers: without that job's runs?
                 job = self.jobs.get(job_id)
