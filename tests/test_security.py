@@ -129,6 +129,18 @@ def test_bad_credentials_are_refused_and_change_nothing(cluster, munged):
     _refused(cluster, (("air-cred", "MUNGE:not-a-credential:"),), "refused")
 
 
+def test_a_credential_is_made_with_libmunge_found_by_its_soname_or_else_searched_for(munged):
+    """A tool's start does not pay for ctypes.util's search (and its import of subprocess) when the
+    loader finds libmunge; where it does not, the search finds it. Both credentials are munged's."""
+    code = ("import sys; from air.protos import munge\nif sys.argv[2] != '-': munge.SONAME = sys.argv[2]\n"
+            "cred = munge.Munge(sys.argv[1]).encode(b'x')\n"
+            "print(munge.Munge(sys.argv[1]).decode(cred)[2], 'ctypes.util' in sys.modules)")
+    for soname, searched in (("-", "False"), ("libmunge-not-here.so.9", "True")):
+        out = subprocess.run([sys.executable, "-c", code, munged.socket, soname], capture_output=True, text=True,
+                             timeout=30)
+        assert out.stdout.split() == ["b'x'", searched], out.stderr
+
+
 def test_node_calls_need_root_credentials(cluster, munged):
     """A user cannot pose as a node daemon, nor ask a node daemon to launch anything."""
     a = pwd.getpwnam("airtest-a")
