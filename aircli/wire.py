@@ -1,12 +1,14 @@
-"""The tools' unary calls to airctld: gRPC's wire format over HTTP/2, spoken with the h2 library.
+"""The tools' unary calls to airctld: gRPC's wire format over HTTP/2, spoken by this module.
 
 A short command (airbatch, airq, aircancel) spent about a third of its time importing grpcio
-(`python -X importtime`: 35 to 50 ms of its C core and asyncio); h2 imports in a fraction of that.
-This speaks the part of gRPC a unary call needs (PROTOCOL-HTTP2.md in grpc's repository): one POST
-per call on a connection kept per thread, the message framed as a compressed flag and a 4-byte
-length, and the status in the trailers (or in a trailers-only response). airrun's streams and the
-daemons keep grpcio. Pure of the tools' vocabulary: bytes in, bytes out, a `WireError` with gRPC's
-status name for any failure.
+(`python -X importtime`: 35 to 50 ms of its C core and asyncio), and then a third of what was left
+importing the h2 library (with hpack, logging and its event classes). A unary call needs little of
+HTTP/2 (RFC 9113) and gRPC (PROTOCOL-HTTP2.md in grpc's repository): one POST per call on a
+connection kept per thread, the message framed as a compressed flag and a 4-byte length, the status
+in the trailers (or in a trailers-only response); on the connection, settings and their acks, pings,
+flow control both ways, GOAWAY and stream resets. Header blocks are aircli.hpack's. airrun's streams
+and the daemons keep grpcio. Pure of the tools' vocabulary: bytes in, bytes out, a `WireError` with
+gRPC's status name for any failure.
 """
 from __future__ import annotations
 
@@ -15,28 +17,24 @@ import struct
 import threading
 import time
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-import hyperframe.frame
+from air.aircli import hpack
 
 # gRPC's status codes, by number (grpc/doc/statuscodes.md)
 STATUS = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
           "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
           "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
-WINDOW = 1 << 30          # what the server may send before we say we took it (we take everything at once)
+WINDOW = 1 << 30          # what the server may send before we say we took it
 READ_BYTES = 1 << 22
-MAX_FRAME = 1 << 20       # frames of up to 1 MiB: fewer to handle in Python than 16 KiB ones, and h2
-#                           reassembles each by concatenation (larger ones cost more than they save)
+MAX_FRAME = 1 << 20       # frames of up to 1 MiB: fewer to handle in Python than 16 KiB ones
+MAX_HEADER_BLOCK = 1 << 20   # a header block's bytes, over its HEADERS and CONTINUATION frames
 
-
-# h2 builds repr(frame) of every frame it receives, for a trace log that is off: for a DATA frame
-# that copies and hex-encodes the whole body (an 8 MB airq took 40 ms more). A DATA frame's repr
-# says its size instead. (Only in processes that import this module: the tools.)
-hyperframe.frame.DataFrame._body_repr = lambda self: f"<{len(self.data)} bytes>"
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+END_STREAM = ACK = 0x1
+END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
+ENABLE_PUSH, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 2, 4, 5
+DEFAULT_WINDOW, DEFAULT_FRAME = 65535, 16384
+REFUSED_STREAM = 7
 
 
 class WireError(Exception):
@@ -96,29 +94,16 @@ class Channel:
             self._drop(link)
 
 
-class _Connection(h2.connection.H2Connection):
-    """h2's connection, except that a GOAWAY does not close it at once (h2 does, python-hyper/h2#1181):
-    a server that stops gracefully sends one and finishes the calls it has taken (RFC 9113 6.8), so a
-    call in flight then gets its reply. `goaway` keeps the last stream the server said it takes; no
-    new call starts on the connection after one."""
+class ProtocolError(Exception):
+    """The server broke HTTP/2 or HPACK: the call fails with one line, and the connection is dropped."""
 
-    goaway: int | None = None
 
-    def _receive_goaway_frame(self, frame):
-        last = frame.last_stream_id
-        self.goaway = last if self.goaway is None else min(self.goaway, last)
-        event = h2.events.ConnectionTerminated()
-        try:
-            event.error_code = h2.errors.ErrorCodes(frame.error_code)
-        except ValueError:
-            event.error_code = frame.error_code
-        event.last_stream_id = last
-        event.additional_data = frame.additional_data or None
-        return [], [event]
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", kind, flags, stream) + payload
 
 
 class _Link:
-    """One HTTP/2 connection."""
+    """One HTTP/2 connection, and the call on it (one at a time: a thread's)."""
 
     def __init__(self, host: str, port: int, deadline: float):
         try:
@@ -129,17 +114,24 @@ class _Link:
             raise WireError("UNAVAILABLE", f"failed to connect to {host}:{port}: "
                                            f"{e.strerror or type(e).__name__}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # (headers arrive as bytes: a value that is not UTF-8 is decoded with replacement, not raised on)
-        self.conn = _Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
-        self.conn.initiate_connection()
-        self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW,
-                                   h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME})
-        # frames of that size are taken from now on: h2 applies the server's ack of the setting only to the
-        # reads after the one that holds it, and a server that answers at once may send the ack and frames
-        # of the new size in one write (taking larger frames early asks nothing of the server)
-        self.conn.max_inbound_frame_size = MAX_FRAME
-        self.conn.increment_flow_control_window(WINDOW - 65535)
         self.closed = False
+        self.decoder = hpack.Decoder()
+        self.inbox = bytearray()     # what has arrived and is not yet a whole frame
+        self.block: list | None = None   # a header block that waits for its CONTINUATION frames: [stream, flags, bytes]
+        self.goaway: int | None = None   # the last stream the server said it takes, once it has sent a GOAWAY
+        self.next_stream = 1
+        self.send_window = DEFAULT_WINDOW           # the connection's, for what this side sends
+        self.peer_initial_window = DEFAULT_WINDOW   # each new stream's (the server's SETTINGS)
+        self.peer_max_frame = DEFAULT_FRAME
+        self.taken = 0       # bytes of DATA taken on the connection since the last WINDOW_UPDATE
+        self.reply: _Reply | None = None
+        # The preface and this side's settings; frames of MAX_FRAME are taken from now on (taking larger
+        # frames before the server's ack asks nothing of it; a server that answers at once may send the
+        # ack and frames of the new size in one write)
+        settings = b"".join(struct.pack(">HI", key, value) for key, value in
+                            ((ENABLE_PUSH, 0), (INITIAL_WINDOW_SIZE, WINDOW), (MAX_FRAME_SIZE, MAX_FRAME)))
+        self.out = bytearray(PREFACE + _frame(SETTINGS, 0, 0, settings)
+                             + _frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", WINDOW - DEFAULT_WINDOW)))
 
     def usable(self) -> bool:
         """Whether the connection is still open, after taking in what arrived since the last call (a
@@ -155,13 +147,13 @@ class _Link:
             if data == b"":
                 return False
             if data:
-                self.conn.receive_data(data)
-                out = self.conn.data_to_send()
-                if out:
-                    self.sock.sendall(out)
-        except (OSError, ValueError, h2.exceptions.H2Error):
+                self._receive(data)
+            if self.out:
+                self.sock.sendall(self.out)
+                self.out.clear()
+        except (OSError, ProtocolError):
             return False
-        return self.conn.goaway is None and self.conn.state_machine.state != h2.connection.ConnectionState.CLOSED
+        return self.goaway is None and self.next_stream < 1 << 31
 
     def close(self) -> None:
         self.closed = True
@@ -173,28 +165,32 @@ class _Link:
     def call(self, authority: str, method: str, request: bytes, metadata, deadline: float) -> memoryview:
         try:
             return self._call(authority, method, request, metadata, deadline)
-        except (h2.exceptions.H2Error, ValueError) as e:   # (a server that breaks HTTP/2: one line, not a trace)
-            raise WireError("INTERNAL", f"HTTP/2 error: {e or type(e).__name__}") from None
+        except ProtocolError as e:   # (a server that breaks HTTP/2: one line, not a trace)
+            raise WireError("INTERNAL", f"HTTP/2 error: {e}") from None
+        finally:
+            self.reply = None
 
     def _call(self, authority: str, method: str, request: bytes, metadata, deadline: float) -> memoryview:
-        conn = self.conn
-        stream = conn.get_next_available_stream_id()
+        stream = self.next_stream
+        self.next_stream += 2
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
             raise WireError("DEADLINE_EXCEEDED", "deadline exceeded")
-        conn.send_headers(stream, [
+        self._send_headers(stream, hpack.encode([
             (":method", "POST"), (":scheme", "http"), (":path", method), (":authority", authority),
             ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-accept-encoding", "identity"),
-            ("grpc-timeout", f"{min(left_ms, 99_999_999)}m"), ("user-agent", "air-cli"), *metadata])
+            ("grpc-timeout", f"{min(left_ms, 99_999_999)}m"), ("user-agent", "air-cli"), *metadata]))
         body = memoryview(b"\0" + struct.pack(">I", len(request)) + request)
-        reply = _Reply()
+        reply = self.reply = _Reply(stream, self.peer_initial_window)
         sent = False   # the whole call has left: a connection lost now may have been after the server took it
         while body or not reply.ended:
             while body:   # as much as the flow control windows let through; the rest once they open
-                room = min(conn.local_flow_control_window(stream), conn.max_outbound_frame_size, len(body))
+                room = min(self.send_window, reply.send_window, self.peer_max_frame, len(body))
                 if room <= 0:
                     break
-                conn.send_data(stream, body[:room].tobytes(), end_stream=room == len(body))
+                self.out += _frame(DATA, END_STREAM if room == len(body) else 0, stream, body[:room].tobytes())
+                self.send_window -= room
+                reply.send_window -= room
                 body = body[room:]
             try:
                 self._flush(deadline)
@@ -211,8 +207,7 @@ class _Link:
             except WireError as e:
                 e.maybe_done = sent and e.code == "UNAVAILABLE"
                 raise
-            for event in conn.receive_data(data):
-                reply.take(event, stream, conn)
+            self._receive(data)
             if reply.failure is not None and body:   # (the server never had the whole call)
                 reply.failure.maybe_done = False
             if reply.ended and body:   # answered before it had the whole request: a trailers-only error
@@ -223,16 +218,123 @@ class _Link:
             pass   # (acks of what was read: the next call finds out whether the connection is still good)
         return reply.result()
 
+    def _send_headers(self, stream: int, block: bytes) -> None:
+        first, rest = block[:self.peer_max_frame], block[self.peer_max_frame:]
+        self.out += _frame(HEADERS, 0 if rest else END_HEADERS, stream, first)
+        while rest:
+            part, rest = rest[:self.peer_max_frame], rest[self.peer_max_frame:]
+            self.out += _frame(CONTINUATION, 0 if rest else END_HEADERS, stream, part)
+
+    def _receive(self, data: bytes) -> None:
+        """Take in bytes from the server: each whole frame is acted on, the rest kept for the next read."""
+        inbox = self.inbox
+        inbox += data
+        pos = 0
+        while len(inbox) - pos >= 9:
+            length = int.from_bytes(inbox[pos:pos + 3], "big")
+            if length > MAX_FRAME:
+                raise ProtocolError(f"a frame of {length} bytes, over the {MAX_FRAME} allowed")
+            if len(inbox) - pos < 9 + length:
+                break
+            kind, flags = inbox[pos + 3], inbox[pos + 4]
+            stream = int.from_bytes(inbox[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            payload = bytes(inbox[pos + 9:pos + 9 + length])
+            pos += 9 + length
+            self._frame_in(kind, flags, stream, payload)
+        del inbox[:pos]
+
+    def _frame_in(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
+        if self.block is not None and kind != CONTINUATION:
+            raise ProtocolError("a frame inside a header block")
+        reply = self.reply if self.reply is not None and stream == self.reply.stream else None
+        if kind == DATA:
+            if not stream:
+                raise ProtocolError("DATA on stream 0")
+            self.taken += len(payload)
+            if self.taken >= WINDOW // 2:   # (the connection's window, opened again long before it closes)
+                self.out += _frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.taken))
+                self.taken = 0
+            if reply is not None:
+                reply.data(_unpadded(flags, payload), len(payload), flags & END_STREAM)
+        elif kind in (HEADERS, CONTINUATION):
+            if kind == CONTINUATION:
+                if self.block is None or self.block[0] != stream:
+                    raise ProtocolError("a CONTINUATION frame outside a header block")
+                self.block[2] += payload
+            else:
+                if not stream:
+                    raise ProtocolError("HEADERS on stream 0")
+                fragment = _unpadded(flags, payload)
+                if flags & PRIORITY_FLAG:
+                    fragment = fragment[5:]
+                self.block = [stream, flags, bytearray(fragment)]
+            if len(self.block[2]) > MAX_HEADER_BLOCK:
+                raise ProtocolError(f"a header block of more than {MAX_HEADER_BLOCK} bytes")
+            if flags & END_HEADERS:
+                stream, first_flags, block = self.block
+                self.block = None
+                try:   # (every block, for any stream: the decoder's table follows them all)
+                    headers = self.decoder.decode(bytes(block))
+                except hpack.HpackError as e:
+                    raise ProtocolError(str(e)) from None
+                if reply is not None:
+                    reply.headers(headers, first_flags & END_STREAM)
+        elif kind == RST_STREAM:
+            if len(payload) != 4:
+                raise ProtocolError("a RST_STREAM frame that is not 4 bytes")
+            if reply is not None:
+                reply.reset(int.from_bytes(payload, "big"))
+        elif kind == SETTINGS:
+            if flags & ACK:
+                return
+            if stream or len(payload) % 6:
+                raise ProtocolError("a SETTINGS frame that is not one")
+            for key, value in struct.iter_unpack(">HI", payload):
+                if key == INITIAL_WINDOW_SIZE:
+                    if value > 0x7FFFFFFF:
+                        raise ProtocolError(f"an initial window of {value}")
+                    if self.reply is not None:   # (RFC 9113 6.9.2: open streams' windows move by the change)
+                        self.reply.send_window += value - self.peer_initial_window
+                    self.peer_initial_window = value
+                elif key == MAX_FRAME_SIZE:
+                    if not DEFAULT_FRAME <= value < 1 << 24:
+                        raise ProtocolError(f"a largest frame of {value}")
+                    self.peer_max_frame = value
+            self.out += _frame(SETTINGS, ACK, 0)
+        elif kind == PING:
+            if len(payload) != 8 or stream:
+                raise ProtocolError("a PING frame that is not one")
+            if not flags & ACK:
+                self.out += _frame(PING, ACK, 0, payload)
+        elif kind == GOAWAY:
+            if len(payload) < 8:
+                raise ProtocolError("a GOAWAY frame shorter than 8 bytes")
+            last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
+            self.goaway = last if self.goaway is None else min(self.goaway, last)
+            if self.reply is not None:
+                self.reply.goaway(last, int.from_bytes(payload[4:8], "big"))
+        elif kind == WINDOW_UPDATE:
+            if len(payload) != 4:
+                raise ProtocolError("a WINDOW_UPDATE frame that is not 4 bytes")
+            increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+            if not stream:
+                self.send_window += increment
+            elif reply is not None:
+                reply.send_window += increment
+        elif kind == PUSH_PROMISE:
+            raise ProtocolError("a PUSH_PROMISE, which this side turned off")
+        # (PRIORITY, and frame types this side does not know, are ignored: RFC 9113 4.1 and 5.3.2)
+
     def _flush(self, deadline: float) -> None:
-        out = self.conn.data_to_send()
-        if out:
+        if self.out:
             self.sock.settimeout(max(0.001, deadline - time.monotonic()))
             try:
-                self.sock.sendall(out)
+                self.sock.sendall(self.out)
             except socket.timeout:
                 raise WireError("DEADLINE_EXCEEDED", "deadline exceeded while sending") from None
             except OSError as e:
                 raise WireError("UNAVAILABLE", f"connection lost: {e.strerror or type(e).__name__}") from None
+            self.out.clear()
 
     def _read(self, deadline: float) -> bytes:
         left = deadline - time.monotonic()
@@ -250,45 +352,65 @@ class _Link:
         return data
 
 
-class _Reply:
-    """One call's reply as its events arrive: the message's bytes and the status."""
+def _unpadded(flags: int, payload: bytes) -> bytes:
+    if not flags & PADDED:
+        return payload
+    if not payload or payload[0] >= len(payload):
+        raise ProtocolError("padding longer than its frame")
+    return payload[1:len(payload) - payload[0]]
 
-    def __init__(self):
+
+class _Reply:
+    """One call's reply as its frames arrive: the message's bytes and the status."""
+
+    def __init__(self, stream: int, send_window: int):
+        self.stream = stream
+        self.send_window = send_window   # the stream's, for what this side sends
         self.chunks: list[bytes] = []
+        self.received = 0
         self.status: dict[str, str] = {}
         self.http_status = ""
+        self.responded = False
         self.ended = False
         self.failure: WireError | None = None
 
-    def take(self, event, stream: int, conn: h2.connection.H2Connection) -> None:
-        if isinstance(event, h2.events.ConnectionTerminated):
-            taken = event.last_stream_id is not None and event.last_stream_id >= stream
-            if self.ended or (taken and event.error_code == 0):
-                return   # (a call the server took goes on to its reply; the next call opens a new connection)
-            self.ended = True
-            self.failure = WireError("UNAVAILABLE", f"the server closed the connection (GOAWAY, error "
-                                                    f"{event.error_code})", unprocessed=not taken, maybe_done=taken)
+    def headers(self, headers: list[tuple[bytes, bytes]], end_stream: int) -> None:
+        if self.ended:
             return
-        if getattr(event, "stream_id", stream) != stream:
+        decoded = _decoded(headers)
+        if not self.responded:
+            self.http_status = decoded.get(":status", "")
+            if self.http_status.startswith("1") and not end_stream:
+                return   # (an informational response: the real one follows)
+            self.responded = True
+        self.status.update(decoded)   # (the response's headers, then the trailers; a trailers-only response)
+        if end_stream:
+            self.ended = True
+
+    def data(self, data: bytes, counted: int, end_stream: int) -> None:
+        if self.ended:
             return
-        if isinstance(event, h2.events.ResponseReceived):
-            headers = _decoded(event.headers)
-            self.http_status = headers.get(":status", "")
-            self.status.update(headers)   # (a trailers-only response has its status here)
-        elif isinstance(event, h2.events.DataReceived):
-            self.chunks.append(event.data)
-            if event.flow_controlled_length:
-                conn.acknowledge_received_data(event.flow_controlled_length, stream)
-        elif isinstance(event, h2.events.TrailersReceived):
-            self.status.update(_decoded(event.headers))
-        elif isinstance(event, h2.events.StreamEnded):
+        self.received += counted
+        if self.received > WINDOW:
+            raise ProtocolError("more DATA than the stream's window")
+        self.chunks.append(data)
+        if end_stream:
             self.ended = True
-        elif isinstance(event, h2.events.StreamReset):
-            if self.ended and "grpc-status" in self.status:
-                return   # (after a complete answer, often a trailers-only error to a request not all read)
-            self.ended = True
-            self.failure = WireError("UNAVAILABLE" if event.error_code == 7 else "INTERNAL",   # 7: REFUSED_STREAM
-                                     f"the server reset the call (error {event.error_code})")
+
+    def reset(self, code: int) -> None:
+        if self.ended and "grpc-status" in self.status:
+            return   # (after a complete answer, often a trailers-only error to a request not all read)
+        self.ended = True
+        self.failure = WireError("UNAVAILABLE" if code == REFUSED_STREAM else "INTERNAL",
+                                 f"the server reset the call (error {code})")
+
+    def goaway(self, last: int, code: int) -> None:
+        taken = last >= self.stream
+        if self.ended or (taken and code == 0):
+            return   # (a call the server took goes on to its reply; the next call opens a new connection)
+        self.ended = True
+        self.failure = WireError("UNAVAILABLE", f"the server closed the connection (GOAWAY, error {code})",
+                                 unprocessed=not taken, maybe_done=taken)
 
     def result(self) -> memoryview:
         if self.failure is not None:
@@ -330,9 +452,8 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
     return socket.create_connection((host, port), timeout=timeout)
 
 
-def _decoded(headers) -> dict[str, str]:
-    return {(k.decode("latin-1") if isinstance(k, bytes) else k): (v.decode("utf-8", "replace") if isinstance(v, bytes)
-                                                                   else v) for k, v in headers}
+def _decoded(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("utf-8", "replace") for k, v in headers}
 
 
 def _split(address: str) -> tuple[str, int]:

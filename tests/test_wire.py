@@ -268,3 +268,74 @@ def test_an_answer_in_frames_as_large_as_the_client_allows_that_comes_with_the_s
                           action="at-once")
     assert Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"hi", (), 5) == payload
     thread.join(5)
+
+
+def test_frames_of_every_kind_a_server_may_send_are_read_and_answered_as_http2_says():
+    """A server written with hyperframe and hpack (independent of aircli.wire) that sends what grpcio
+    seldom does: a window of 100 bytes, opened by WINDOW_UPDATEs as the request arrives; a PING, which
+    must come back as its ack; a frame of a kind HTTP/2 does not define; response headers padded, with
+    a priority, split over HEADERS and CONTINUATION, Huffman-coded and indexed; padded DATA; a PRIORITY
+    frame; trailers that refer to the headers' table entries."""
+    import socket
+    import hpack as reference
+    from hyperframe import frame as hf
+    port = free_port()
+    listener = socket.create_server(("127.0.0.1", port))
+    payload = bytes(range(256)) * 30
+    seen = {"request": b"", "ping_ack": None, "settings_ack": False, "over_window": False}
+
+    def serve():
+        sock, _ = listener.accept()
+        listener.close()
+        encoder = reference.Encoder()
+        with sock:
+            assert sock.recv(24, socket.MSG_WAITALL) == b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+            sock.sendall(hf.SettingsFrame(0, settings={hf.SettingsFrame.INITIAL_WINDOW_SIZE: 100}).serialize()
+                         + hf.PingFrame(0, opaque_data=b"12345678").serialize()
+                         + b"\0\0\x08\xee\0\0\0\0\0whatever")   # (hyperframe's ExtensionFrame writes no length)
+            # what the client may send: 65535 on the stream and the connection, until it acks the settings
+            # (RFC 9113 6.9.2: its stream window then moves by 100 - 65535, and may go below 0)
+            window = connection = 65535
+            ended = False
+            while not (ended and seen["ping_ack"] is not None):
+                header = sock.recv(9, socket.MSG_WAITALL)
+                if len(header) < 9:
+                    return
+                f, length = hf.Frame.parse_frame_header(memoryview(header))
+                f.parse_body(memoryview(sock.recv(length, socket.MSG_WAITALL) if length else b""))
+                if isinstance(f, hf.SettingsFrame) and "ACK" in f.flags:
+                    seen["settings_ack"] = True
+                    window += 100 - 65535
+                elif isinstance(f, hf.PingFrame) and "ACK" in f.flags:
+                    seen["ping_ack"] = f.opaque_data
+                elif isinstance(f, hf.DataFrame):
+                    window -= len(f.data)
+                    connection -= len(f.data)
+                    seen["over_window"] |= window < 0 or connection < 0
+                    seen["request"] += f.data
+                    ended = "END_STREAM" in f.flags
+                    if f.data and not ended:   # (each frame's bytes given back at once: 100 at a time)
+                        window += len(f.data)
+                        connection += len(f.data)
+                        sock.sendall(hf.WindowUpdateFrame(1, window_increment=len(f.data)).serialize()
+                                     + hf.WindowUpdateFrame(0, window_increment=len(f.data)).serialize())
+            block = encoder.encode([(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                    (b"x-long", b"v" * 3000)], huffman=True)
+            first = hf.HeadersFrame(1, data=block[:1000], flags=["PADDED", "PRIORITY"], pad_length=7,
+                                    depends_on=0, stream_weight=15)
+            rest = hf.ContinuationFrame(1, data=block[1000:], flags=["END_HEADERS"])
+            message = b"\0" + len(payload).to_bytes(4, "big") + payload
+            data = hf.DataFrame(1, data=message, flags=["PADDED"], pad_length=40)
+            trailers = hf.HeadersFrame(1, data=encoder.encode([(b"grpc-status", b"0"), (b"x-long", b"v" * 3000)]),
+                                       flags=["END_HEADERS", "END_STREAM"])
+            sock.sendall(first.serialize() + rest.serialize() + hf.PriorityFrame(1, depends_on=0).serialize()
+                         + data.serialize() + trailers.serialize())
+            sock.recv(1024)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    request = bytes(range(7, 256)) * 600   # over the first 65535 bytes: the rest 100 at a time
+    assert Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", request, (), 10) == payload
+    thread.join(5)
+    assert seen["request"] == b"\0" + len(request).to_bytes(4, "big") + request
+    assert (seen["ping_ack"], seen["settings_ack"], seen["over_window"]) == (b"12345678", True, False)
