@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
 
 from air.protos.limits import MAX_CONSTRAINT_CHARS, MAX_HET_COMPONENTS, MAX_NODE_NAMES
+from air.protos.record import Record
 from air.protos.timefmt import parse_duration
 
 
@@ -17,8 +17,7 @@ class OptionError(Exception):
     pass
 
 
-@dataclass(frozen=True)
-class Opt:
+class Opt(Record):
     dest: str
     long: str
     short: str | None = None

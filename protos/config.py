@@ -1,22 +1,21 @@
 """The cluster configuration (air.toml), shared by airctld, airnoded and the tools.
 
-Loaded once into frozen dataclasses and checked on load: an unknown key or a bad value
+Loaded once into frozen records (protos.record) and checked on load: an unknown key or a bad value
 raises ConfigError with a message that names the key and the file.
 """
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import math
 import os
 import re
 import tomllib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import hostlist
 
 from air.protos import rlimits
+from air.protos.record import Record, fields, replace
 from air.protos.timefmt import parse_duration
 
 if TYPE_CHECKING:   # (pathlib is imported where a path is made: the short commands never need one)
@@ -32,8 +31,7 @@ class ConfigError(Exception):
     pass
 
 
-@dataclass(frozen=True)
-class ControllerConfig:
+class ControllerConfig(Record):
     address: str = "127.0.0.1:6817"
     state_dir: str = "/var/lib/air"
     auth: str = "munge"
@@ -106,8 +104,7 @@ class ControllerConfig:
         return from_settings(self.auth, self.munge_socket)
 
 
-@dataclass(frozen=True)
-class NodeConfig:
+class NodeConfig(Record):
     name: str
     address: str
     port: int = 6818
@@ -142,8 +139,7 @@ class NodeConfig:
         return Path(self.ib_sysfs.replace("%n", self.name))
 
 
-@dataclass(frozen=True)
-class PartitionConfig:
+class PartitionConfig(Record):
     name: str
     nodes: tuple[str, ...]
     default: bool = False
@@ -154,8 +150,7 @@ class PartitionConfig:
     accounts: tuple = ()      # accounts that may use the partition; empty: all
 
 
-@dataclass(frozen=True)
-class AccountConfig:
+class AccountConfig(Record):
     name: str
     users: tuple = ()         # user names, or @groups, who may charge jobs to this account
     parent: str = "root"
@@ -163,8 +158,7 @@ class AccountConfig:
     max_gpus: int = 0         # GrpTRES=gres/gpu: GPUs the account and its sub-accounts hold at once; 0: no limit
 
 
-@dataclass(frozen=True)
-class QosConfig:
+class QosConfig(Record):
     name: str
     priority: int = 0         # the QOS factor: this over the highest QOS priority
     max_gpus_per_user: int = 0     # 0: no limit
@@ -182,8 +176,7 @@ class QosConfig:
         return not self.users and not self.accounts and (not self.preempt or default)
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
+class SchedulerConfig(Record):
     """Multifactor priority, fairshare, backfill and preemption."""
     weight_age: int = 1000
     weight_fairshare: int = 10000
@@ -200,8 +193,7 @@ class SchedulerConfig:
     default_qos: str = "normal"
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(Record):
     controller: ControllerConfig
     nodes: tuple[NodeConfig, ...]
     partitions: tuple[PartitionConfig, ...]
@@ -249,7 +241,7 @@ def load(explicit: str | None = None) -> Config:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
     try:
-        return dataclasses.replace(parse(data), path=path)
+        return replace(parse(data), path=path)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
 
@@ -422,7 +414,7 @@ def _qos(where: str, raw: dict) -> QosConfig:
 def _scheduler(raw: dict) -> SchedulerConfig:
     where = "[scheduler]"
     times = ("max_age", "usage_half_life")
-    plain = {f.name for f in dataclasses.fields(SchedulerConfig)} - {t + "_s" for t in times}
+    plain = set(fields(SchedulerConfig)) - {t + "_s" for t in times}
     _check_keys(where, raw, plain | set(times))
     rest = {k: v for k, v in raw.items() if k not in times}
     sched = _build(SchedulerConfig, where, {**rest, **_durations(where, raw, times)})
@@ -450,11 +442,11 @@ def _short(value) -> str:
 
 
 def _build(cls, where: str, raw: dict, **extra):
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    _check_keys(where, raw, set(fields) - set(extra))
+    types = fields(cls)
+    _check_keys(where, raw, set(types) - set(extra))
     values = {}
     for key, value in raw.items():
-        want = fields[key].type
+        want = types[key]
         ok = {"str": isinstance(value, str), "int": isinstance(value, int) and not isinstance(value, bool),
               "float": isinstance(value, (int, float)) and not isinstance(value, bool),
               "bool": isinstance(value, bool),
@@ -480,7 +472,7 @@ def _expand(where: str, key: str, text: str) -> list[str]:
 
 
 def _nodes(where: str, raw: dict) -> list[NodeConfig]:
-    _check_keys(where, raw, {f.name for f in dataclasses.fields(NodeConfig)})
+    _check_keys(where, raw, set(fields(NodeConfig)))
     if "name" not in raw or "address" not in raw:
         raise ConfigError(f"{where} needs name and address")
     names = _expand(where, "name", raw["name"])
@@ -532,6 +524,6 @@ def _partition(where: str, raw: dict, known: set[str]) -> PartitionConfig:
         raise ConfigError(f"{where} default = {raw['default']!r}: expected true or false")
     extra = _build(PartitionConfig, where, {k: raw[k] for k in ("priority", "accounts") if k in raw},
                    name=raw["name"], nodes=tuple(nodes))
-    return dataclasses.replace(extra, default=raw.get("default", False), up=state == "up",
+    return replace(extra, default=raw.get("default", False), up=state == "up",
                                max_time_s=times["max_time"],
                                default_time_s=times["default_time"] or times["max_time"])

@@ -18,8 +18,9 @@ user *name* sent by a client.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from air.protos.record import Record
 
 if TYPE_CHECKING:   # (grpc is imported where a channel is signed or a call identified: the tools' calls
     import grpc     # go without it, see aircli/wire.py)
@@ -30,8 +31,7 @@ CRED_KEY = "air-cred"
 MODES = ("none", "munge")
 
 
-@dataclass(frozen=True)
-class Identity:
+class Identity(Record):
     uid: int
     gid: int
 

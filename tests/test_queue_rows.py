@@ -11,6 +11,7 @@ from air.airctld.model import NodeAlloc, evolve
 from air.protos import air_pb2 as pb
 from air.protos import squeue
 from air.protos.credential import Identity
+from air.protos.record import replace
 from air.protos.states import JobPhase, JobResult, Reason
 
 ALICE, BOB, ROOT = Identity(4242, 4242), Identity(4343, 4343), Identity(0, 0)
@@ -190,13 +191,12 @@ def _ids(text: str) -> list[str]:
 
 def test_filters_and_privacy_pick_the_rows_a_user_expects(controller, tmp_path):
     # expected rows written out by hand: what each user submitted, under each filter
-    import dataclasses
     from air.airctld.controller import Controller
     from air.airctld.store import Store
     c, clock = controller
     c.stop()
     conf = c.config
-    private = dataclasses.replace(conf, controller=dataclasses.replace(conf.controller, private_jobs=True))
+    private = replace(conf, controller=replace(conf.controller, private_jobs=True))
     c = Controller(private, Store(str(tmp_path / "private.db")), clock=clock, monotonic=clock)
     try:
         base = dict(script="#!/bin/sh\n", workdir="/tmp", hold=True)
@@ -332,7 +332,6 @@ def test_tasks_removed_by_retention_are_left_out_not_a_failure(controller):
 
 
 def test_a_job_stored_before_qos_was_recorded_shows_the_default_it_ran_under(controller, tmp_path):
-    import dataclasses
     from air.airctld.controller import Controller
     from air.airctld.store import Store
     c, clock = controller
@@ -344,7 +343,7 @@ def test_a_job_stored_before_qos_was_recorded_shows_the_default_it_ran_under(con
                            [legacy.request.SerializeToString(), job_id])
     c.stop()
     conf = c.config
-    standard = dataclasses.replace(conf, scheduler=dataclasses.replace(conf.scheduler, default_qos="standard"))
+    standard = replace(conf, scheduler=replace(conf.scheduler, default_qos="standard"))
     again = Controller(standard, Store(str(tmp_path / "air.db")), clock=clock, monotonic=clock)
     try:
         assert [pb.Job.FromString(b).request.qos for b in again.list_jobs(pb.JobFilter(), ALICE)] == ["standard"]
