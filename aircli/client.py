@@ -208,10 +208,10 @@ class Client:
         except CredentialError as e:
             raise CliError(str(e)) from None
         except WireError as e:
-            if e.code == "UNAVAILABLE" and e.maybe_done:   # (a retry by hand could do it twice)
-                raise CliError(f"airctld at {self.address} went away before it answered; the request may have "
-                               f"been carried out: look before you repeat it ({_one_line(e.details)})",
-                               "UNAVAILABLE") from None
+            if e.maybe_done:   # (a retry by hand could do it twice)
+                what = "went away before it answered" if e.code == "UNAVAILABLE" else "broke off its answer"
+                raise CliError(f"airctld at {self.address} {what}; the request may have been carried out: look "
+                               f"before you repeat it ({_one_line(e.details)})", e.code) from None
             if e.code == "UNAVAILABLE":
                 raise CliError(f"cannot reach airctld at {self.address}: is it running? "
                                f"({_one_line(e.details or 'unavailable')})", "UNAVAILABLE") from None

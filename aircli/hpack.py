@@ -5,7 +5,7 @@ strings). Pure: bytes in, bytes out, an HpackError for a block that breaks the f
 from __future__ import annotations
 
 DEFAULT_TABLE_SIZE = 4096   # SETTINGS_HEADER_TABLE_SIZE's initial value, which aircli.wire keeps
-MAX_HEADER_LIST = 1 << 20   # a decoded block's size as RFC 9113 counts it (each field 32 more): past it, an error
+MAX_HEADER_LIST = 1 << 16   # a decoded block's size as RFC 9113 counts it (each field 32 more): past it, an error
 
 # RFC 7541 appendix A, index 1 to 61: a name, then its value where it has one
 _STATIC_TEXT = """:authority

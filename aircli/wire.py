@@ -26,13 +26,14 @@ STATUS = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
 WINDOW = 1 << 30          # what the server may send before we say we took it
 READ_BYTES = 1 << 22
 MAX_FRAME = 1 << 20       # frames of up to 1 MiB: fewer to handle in Python than 16 KiB ones
-MAX_HEADER_BLOCK = 1 << 20   # a header block's bytes, over its HEADERS and CONTINUATION frames
+MAX_HEADER_BLOCK = 1 << 16   # a header block's bytes, over its HEADERS and CONTINUATION frames (and its
+#                              decoded size: hpack.MAX_HEADER_LIST, told to the server in the settings)
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM = ACK = 0x1
 END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
-ENABLE_PUSH, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 2, 4, 5
+ENABLE_PUSH, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 2, 4, 5, 6
 DEFAULT_WINDOW, DEFAULT_FRAME = 65535, 16384
 REFUSED_STREAM = 7
 
@@ -69,7 +70,7 @@ class Channel:
             if time.monotonic() >= deadline:   # (never sent once the caller has been told it timed out)
                 raise WireError("DEADLINE_EXCEEDED", "deadline exceeded")
             link = getattr(self._local, "link", None)
-            if link is None or not link.usable():   # (closed by the server since the last call: a new one)
+            if link is None or not link.usable(deadline):   # (closed by the server since the last call: a new one)
                 if link is not None:
                     link.close()
                 link = self._local.link = _Link(self._host, self._port, deadline)
@@ -125,19 +126,23 @@ class _Link:
         self.peer_max_frame = DEFAULT_FRAME
         self.taken = 0       # bytes of DATA taken on the connection since the last WINDOW_UPDATE
         self.reply: _Reply | None = None
+        self.deadline = deadline   # what is read is acted on only until then (a server's frames cost CPU)
+        self.sent = False          # the whole call has left: a failure now may be after the server took it
         # The preface and this side's settings; frames of MAX_FRAME are taken from now on (taking larger
         # frames before the server's ack asks nothing of it; a server that answers at once may send the
         # ack and frames of the new size in one write)
         settings = b"".join(struct.pack(">HI", key, value) for key, value in
-                            ((ENABLE_PUSH, 0), (INITIAL_WINDOW_SIZE, WINDOW), (MAX_FRAME_SIZE, MAX_FRAME)))
+                            ((ENABLE_PUSH, 0), (INITIAL_WINDOW_SIZE, WINDOW), (MAX_FRAME_SIZE, MAX_FRAME),
+                             (MAX_HEADER_LIST_SIZE, hpack.MAX_HEADER_LIST)))
         self.out = bytearray(PREFACE + _frame(SETTINGS, 0, 0, settings)
                              + _frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", WINDOW - DEFAULT_WINDOW)))
 
-    def usable(self) -> bool:
+    def usable(self, deadline: float) -> bool:
         """Whether the connection is still open, after taking in what arrived since the last call (a
         GOAWAY of a server that stopped or restarted, a PING)."""
         if self.closed:
             return False
+        self.deadline = deadline
         try:
             self.sock.setblocking(False)
             try:
@@ -151,7 +156,7 @@ class _Link:
             if self.out:
                 self.sock.sendall(self.out)
                 self.out.clear()
-        except (OSError, ProtocolError):
+        except (OSError, ProtocolError, WireError):
             return False
         return self.goaway is None and self.next_stream < 1 << 31
 
@@ -163,10 +168,11 @@ class _Link:
             pass
 
     def call(self, authority: str, method: str, request: bytes, metadata, deadline: float) -> memoryview:
+        self.deadline, self.sent = deadline, False
         try:
             return self._call(authority, method, request, metadata, deadline)
         except ProtocolError as e:   # (a server that breaks HTTP/2: one line, not a trace)
-            raise WireError("INTERNAL", f"HTTP/2 error: {e}") from None
+            raise WireError("INTERNAL", f"HTTP/2 error: {e}", maybe_done=self.sent) from None
         finally:
             self.reply = None
 
@@ -182,7 +188,6 @@ class _Link:
             ("grpc-timeout", f"{min(left_ms, 99_999_999)}m"), ("user-agent", "air-cli"), *metadata]))
         body = memoryview(b"\0" + struct.pack(">I", len(request)) + request)
         reply = self.reply = _Reply(stream, self.peer_initial_window)
-        sent = False   # the whole call has left: a connection lost now may have been after the server took it
         while body or not reply.ended:
             while body:   # as much as the flow control windows let through; the rest once they open
                 room = min(self.send_window, reply.send_window, self.peer_max_frame, len(body))
@@ -197,15 +202,15 @@ class _Link:
             except WireError as e:
                 if reply.ended and reply.failure is None:
                     break   # (the answer is in: what this side still owed the server, acks, no longer matters)
-                e.maybe_done = sent and e.code == "UNAVAILABLE"   # (`sent`: the whole call had left before)
+                e.maybe_done = self.sent and e.code == "UNAVAILABLE"   # (the whole call had left before)
                 raise
-            sent = not body
+            self.sent = not body
             if reply.ended:
                 break
             try:
                 data = self._read(deadline)
             except WireError as e:
-                e.maybe_done = sent and e.code == "UNAVAILABLE"
+                e.maybe_done = self.sent and e.code == "UNAVAILABLE"
                 raise
             self._receive(data)
             if reply.failure is not None and body:   # (the server never had the whole call)
@@ -226,27 +231,48 @@ class _Link:
             self.out += _frame(CONTINUATION, 0 if rest else END_HEADERS, stream, part)
 
     def _receive(self, data: bytes) -> None:
-        """Take in bytes from the server: each whole frame is acted on, the rest kept for the next read."""
+        """Take in bytes from the server: each whole frame is acted on, the rest kept for the next read.
+        Frames are read in place (a DATA frame's payload stays a view of the bytes read, copied once,
+        when the reply is joined): an airq of 8 MB spent more on copying them than on all the rest."""
+        view = memoryview(data)
         inbox = self.inbox
-        inbox += data
-        pos = 0
-        while len(inbox) - pos >= 9:
-            length = int.from_bytes(inbox[pos:pos + 3], "big")
-            if length > MAX_FRAME:
-                raise ProtocolError(f"a frame of {length} bytes, over the {MAX_FRAME} allowed")
-            if len(inbox) - pos < 9 + length:
+        if inbox:   # a frame begun in an earlier read: made whole from this one's first bytes
+            if len(inbox) < 9:
+                take = 9 - len(inbox)
+                inbox += view[:take]
+                view = view[take:]
+                if len(inbox) < 9:
+                    return
+            total = 9 + _length(inbox)
+            take = total - len(inbox)
+            inbox += view[:take]
+            view = view[take:]
+            if len(inbox) < total:
+                return
+            frame = memoryview(bytes(inbox))   # (its own bytes: what the reply keeps must not change)
+            inbox.clear()
+            self._frame_in(frame)
+        pos, end = 0, len(view)
+        while end - pos >= 9:
+            total = 9 + _length(view[pos:pos + 3])
+            if end - pos < total:
                 break
-            kind, flags = inbox[pos + 3], inbox[pos + 4]
-            stream = int.from_bytes(inbox[pos + 5:pos + 9], "big") & 0x7FFFFFFF
-            payload = bytes(inbox[pos + 9:pos + 9 + length])
-            pos += 9 + length
-            self._frame_in(kind, flags, stream, payload)
-        del inbox[:pos]
+            if time.monotonic() >= self.deadline:   # (a read of 5 MB of frames is no way past the deadline)
+                raise WireError("DEADLINE_EXCEEDED", "deadline exceeded")
+            self._frame_in(view[pos:pos + total])
+            pos += total
+        inbox += view[pos:]
 
-    def _frame_in(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
+    def _frame_in(self, frame: memoryview) -> None:
+        kind, flags = frame[3], frame[4]
+        stream = int.from_bytes(frame[5:9], "big") & 0x7FFFFFFF
+        payload = frame[9:]
         if self.block is not None and kind != CONTINUATION:
             raise ProtocolError("a frame inside a header block")
         reply = self.reply if self.reply is not None and stream == self.reply.stream else None
+        if stream and (stream % 2 == 0 or stream >= self.next_stream) and kind not in (PRIORITY, SETTINGS, PING,
+                                                                                        GOAWAY):
+            raise ProtocolError(f"a frame on stream {stream}, which this side never opened")
         if kind == DATA:
             if not stream:
                 raise ProtocolError("DATA on stream 0")
@@ -266,6 +292,8 @@ class _Link:
                     raise ProtocolError("HEADERS on stream 0")
                 fragment = _unpadded(flags, payload)
                 if flags & PRIORITY_FLAG:
+                    if len(fragment) < 5:
+                        raise ProtocolError("a HEADERS frame too short for its priority")
                     fragment = fragment[5:]
                 self.block = [stream, flags, bytearray(fragment)]
             if len(self.block[2]) > MAX_HEADER_BLOCK:
@@ -317,10 +345,16 @@ class _Link:
             if len(payload) != 4:
                 raise ProtocolError("a WINDOW_UPDATE frame that is not 4 bytes")
             increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+            if not increment:
+                raise ProtocolError("a WINDOW_UPDATE of 0")
             if not stream:
                 self.send_window += increment
+                if self.send_window > 0x7FFFFFFF:
+                    raise ProtocolError("a connection window over 2^31 - 1")
             elif reply is not None:
                 reply.send_window += increment
+                if reply.send_window > 0x7FFFFFFF:
+                    raise ProtocolError("a stream window over 2^31 - 1")
         elif kind == PUSH_PROMISE:
             raise ProtocolError("a PUSH_PROMISE, which this side turned off")
         # (PRIORITY, and frame types this side does not know, are ignored: RFC 9113 4.1 and 5.3.2)
@@ -330,9 +364,11 @@ class _Link:
             self.sock.settimeout(max(0.001, deadline - time.monotonic()))
             try:
                 self.sock.sendall(self.out)
-            except socket.timeout:
+            except socket.timeout:   # (some of it may have left: the connection's framing is lost)
+                self.closed = True
                 raise WireError("DEADLINE_EXCEEDED", "deadline exceeded while sending") from None
             except OSError as e:
+                self.closed = True
                 raise WireError("UNAVAILABLE", f"connection lost: {e.strerror or type(e).__name__}") from None
             self.out.clear()
 
@@ -352,7 +388,14 @@ class _Link:
         return data
 
 
-def _unpadded(flags: int, payload: bytes) -> bytes:
+def _length(header) -> int:
+    length = int.from_bytes(header[:3], "big")
+    if length > MAX_FRAME:
+        raise ProtocolError(f"a frame of {length} bytes, over the {MAX_FRAME} allowed")
+    return length
+
+
+def _unpadded(flags: int, payload: memoryview) -> memoryview:
     if not flags & PADDED:
         return payload
     if not payload or payload[0] >= len(payload):
@@ -375,21 +418,27 @@ class _Reply:
         self.failure: WireError | None = None
 
     def headers(self, headers: list[tuple[bytes, bytes]], end_stream: int) -> None:
+        """The response's headers (after any informational ones), then the trailers, which end it; or a
+        trailers-only response. Nothing more: each block is bounded, and so is their number."""
         if self.ended:
             return
         decoded = _decoded(headers)
         if not self.responded:
             self.http_status = decoded.get(":status", "")
             if self.http_status.startswith("1") and not end_stream:
-                return   # (an informational response: the real one follows)
+                return   # (an informational response, kept nowhere: the real one follows)
             self.responded = True
-        self.status.update(decoded)   # (the response's headers, then the trailers; a trailers-only response)
+        elif not end_stream:
+            raise ProtocolError("a second header block that does not end the stream")
+        self.status.update(decoded)
         if end_stream:
             self.ended = True
 
     def data(self, data: bytes, counted: int, end_stream: int) -> None:
         if self.ended:
             return
+        if not self.responded:
+            raise ProtocolError("DATA before the response's headers")
         self.received += counted
         if self.received > WINDOW:
             raise ProtocolError("more DATA than the stream's window")
@@ -401,8 +450,10 @@ class _Reply:
         if self.ended and "grpc-status" in self.status:
             return   # (after a complete answer, often a trailers-only error to a request not all read)
         self.ended = True
-        self.failure = WireError("UNAVAILABLE" if code == REFUSED_STREAM else "INTERNAL",
-                                 f"the server reset the call (error {code})")
+        if code == REFUSED_STREAM:   # (RFC 9113 8.7: refused before any of it was processed, so sent again)
+            self.failure = WireError("UNAVAILABLE", "the server refused the call (REFUSED_STREAM)", unprocessed=True)
+        else:
+            self.failure = WireError("INTERNAL", f"the server reset the call (error {code})")
 
     def goaway(self, last: int, code: int) -> None:
         taken = last >= self.stream

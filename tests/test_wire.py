@@ -270,12 +270,30 @@ def test_an_answer_in_frames_as_large_as_the_client_allows_that_comes_with_the_s
     thread.join(5)
 
 
-def test_frames_of_every_kind_a_server_may_send_are_read_and_answered_as_http2_says():
+def _grant(sock, window: int, connection: int, binding: str) -> tuple[int, int]:
+    """WINDOW_UPDATEs only once a window is spent: the stream's back to 100 bytes, the connection's to
+    30,000 (a client that sent past a window has then surely done so before its update)."""
+    from hyperframe import frame as hf
+    grants = b""
+    if binding == "stream" and window <= 0:
+        grants += hf.WindowUpdateFrame(1, window_increment=100 - window).serialize()
+        window = 100
+    if connection <= 0:
+        grants += hf.WindowUpdateFrame(0, window_increment=30_000 - connection).serialize()
+        connection = 30_000
+    if grants:
+        sock.sendall(grants)
+    return window, connection
+
+
+@pytest.mark.parametrize("binding", ["stream", "connection"])
+def test_frames_of_every_kind_a_server_may_send_are_read_and_answered_as_http2_says(binding):
     """A server written with hyperframe and hpack (independent of aircli.wire) that sends what grpcio
-    seldom does: a window of 100 bytes, opened by WINDOW_UPDATEs as the request arrives; a PING, which
-    must come back as its ack; a frame of a kind HTTP/2 does not define; response headers padded, with
-    a priority, split over HEADERS and CONTINUATION, Huffman-coded and indexed; padded DATA; a PRIORITY
-    frame; trailers that refer to the headers' table entries."""
+    seldom does: a stream window of 100 bytes and WINDOW_UPDATEs as the request arrives (or a stream
+    window opened wide at once, so that the connection's is the one that binds); a PING, which must
+    come back as its ack; a frame of a kind HTTP/2 does not define; an informational response;
+    response headers padded, with a priority, split over HEADERS and CONTINUATION, Huffman-coded and
+    indexed; padded DATA; a PRIORITY frame; trailers that refer to the headers' table entries."""
     import socket
     import hpack as reference
     from hyperframe import frame as hf
@@ -306,6 +324,10 @@ def test_frames_of_every_kind_a_server_may_send_are_read_and_answered_as_http2_s
                 if isinstance(f, hf.SettingsFrame) and "ACK" in f.flags:
                     seen["settings_ack"] = True
                     window += 100 - 65535
+                    window, connection = _grant(sock, window, connection, binding)
+                elif isinstance(f, hf.HeadersFrame) and binding == "connection":
+                    window += 1 << 24
+                    sock.sendall(hf.WindowUpdateFrame(1, window_increment=1 << 24).serialize())
                 elif isinstance(f, hf.PingFrame) and "ACK" in f.flags:
                     seen["ping_ack"] = f.opaque_data
                 elif isinstance(f, hf.DataFrame):
@@ -314,11 +336,8 @@ def test_frames_of_every_kind_a_server_may_send_are_read_and_answered_as_http2_s
                     seen["over_window"] |= window < 0 or connection < 0
                     seen["request"] += f.data
                     ended = "END_STREAM" in f.flags
-                    if f.data and not ended:   # (each frame's bytes given back at once: 100 at a time)
-                        window += len(f.data)
-                        connection += len(f.data)
-                        sock.sendall(hf.WindowUpdateFrame(1, window_increment=len(f.data)).serialize()
-                                     + hf.WindowUpdateFrame(0, window_increment=len(f.data)).serialize())
+                    if not ended:
+                        window, connection = _grant(sock, window, connection, binding)
             block = encoder.encode([(b":status", b"200"), (b"content-type", b"application/grpc"),
                                     (b"x-long", b"v" * 3000)], huffman=True)
             first = hf.HeadersFrame(1, data=block[:1000], flags=["PADDED", "PRIORITY"], pad_length=7,
@@ -328,7 +347,9 @@ def test_frames_of_every_kind_a_server_may_send_are_read_and_answered_as_http2_s
             data = hf.DataFrame(1, data=message, flags=["PADDED"], pad_length=40)
             trailers = hf.HeadersFrame(1, data=encoder.encode([(b"grpc-status", b"0"), (b"x-long", b"v" * 3000)]),
                                        flags=["END_HEADERS", "END_STREAM"])
-            sock.sendall(first.serialize() + rest.serialize() + hf.PriorityFrame(1, depends_on=0).serialize()
+            informational = hf.HeadersFrame(1, data=encoder.encode([(b":status", b"100")]), flags=["END_HEADERS"])
+            sock.sendall(informational.serialize() + first.serialize() + rest.serialize()
+                         + hf.PriorityFrame(1, depends_on=0).serialize()
                          + data.serialize() + trailers.serialize())
             sock.recv(1024)
 
@@ -339,3 +360,183 @@ def test_frames_of_every_kind_a_server_may_send_are_read_and_answered_as_http2_s
     thread.join(5)
     assert seen["request"] == b"\0" + len(request).to_bytes(4, "big") + request
     assert (seen["ping_ack"], seen["settings_ack"], seen["over_window"]) == (b"12345678", True, False)
+
+
+def test_a_reply_split_anywhere_between_reads_is_put_back_together():
+    """The server's answer (headers, two DATA frames, trailers) arrives in two reads, split at every
+    kind of place: inside a frame's 9-byte header, inside a payload, at and next to frame boundaries."""
+    import socket
+    import hpack as reference
+    from hyperframe import frame as hf
+    payload = bytes(range(256)) * 40
+    message = b"\0" + len(payload).to_bytes(4, "big") + payload
+    encoder = reference.Encoder()
+    frames = [hf.HeadersFrame(1, data=encoder.encode([(b":status", b"200"), (b"content-type", b"application/grpc")]),
+                              flags=["END_HEADERS"]).serialize(),
+              hf.DataFrame(1, data=message[:3000]).serialize(), hf.DataFrame(1, data=message[3000:]).serialize(),
+              hf.HeadersFrame(1, data=encoder.encode([(b"grpc-status", b"0")]),
+                              flags=["END_HEADERS", "END_STREAM"]).serialize()]
+    blob = b"".join(frames)
+    bounds = [sum(map(len, frames[:i])) for i in range(1, len(frames))]
+    splits = sorted({*range(1, 12), *(b + d for b in bounds for d in (-1, 0, 1, 4, 9, 10)), 1500, len(blob) - 1})
+    port = free_port()
+    listener = socket.create_server(("127.0.0.1", port))
+
+    def serve():
+        with listener:
+            for k in splits:
+                sock, _ = listener.accept()
+                with sock:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    got = b""
+                    while b"\x00\x01\x00\x00\x00\x01" not in got[24:]:   # (a DATA frame of stream 1 that ends it)
+                        got += sock.recv(65536)
+                    # (the client's settings acked first, so that its own frames are what it waits on)
+                    sock.sendall(hf.SettingsFrame(0).serialize() + blob[:k])
+                    time.sleep(0.02)
+                    sock.sendall(blob[k:])
+                    sock.recv(1024)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    for k in splits:
+        assert Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"hi", (), 10) == payload, k
+    thread.join(5)
+
+
+def _h2frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    """An HTTP/2 frame as RFC 9113 4.1 lays it out."""
+    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload
+
+
+def _client_frames(sock):
+    """The client's frames, after its preface: (type, flags, stream, payload), until it closes."""
+    import socket
+    if len(sock.recv(24, socket.MSG_WAITALL)) < 24:
+        return
+    while True:
+        header = sock.recv(9, socket.MSG_WAITALL)
+        if len(header) < 9:
+            return
+        length = int.from_bytes(header[:3], "big")
+        yield header[3], header[4], int.from_bytes(header[5:9], "big"), sock.recv(length, socket.MSG_WAITALL)
+
+
+def _scripted(script, connections: int):
+    """A server that runs script(connection number, socket, the client's frames) for each connection;
+    the number of connections it took comes back in the list."""
+    import socket
+    listener = socket.create_server(("127.0.0.1", 0))
+    taken: list[int] = []
+
+    def serve():
+        with listener:
+            for i in range(connections):
+                sock, _ = listener.accept()
+                taken.append(i)
+                with sock:
+                    frames = _client_frames(sock)
+                    sock.sendall(_h2frame(4, 0, 0))   # (its settings: none)
+                    try:
+                        script(i, sock, frames)
+                    except OSError:
+                        pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1], taken
+
+
+def _ended_stream(frames) -> int:
+    for kind, flags, stream, _ in frames:
+        if kind in (0, 1) and flags & 1:
+            return stream
+    raise AssertionError("the client closed before its call ended")
+
+
+def _answer(encoder, stream: int, payload: bytes) -> bytes:
+    message = b"\0" + len(payload).to_bytes(4, "big") + payload
+    return (_h2frame(1, 4, stream, encoder.encode([(b":status", b"200"), (b"content-type", b"application/grpc")]))
+            + _h2frame(0, 0, stream, message) + _h2frame(1, 5, stream, encoder.encode([(b"grpc-status", b"0")])))
+
+
+def test_a_call_the_server_never_took_is_sent_once_more_on_a_new_connection():
+    """A GOAWAY that names an earlier stream, or a REFUSED_STREAM reset (RFC 9113 8.7), says the call was
+    never processed: it is sent again, once, on a new connection; refused twice, the caller is told."""
+    import hpack as reference
+
+    def script(i, sock, frames):
+        stream = _ended_stream(frames)
+        if i in (0,):
+            sock.sendall(_h2frame(7, 0, 0, (0).to_bytes(4, "big") + (0).to_bytes(4, "big")))   # GOAWAY, last 0
+        elif i in (2, 4, 5):
+            sock.sendall(_h2frame(3, 0, stream, (7).to_bytes(4, "big")))   # RST_STREAM, REFUSED_STREAM
+        else:
+            sock.sendall(_answer(reference.Encoder(), stream, b"done %d" % i))
+        time.sleep(0.3)
+
+    port, taken = _scripted(script, 6)
+    assert Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"a", (), 5) == b"done 1"
+    assert Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"b", (), 5) == b"done 3"
+    with pytest.raises(WireError) as e:
+        Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"c", (), 5)
+    assert (e.value.code, e.value.maybe_done) == ("UNAVAILABLE", False) and "REFUSED_STREAM" in e.value.details
+    assert taken == [0, 1, 2, 3, 4, 5]
+
+
+def test_an_earlier_streams_frames_keep_the_header_table_and_reach_no_later_call():
+    """Frames for a call that has ended still arrive: its header block is decoded (the table it adds to
+    is the connection's), its DATA reaches no later call. A GOAWAY after an answer: the next call
+    goes on a new connection."""
+    import hpack as reference
+
+    def script(i, sock, frames):
+        encoder = reference.Encoder()
+        stream = _ended_stream(frames)
+        sock.sendall(_answer(encoder, stream, b"first"))
+        if i == 1:
+            return
+        stream = _ended_stream(frames)
+        late = _h2frame(1, 4, stream - 2, encoder.encode([(b"x-late", b"entry in the table")]))
+        late += _h2frame(0, 1, stream - 2, b"\0\0\0\0\x05stale")
+        message = b"\0\0\0\0\x06second"
+        sock.sendall(late + _h2frame(1, 4, stream, encoder.encode([(b":status", b"200"),
+                                                                    (b"x-late", b"entry in the table")]))
+                     + _h2frame(0, 0, stream, message)
+                     + _h2frame(1, 5, stream, encoder.encode([(b"grpc-status", b"0")]))
+                     + _h2frame(7, 0, 0, stream.to_bytes(4, "big") + (0).to_bytes(4, "big")))
+        time.sleep(1)
+
+    port, taken = _scripted(script, 2)
+    channel = Channel(f"127.0.0.1:{port}", 1 << 20)
+    assert channel.call("/t.T/Echo", b"a", (), 5) == b"first"
+    assert channel.call("/t.T/Echo", b"b", (), 5) == b"second"
+    assert channel.call("/t.T/Echo", b"c", (), 5) == b"first"   # (the second connection's first answer)
+    assert taken == [0, 1]
+
+
+@pytest.mark.parametrize("flood", ["trailers", "huffman"])
+def test_a_server_that_sends_header_blocks_without_end_is_cut_off_in_time_and_memory(flood):
+    """Header blocks that never end the call: blocks after the response's headers are refused at the
+    first; informational ones, each costly to decode (Huffman), are decoded only until the deadline."""
+    import resource
+    import hpack as reference
+    value = "aceiost012" * 6000   # (60 KB of characters of 5-bit codes: a block of 38 KB, within the bounds)
+
+    def script(i, sock, frames):
+        encoder = reference.Encoder()
+        stream = _ended_stream(frames)
+        if flood == "trailers":
+            sock.sendall(_h2frame(1, 4, stream, encoder.encode([(b":status", b"200")])))
+        status = [(b":status", b"100")] if flood == "huffman" else []
+        block = _h2frame(1, 4, stream, reference.Encoder().encode(status + [("x-flood", value)], huffman=True))
+        for _ in range(10_000):   # (40 blocks a write: reads of MBs while the client decodes)
+            sock.sendall(block * 40)
+
+    port, _ = _scripted(script, 1)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.monotonic()
+    with pytest.raises(WireError) as e:
+        Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"hi", (), 1.5)
+    assert e.value.code == ("INTERNAL" if flood == "trailers" else "DEADLINE_EXCEEDED"), e.value
+    assert time.monotonic() - t < 3
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000   # KB
