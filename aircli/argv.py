@@ -21,14 +21,29 @@ def table(options: list[tuple[tuple[str, ...], Param]]) -> dict[str, Param]:
     return {name: param for names, param in options for name in names}
 
 
-def read(argv: list[str], options: dict[str, Param], script: bool = False) -> dict[str, object] | None:
+def rows_table(rows) -> dict[str, Param]:
+    """table() of a tool's rows of (names, parameter name, takes a value, help): a flag's default is
+    False, a value's None, as click's."""
+    return table([(names, Param(name, takes_value, None if takes_value else False))
+                  for names, name, takes_value, _ in rows])
+
+
+def read(argv: list[str], options: dict[str, Param], script: bool = False,
+         positional: str | None = None) -> dict[str, object] | None:
     """The parameters for argv; `script`: the tool takes a script and its arguments (`script`, `args`)
-    after its options, as airbatch does (click's allow_interspersed_args=False)."""
+    after its options, as airbatch does (click's allow_interspersed_args=False); `positional`: the name
+    of the arguments the tool takes among its options, all of them (click's nargs=-1), as aircancel's
+    job ids."""
     params = {p.name: p.default for p in options.values()} | ({"script": None, "args": ()} if script else {})
+    arguments: list[str] = []
     i = 0
     while i < len(argv):
         token = argv[i]
         if not token.startswith("-") or token == "-":   # the script: it and all after it are its own
+            if positional is not None:
+                arguments.append(token)
+                i += 1
+                continue
             if not script:
                 return None
             params["script"], params["args"] = token, tuple(argv[i + 1:])
@@ -53,6 +68,8 @@ def read(argv: list[str], options: dict[str, Param], script: bool = False) -> di
                 value = argv[i]
             params[param.name] = value
         i += 1
+    if positional is not None:
+        params[positional] = tuple(arguments)
     return params
 
 

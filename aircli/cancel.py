@@ -1,12 +1,17 @@
 """aircancel: cancel jobs, or send them a signal, as scancel does."""
 from __future__ import annotations
 
+import functools
 import signal as signals
+import sys
+from typing import TYPE_CHECKING
 
-import click
-
-from air.aircli.client import CliError, entry
+from air.aircli.argv import rows_table
+from air.aircli.client import CliError, bad_value, click_options, start_tool
 from air.aircli.queue import job_ids, state_filter, uid_of
+
+if TYPE_CHECKING:
+    import click
 
 
 def signal_number(text: str) -> int:
@@ -17,38 +22,39 @@ def signal_number(text: str) -> int:
     try:
         return int(signals.Signals[name])
     except KeyError:
-        raise click.BadParameter(f"unknown signal {text!r}", param_hint="'-s'") from None
+        raise bad_value("'-s'", f"unknown signal {text!r}") from None
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("ids", nargs=-1)
-@click.option("-u", "--user", help="cancel this user's jobs")
-@click.option("-t", "--state", "states", help="only jobs in these states (PD, R)")
-@click.option("-n", "--name", help="only jobs with this name")
-@click.option("-s", "--signal", "sig", help="send this signal instead of cancelling")
-@click.option("-b", "--batch", is_flag=True, help="with -s: signal the batch shell only, not the steps")
-@click.option("-f", "--full", is_flag=True, help="with -s: signal the batch shell and the steps (aircancel's default; "
-              "scancel's without -b or -f is the steps only)")
-@click.option("-v", "--verbose", is_flag=True, help="say which jobs were acted on")
-@click.option("--config", hidden=True)
-@click.pass_context
-def command(ctx, ids, user, states, name, sig, batch, full, verbose, config):
+# (names, click's parameter name, takes a value, help; None: hidden); and the job ids, as arguments
+OPTIONS: tuple[tuple[tuple[str, ...], str, bool, str | None], ...] = (
+    (("-u", "--user"), "user", True, "cancel this user's jobs"),
+    (("-t", "--state"), "states", True, "only jobs in these states (PD, R)"),
+    (("-n", "--name"), "name", True, "only jobs with this name"),
+    (("-s", "--signal"), "sig", True, "send this signal instead of cancelling"),
+    (("-b", "--batch"), "batch", False, "with -s: signal the batch shell only, not the steps"),
+    (("-f", "--full"), "full", False, "with -s: signal the batch shell and the steps (aircancel's default; "
+                                      "scancel's without -b or -f is the steps only)"),
+    (("-v", "--verbose"), "verbose", False, "say which jobs were acted on"),
+    (("--config",), "config", True, None),
+)
+
+
+def cancel(prog: str, ids, user, states, name, sig, batch, full, verbose, config) -> int:
+    """aircancel's work, on click's parameters (or aircli.argv's same); `prog`: scancel signals steps."""
     from air.aircli.client import Client
-    from air.protos import air_pb2 as pb
-    filt = pb.JobFilter()
+    wanted: dict = {}   # a JobFilter, as protos.protowire's dict: sent without protobuf
     tasks: list = []
     for text in ids:
-        filt.job_ids.extend(job_ids(text, "'ID'", tasks))
-    filt.array_tasks.extend(pb.ArrayTask(array_job_id=a, task_id=t) for a, t in tasks)
+        wanted.setdefault("job_ids", []).extend(job_ids(text, "'ID'", tasks))
+    if tasks:
+        wanted["array_tasks"] = [{"array_job_id": a, "task_id": t} for a, t in tasks]
     if user:
-        filt.uids.append(uid_of(user))
+        wanted["uids"] = [uid_of(user)]
     if name:
-        filt.names.append(name)
+        wanted["names"] = [name]
     if states:
-        phases, results = state_filter(states, "'-t'")
-        filt.phases.extend(phases)
-        filt.results.extend(results)
-    if not (filt.job_ids or filt.array_tasks or filt.uids or filt.names or states):
+        wanted["phases"], wanted["results"] = state_filter(states, "'-t'")
+    if not (wanted.get("job_ids") or tasks or user or name or states):
         raise CliError("no job given: aircancel ID... or -u USER, -n NAME, -t STATES")
     number = signal_number(sig) if sig else 0
     if sig and not 1 <= number <= 64:
@@ -56,15 +62,41 @@ def command(ctx, ids, user, states, name, sig, batch, full, verbose, config):
     if batch and not number:
         raise CliError("-b/--batch signals the batch shell: give the signal with -s (scancel -b -s USR1 ID)")
     # scancel, as Slurm's: a signal without -b or -f goes to the job's steps, not to the batch shell
-    steps_only = ctx.info_name == "scancel" and not full and not batch and number != signals.SIGKILL
-    reply = Client(config).cancel(pb.CancelRequest(filter=filt, signal=number, batch_only=batch,
-                                                           steps_only=steps_only), timeout=120)
+    steps_only = prog == "scancel" and not full and not batch and number != signals.SIGKILL
+    reply = Client(config).cancel_fields({"filter": wanted, "signal": number, "batch_only": bool(batch),
+                                          "steps_only": steps_only}, timeout=120)
     if verbose:
-        for job_id in reply.job_ids:
-            click.echo(f"aircancel: {'signalled' if number else 'cancelled'} job {job_id}")
+        for job_id in reply["job_ids"]:
+            print(f"aircancel: {'signalled' if number else 'cancelled'} job {job_id}")
+    return 0
 
 
-main = entry(command, "aircancel")
+@functools.cache
+def _command() -> click.Command:
+    import click
+
+    def callback(**params):
+        return cancel(click.get_current_context().info_name, **params)
+    return click.Command("command", callback=callback, params=[click.Argument(["ids"], nargs=-1),
+                                                               *click_options(OPTIONS)],
+                         context_settings={"help_option_names": ["-h", "--help"]})
+
+
+def __getattr__(name: str):   # `command`, the click command, made when first asked for
+    if name == "command":
+        return _command()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def start(prog: str, argv: list[str]) -> int:
+    """aircancel (or scancel) on argv: read by aircli.argv where it can, else by click."""
+    return start_tool(prog, argv, rows_table(OPTIONS), _command, lambda params: cancel(prog, **params),
+                      positional="ids")
+
+
+def main() -> None:
+    sys.exit(start("aircancel", sys.argv[1:]))
+
 
 if __name__ == "__main__":
     main()

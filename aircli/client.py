@@ -35,14 +35,21 @@ def run(command: click.Command, prog: str, argv: list[str] | None = None) -> int
 
 
 def start_tool(prog: str, argv: list[str], options: dict, command: Callable[[], click.Command],
-               call: Callable[[dict], int], script: bool = False) -> int:
+               call: Callable[[dict], int], script: bool = False, positional: str | None = None) -> int:
     """A tool on argv: read by aircli.argv from the tool's `options` where it can, and call(params); else
     by click (`command()` makes the tool's click command, loading click, only then)."""
     from air.aircli.argv import completing, read
-    params = None if completing(prog, os.environ) else read(argv, options, script)
+    params = None if completing(prog, os.environ) else read(argv, options, script, positional)
     if params is None:
         return run(command(), prog, argv)
     return plain(lambda: call(params), prog)
+
+
+def click_options(rows) -> list[click.Option]:
+    """click's options for a tool's rows of (names, parameter name, takes a value, help; None: hidden)."""
+    import click
+    return [click.Option([*names, name], is_flag=not takes_value, default=None if takes_value else False,
+                         help=text, hidden=text is None) for names, name, takes_value, text in rows]
 
 
 def _click_main(command: click.Command, prog: str, argv: list[str] | None) -> int:
@@ -117,6 +124,10 @@ class Client:
 
     def cancel(self, request: pb.CancelRequest, timeout: float = 30.0) -> pb.CancelReply:
         return self._call("Cancel", request, timeout)
+
+    def cancel_fields(self, request: dict, timeout: float = 30.0) -> dict:
+        """Cancel, without importing protobuf: a CancelRequest and its reply as protos.protowire's dicts."""
+        return self._call_fields("Cancel", request, timeout)
 
     def hold(self, request: pb.HoldRequest, timeout: float = 30.0) -> pb.CancelReply:
         return self._call("Hold", request, timeout)

@@ -9,7 +9,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from air.aircli.client import CliError, bad_value, start_tool
+from air.aircli.argv import rows_table
+from air.aircli.client import CliError, bad_value, click_options, start_tool
 
 if TYPE_CHECKING:
     import click
@@ -164,9 +165,7 @@ def listing(users, me, states, jobs, names, noheader, fmt, long_fmt, partitions,
 @functools.cache
 def _command() -> click.Command:
     import click
-    params = [click.Option([*names, name], is_flag=not takes_value, default=None if takes_value else False,
-                           help=text, hidden=text is None) for names, name, takes_value, text in OPTIONS]
-    return click.Command("command", callback=listing, params=params,
+    return click.Command("command", callback=listing, params=click_options(OPTIONS),
                          context_settings={"help_option_names": ["--help"]})
 
 
@@ -176,16 +175,9 @@ def __getattr__(name: str):   # `command`, the click command, made when first as
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def options() -> dict:
-    """The command line's options for aircli.argv."""
-    from air.aircli.argv import Param, table
-    return table([(names, Param(name, takes_value, None if takes_value else False))
-                  for names, name, takes_value, _ in OPTIONS])
-
-
 def start(prog: str, argv: list[str]) -> int:
     """airq (or squeue) on argv: read by aircli.argv where it can, else by click."""
-    return start_tool(prog, argv, options(), _command, lambda params: listing(**params) or 0)
+    return start_tool(prog, argv, rows_table(OPTIONS), _command, lambda params: listing(**params) or 0)
 
 
 def main() -> None:

@@ -51,5 +51,13 @@ Job = Message("Job", None)   # (kept as its bytes: a reply's jobs are read with 
 ListJobsReply = Message("ListJobsReply", (
     Field("jobs", 1, MESSAGE, repeated=True, message=Job), Field("rendered", 2, STRING)))
 
+CancelRequest = Message("CancelRequest", (
+    Field("filter", 1, MESSAGE, message=JobFilter), Field("signal", 2, INT32), Field("batch_only", 3, BOOL),
+    Field("steps_only", 4, BOOL), Field("release", 5, UINT32)))
+
+CancelReply = Message("CancelReply", (
+    Field("job_ids", 1, UINT64, repeated=True),))
+
 # RPC -> (request, reply), for the calls made through protowire
-RPCS = {"Submit": (SubmitRequest, SubmitReply), "ListJobs": (JobFilter, ListJobsReply)}
+RPCS = {"Submit": (SubmitRequest, SubmitReply), "ListJobs": (JobFilter, ListJobsReply),
+        "Cancel": (CancelRequest, CancelReply)}

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from air.aircli import argv as fast
-from air.aircli import batch, queue
+from air.aircli import batch, cancel, queue
 from air.aircli.client import CliError
 from air.aircli.options import FLAG_KINDS, OPTIONS, SLURM_ONLY
 
@@ -38,7 +38,7 @@ def batchargs(argv: list[str]):
 
 
 def queueargs(argv: list[str]):
-    return fast.read(argv, queue.options())
+    return fast.read(argv, fast.rows_table(queue.OPTIONS))
 
 
 def everyday_token_lists():
@@ -74,13 +74,23 @@ AIRQ_VALUED = [n for names, _, takes, _ in queue.OPTIONS if takes for n in names
 AIRQ_FLAGS = [n for names, _, takes, _ in queue.OPTIONS if not takes for n in names]
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.lists(st.one_of(st.sampled_from(WORDS + AIRQ_VALUED + AIRQ_FLAGS + ["-hl", "-uroot", "--user=", "-v"]),
-                          st.text(max_size=6)), max_size=8))
-def test_where_argv_reads_an_airq_command_line_click_reads_it_the_same(argv):
-    mine = queueargs(argv)
-    if mine is not None:
-        assert click_reading(argv, queue) == mine, argv
+def _any_argv(tool, extra: list[str]):
+    names = [n for names, _, _, _ in tool.OPTIONS for n in names]
+    return st.lists(st.one_of(st.sampled_from(WORDS + names + extra), st.text(max_size=6)), max_size=8)
+
+
+@pytest.mark.parametrize("tool,reader,extra", [
+    (queue, lambda argv: queueargs(argv), ["-hl", "-uroot", "--user=", "-v"]),
+    (cancel, lambda argv: cancelargs(argv), ["12", "7_3", "-vb", "-uroot"]),
+], ids=["airq", "aircancel"])
+def test_where_argv_reads_a_command_line_click_reads_it_the_same(tool, reader, extra):
+    @settings(max_examples=400, deadline=None)
+    @given(_any_argv(tool, extra))
+    def check(argv):
+        mine = reader(argv)
+        if mine is not None:
+            assert click_reading(argv, tool) == mine, argv
+    check()
 
 
 # airq's options, as its manual page and scripts know them (the table builds both readers: a name lost
@@ -102,7 +112,7 @@ def test_airq_takes_the_options_it_always_took_by_the_same_names_either_way():
     shown = {name for p in queue.command.params if not p.hidden for name in p.opts}
     assert shown == set(AIRQ_NAMES)
     meaning = {name: (param, takes) for param, (names, takes) in AIRQ_MEANING.items() for name in names.split()}
-    assert {name: (p.name, p.takes_value) for name, p in queue.options().items()} == meaning
+    assert {name: (p.name, p.takes_value) for name, p in fast.rows_table(queue.OPTIONS).items()} == meaning
     assert {(p.name, not p.is_flag) for p in queue.command.params} == set(meaning.values())
 
 
@@ -119,6 +129,82 @@ def _airq_option(name: str, value: str) -> list[list[str]]:
     st.sampled_from(AIRQ_FLAGS).map(lambda f: [f])), max_size=5).map(lambda groups: [t for g in groups for t in g]))
 def test_argv_reads_every_everyday_airq_command_line_as_click_does(argv):
     assert queueargs(argv) == click_reading(argv, queue), argv
+
+
+AIRCANCEL_VALUED = [n for names, _, takes, _ in cancel.OPTIONS if takes for n in names]
+AIRCANCEL_FLAGS = [n for names, _, takes, _ in cancel.OPTIONS if not takes for n in names]
+# aircancel's options, as scancel's manual page names them, with the parameter each sets and whether it
+# takes a value (the table builds both readers: only a list outside it sees a name lost or swapped)
+AIRCANCEL_MEANING = {"user": ("-u --user", True), "states": ("-t --state", True), "name": ("-n --name", True),
+                     "sig": ("-s --signal", True), "batch": ("-b --batch", False), "full": ("-f --full", False),
+                     "verbose": ("-v --verbose", False), "config": ("--config", True)}
+
+
+def cancelargs(argv: list[str]):
+    return fast.read(argv, fast.rows_table(cancel.OPTIONS), positional="ids")
+
+
+def test_aircancel_takes_the_options_it_always_took_by_the_same_names_either_way():
+    meaning = {name: (param, takes) for param, (names, takes) in AIRCANCEL_MEANING.items() for name in names.split()}
+    assert {name: (p.name, p.takes_value) for name, p in fast.rows_table(cancel.OPTIONS).items()} == meaning
+    options = [p for p in cancel.command.params if isinstance(p, click.Option)]
+    assert {(p.name, not p.is_flag) for p in options} == set(meaning.values())
+    assert {n for p in options if not p.hidden for n in p.opts} == set(meaning) - {"--config"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.sampled_from(AIRCANCEL_VALUED), st.sampled_from(["root", "R,PD", "USR1", "", "é"]))
+    .flatmap(lambda p: st.sampled_from(_airq_option(*p))),
+    st.sampled_from(AIRCANCEL_FLAGS).map(lambda f: [f]),
+    st.sampled_from(["12", "12_3", "12,13", "x"]).map(lambda i: [i])), max_size=6)
+    .map(lambda groups: [t for g in groups for t in g]))
+def test_argv_reads_every_everyday_aircancel_command_line_as_click_does(argv):
+    assert cancelargs(argv) == click_reading(argv, cancel), argv
+
+
+@pytest.mark.parametrize("prog,argv,sent", [
+    ("aircancel", ["12", "13_4"], {"filter": {"job_ids": [12], "array_tasks": [{"array_job_id": 13, "task_id": 4}]},
+                                   "signal": 0, "batch_only": False, "steps_only": False}),
+    ("aircancel", ["-u", "0", "-t", "PD", "-n", "x"], {"filter": {"uids": [0], "names": ["x"], "phases": [1],
+                                                                  "results": []},
+                                                       "signal": 0, "batch_only": False, "steps_only": False}),
+    ("aircancel", ["-s", "USR1", "5"], {"filter": {"job_ids": [5]}, "signal": 10, "batch_only": False,
+                                        "steps_only": False}),
+    ("scancel", ["-s", "USR1", "5"], {"filter": {"job_ids": [5]}, "signal": 10, "batch_only": False,
+                                      "steps_only": True}),
+    ("scancel", ["-f", "-s", "USR1", "5"], {"filter": {"job_ids": [5]}, "signal": 10, "batch_only": False,
+                                            "steps_only": False}),
+    ("scancel", ["-b", "-s", "USR1", "5"], {"filter": {"job_ids": [5]}, "signal": 10, "batch_only": True,
+                                            "steps_only": False}),
+    ("scancel", ["--signal=KILL", "5"], {"filter": {"job_ids": [5]}, "signal": 9, "batch_only": False,
+                                         "steps_only": False}),
+])
+def test_aircancel_and_scancel_send_what_scancel_means_on_either_path(monkeypatch, capsys, prog, argv, sent):
+    """The request as written out by hand, from the fast path and from click's (a signal without -b or
+    -f goes to the steps only under scancel's name, as Slurm's scancel sends it)."""
+    from air.aircli import client
+    from air.aircli.client import run
+    requests = []
+
+    class Fake:
+        def __init__(self, config=None):
+            pass
+
+        def cancel_fields(self, request, timeout=30.0):
+            requests.append(request)
+            return {"job_ids": [5]}
+    monkeypatch.setattr(client, "Client", Fake)
+    assert cancelargs(argv) is not None
+    assert cancel.start(prog, argv) == 0
+    assert run(cancel.command, prog, argv) == 0
+    assert requests == [sent, sent]
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["--help"], ["--", "5"], ["-vb", "5"], ["-s"], ["-s", "-9", "5"],
+                                  ["--verbose=1", "5"], ["-Q", "5"]])
+def test_aircancels_help_mistakes_and_rare_forms_are_left_to_click(argv):
+    assert cancelargs(argv) is None
 
 
 @pytest.mark.parametrize("argv", [["-h"], ["--help"], ["--", "job.sh"], ["-HW", "job.sh"], ["--hold=yes", "job.sh"],
@@ -147,20 +233,22 @@ def test_a_value_click_refuses_is_refused_in_the_same_words_either_way(tmp_path,
 @pytest.mark.parametrize("tool,prog,argv,helps", [
     ("batch", "airbatch", ["-H", "-N", "1", "--wrap", "true"], "--job-name"),
     ("queue", "airq", ["-u", "root", "-h"], "--noheader"),
+    ("cancel", "aircancel", ["-u", "root", "-v", "12", "13_1"], "--signal"),
 ])
 def test_an_everyday_command_never_imports_click(tmp_path, tool, prog, argv, helps):
     """(The point of aircli.argv: a third of a short command's start.) A call to a controller that is not
-    there fails with its one line, and click was never loaded; help still comes from click."""
+    there fails with its one line, and neither click nor protobuf was loaded; help still comes from click."""
     config = tmp_path / "air.toml"
     config.write_text('[controller]\naddress = "127.0.0.1:9"\nauth = "none"\n')
     code = (f"import sys\nfrom air.aircli import {tool}\n"
-            f"code = {tool}.start({prog!r}, sys.argv[1:])\nprint(code, 'click' in sys.modules)")
+            f"code = {tool}.start({prog!r}, sys.argv[1:])\n"
+            "print(code, 'click' in sys.modules, 'google' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, "--config", str(config), *argv],
                          capture_output=True, text=True, cwd="/")
-    assert out.stdout.split() == ["1", "False"], out
+    assert out.stdout.split() == ["1", "False", "False"], out
     assert "cannot reach airctld" in out.stderr
     out = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, cwd="/")
-    assert out.stdout.split()[-2:] == ["0", "True"] and helps in out.stdout, out
+    assert out.stdout.split()[-3:-1] == ["0", "True"] and helps in out.stdout, out
 
 
 def test_shell_completion_is_clicks_whatever_the_command_line():

@@ -145,8 +145,17 @@ def test_submit_requests_are_encoded_as_protobuf_encodes_them(values):
         _protobuf(schemas.SubmitRequest, values).SerializeToString(deterministic=True)
 
 
+@settings(max_examples=200, deadline=None)
+@given(_values(schemas.CancelRequest))
+@example({"filter": {"uids": [0]}, "signal": -1, "steps_only": True})
+def test_cancel_requests_are_encoded_as_protobuf_encodes_them(values):
+    assert w.encode(schemas.CancelRequest, values) == \
+        _protobuf(schemas.CancelRequest, values).SerializeToString(deterministic=True)
+
+
 @pytest.mark.parametrize("message", [schemas.SubmitRequest, schemas.SubmitReply, schemas.JobFilter,
-                                     schemas.ListJobsReply], ids=lambda m: m.name)
+                                     schemas.ListJobsReply, schemas.CancelRequest, schemas.CancelReply],
+                         ids=lambda m: m.name)
 def test_what_protobuf_writes_is_read_back(message):
     @settings(max_examples=200, deadline=None)
     @given(_values(message))
