@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def signal_number(text: str) -> int:
     name = text.upper()
-    if name.isdigit():
+    if name.isascii() and name.isdigit():
         return int(name)
     name = name if name.startswith("SIG") else "SIG" + name
     try:
@@ -54,7 +54,8 @@ def cancel(prog: str, ids, user, states, name, sig, batch, full, verbose, config
         wanted["names"] = [name]
     if states:
         wanted["phases"], wanted["results"] = state_filter(states, "'-t'")
-    if not (wanted.get("job_ids") or tasks or user or name or states):
+    if not any(wanted.get(key) for key in ("job_ids", "array_tasks", "uids", "names", "phases", "results")):
+        # (an empty filter is every job: `aircancel ,` or `-t ALL` alone must not cancel them all)
         raise CliError("no job given: aircancel ID... or -u USER, -n NAME, -t STATES")
     number = signal_number(sig) if sig else 0
     if sig and not 1 <= number <= 64:
@@ -67,7 +68,7 @@ def cancel(prog: str, ids, user, states, name, sig, batch, full, verbose, config
                                           "steps_only": steps_only}, timeout=120)
     if verbose:
         for job_id in reply["job_ids"]:
-            print(f"aircancel: {'signalled' if number else 'cancelled'} job {job_id}")
+            print(f"aircancel: {'signalled' if number else 'cancelled'} job {job_id}", flush=True)
     return 0
 
 

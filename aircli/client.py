@@ -220,9 +220,11 @@ class Client:
             raise CliError(str(e)) from None
         except WireError as e:
             if e.maybe_done:   # (a retry by hand could do it twice)
-                what = "went away before it answered" if e.code == "UNAVAILABLE" else "broke off its answer"
+                what = {"UNAVAILABLE": "went away before it answered",
+                        "DEADLINE_EXCEEDED": f"did not answer within {timeout:g} s"}.get(e.code, "broke off its answer")
                 raise CliError(f"airctld at {self.address} {what}; the request may have been carried out: look "
-                               f"before you repeat it ({_one_line(e.details)})", e.code) from None
+                               f"before you repeat it ({_one_line(e.details)})",
+                               "UNAVAILABLE" if e.code == "DEADLINE_EXCEEDED" else e.code) from None
             if e.code == "UNAVAILABLE":
                 raise CliError(f"cannot reach airctld at {self.address}: is it running? "
                                f"({_one_line(e.details or 'unavailable')})", "UNAVAILABLE") from None

@@ -151,8 +151,8 @@ class _Link:
                 data = None
             if data == b"":
                 return False
-            if data:
-                self._receive(data)
+            if data or self.inbox:   # (and what followed the last call's answer in its read)
+                self._receive(data or b"")
             if self.out:
                 self.sock.sendall(self.out)
                 self.out.clear()
@@ -173,6 +173,10 @@ class _Link:
             return self._call(authority, method, request, metadata, deadline)
         except ProtocolError as e:   # (a server that breaks HTTP/2: one line, not a trace)
             raise WireError("INTERNAL", f"HTTP/2 error: {e}", maybe_done=self.sent) from None
+        except WireError as e:   # (no answer in time to a call the server had whole: it may be carried out)
+            if e.code == "DEADLINE_EXCEEDED" and self.sent:
+                e.maybe_done = True
+            raise
         finally:
             self.reply = None
 
@@ -234,9 +238,15 @@ class _Link:
         """Take in bytes from the server: each whole frame is acted on, the rest kept for the next read.
         Frames are read in place (a DATA frame's payload stays a view of the bytes read, copied once,
         when the reply is joined): an airq of 8 MB spent more on copying them than on all the rest."""
-        view = memoryview(data)
         inbox = self.inbox
-        if inbox:   # a frame begun in an earlier read: made whole from this one's first bytes
+        if inbox and self._answered():
+            inbox += data
+            return
+        if len(inbox) >= 9 and len(inbox) >= 9 + _length(inbox):   # (frames left after an answer: at once)
+            data = bytes(inbox) + data
+            inbox.clear()
+        view = memoryview(data)
+        if inbox:   # a frame begun in an earlier read: made whole from this one's
             if len(inbox) < 9:
                 take = 9 - len(inbox)
                 inbox += view[:take]
@@ -253,15 +263,18 @@ class _Link:
             inbox.clear()
             self._frame_in(frame)
         pos, end = 0, len(view)
-        while end - pos >= 9:
+        while end - pos >= 9 and not inbox:
             total = 9 + _length(view[pos:pos + 3])
-            if end - pos < total:
+            if end - pos < total or self._answered():   # (what follows an answer waits for the next call's look)
                 break
             if time.monotonic() >= self.deadline:   # (a read of 5 MB of frames is no way past the deadline)
                 raise WireError("DEADLINE_EXCEEDED", "deadline exceeded")
             self._frame_in(view[pos:pos + total])
             pos += total
         inbox += view[pos:]
+
+    def _answered(self) -> bool:
+        return self.reply is not None and self.reply.ended and self.reply.failure is None
 
     def _frame_in(self, frame: memoryview) -> None:
         kind, flags = frame[3], frame[4]
@@ -281,7 +294,10 @@ class _Link:
                 self.out += _frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.taken))
                 self.taken = 0
             if reply is not None:
-                reply.data(_unpadded(flags, payload), len(payload), flags & END_STREAM)
+                data = _unpadded(flags, payload)
+                if 4 * len(data) < len(frame.obj):   # (a small part of a large read: kept on its own, not the read)
+                    data = bytes(data)
+                reply.data(data, len(payload), flags & END_STREAM)
         elif kind in (HEADERS, CONTINUATION):
             if kind == CONTINUATION:
                 if self.block is None or self.block[0] != stream:
@@ -360,7 +376,7 @@ class _Link:
         # (PRIORITY, and frame types this side does not know, are ignored: RFC 9113 4.1 and 5.3.2)
 
     def _flush(self, deadline: float) -> None:
-        if self.out:
+        if self.out and not self.closed:
             self.sock.settimeout(max(0.001, deadline - time.monotonic()))
             try:
                 self.sock.sendall(self.out)
@@ -447,13 +463,14 @@ class _Reply:
             self.ended = True
 
     def reset(self, code: int) -> None:
-        if self.ended and "grpc-status" in self.status:
+        if self.ended and ("grpc-status" in self.status or self.failure is not None):
             return   # (after a complete answer, often a trailers-only error to a request not all read)
         self.ended = True
-        if code == REFUSED_STREAM:   # (RFC 9113 8.7: refused before any of it was processed, so sent again)
+        if code == REFUSED_STREAM and not self.responded and not self.chunks:
+            # RFC 9113 8.7: refused before any of it was processed, so sent again (not once it answered)
             self.failure = WireError("UNAVAILABLE", "the server refused the call (REFUSED_STREAM)", unprocessed=True)
-        else:
-            self.failure = WireError("INTERNAL", f"the server reset the call (error {code})")
+        else:   # (maybe done: the link clears it where the whole call had not left)
+            self.failure = WireError("INTERNAL", f"the server reset the call (error {code})", maybe_done=True)
 
     def goaway(self, last: int, code: int) -> None:
         taken = last >= self.stream

@@ -22,11 +22,17 @@ class Record:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        annotations = {name: str(kind) for name, kind in cls.__dict__.get("__annotations__", {}).items()
-                       if not str(kind).startswith("ClassVar")}
+        declared = cls.__dict__.get("__annotations__", {})
+        if any(not isinstance(kind, str) for kind in declared.values()):   # (the types are read as text)
+            raise TypeError(f"{cls.__name__}: a record's module needs `from __future__ import annotations`")
+        annotations = {name: kind for name, kind in declared.items()
+                       if not kind.startswith(("ClassVar", "typing.ClassVar"))}
         types = {**cls._types, **annotations}   # (a subclass's fields after its parent's)
         fields = list(types)
         defaults = {**cls._defaults, **{name: cls.__dict__[name] for name in annotations if name in cls.__dict__}}
+        for name, default in defaults.items():   # (as dataclasses: a default shared by every record is immutable)
+            if type(default).__hash__ is None:
+                raise TypeError(f"{cls.__name__}: field {name} has a mutable default ({type(default).__name__})")
         for before, after in zip(fields, fields[1:]):
             if before in defaults and after not in defaults:
                 raise TypeError(f"{cls.__name__}: field {after} without a default follows one with a default")
@@ -60,7 +66,8 @@ class Record:
         raise FrozenError(f"cannot delete field {name!r} of a {type(self).__name__}")
 
     def _values(self) -> tuple:
-        return tuple(self.__dict__.values())
+        values = self.__dict__   # (the fields only: a cached property also lives in __dict__)
+        return tuple(values[name] for name in self._fields)
 
     def __eq__(self, other):
         if type(other) is not type(self):
@@ -71,7 +78,7 @@ class Record:
         return hash(self._values())
 
     def __repr__(self):
-        inner = ", ".join(f"{name}={value!r}" for name, value in self.__dict__.items())
+        inner = ", ".join(f"{name}={self.__dict__[name]!r}" for name in self._fields)
         return f"{type(self).__name__}({inner})"
 
     def __reduce__(self):
@@ -85,4 +92,4 @@ def fields(record) -> dict[str, str]:
 
 def replace(record, **changes):
     """A copy of `record` with some fields changed."""
-    return type(record)(**{**record.__dict__, **changes})
+    return type(record)(**{**{name: record.__dict__[name] for name in record._fields}, **changes})

@@ -179,6 +179,11 @@ def test_argv_reads_every_everyday_aircancel_command_line_as_click_does(argv):
                                             "steps_only": False}),
     ("scancel", ["--signal=KILL", "5"], {"filter": {"job_ids": [5]}, "signal": 9, "batch_only": False,
                                          "steps_only": False}),
+    ("aircancel", ["13_4"], {"filter": {"array_tasks": [{"array_job_id": 13, "task_id": 4}]}, "signal": 0,
+                             "batch_only": False, "steps_only": False}),
+    ("aircancel", ["-u", "0", "12", "-t", "R"], {"filter": {"job_ids": [12], "uids": [0], "phases": [2],
+                                                            "results": []},
+                                                 "signal": 0, "batch_only": False, "steps_only": False}),
 ])
 def test_aircancel_and_scancel_send_what_scancel_means_on_either_path(monkeypatch, capsys, prog, argv, sent):
     """The request as written out by hand, from the fast path and from click's (a signal without -b or
@@ -192,13 +197,41 @@ def test_aircancel_and_scancel_send_what_scancel_means_on_either_path(monkeypatc
             pass
 
         def cancel_fields(self, request, timeout=30.0):
+            assert timeout == 120   # (a bulk cancel's time, as before)
             requests.append(request)
             return {"job_ids": [5]}
     monkeypatch.setattr(client, "Client", Fake)
     assert cancelargs(argv) is not None
     assert cancel.start(prog, argv) == 0
     assert run(cancel.command, prog, argv) == 0
-    assert requests == [sent, sent]
+    from air.protos import protowire, schemas
+    wire = [protowire.encode(schemas.CancelRequest, r) for r in requests]   # (an empty list is no field)
+    assert wire == [protowire.encode(schemas.CancelRequest, sent)] * 2, requests
+
+
+@pytest.mark.parametrize("argv", [[], [""], [","], ["-u", ""], ["-t", "ALL"], ["-n", ""], ["-s", "USR1"]])
+def test_an_aircancel_that_names_no_job_cancels_nothing_on_either_path(monkeypatch, capsys, argv):
+    """(An empty filter is every job: a cancel by root of the whole cluster.)"""
+    from air.aircli import client
+    from air.aircli.client import run
+
+    class Fake:
+        def __init__(self, config=None):
+            pass
+
+        def cancel_fields(self, request, timeout=30.0):
+            raise AssertionError(f"sent {request}")
+    monkeypatch.setattr(client, "Client", Fake)
+    assert cancel.start("aircancel", argv) == 1
+    assert run(cancel.command, "aircancel", argv) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["aircancel: error: no job given: aircancel ID... or -u USER, -n NAME, -t STATES"] * 2
+
+
+@pytest.mark.parametrize("argv, option", [(["²"], "'ID'"), (["1_²"], "'ID'"), (["-s", "²", "5"], "'-s'")])
+def test_digits_int_cannot_read_are_refused_in_one_line(capsys, argv, option):
+    assert cancel.start("aircancel", argv) == 1
+    assert capsys.readouterr().err.startswith(f"aircancel: error: Invalid value for {option}")
 
 
 @pytest.mark.parametrize("argv", [["-h"], ["--help"], ["--", "5"], ["-vb", "5"], ["-s"], ["-s", "-9", "5"],

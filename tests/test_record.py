@@ -1,7 +1,10 @@
 """protos.record against what it stands in for: a class declared both as a Record and as a frozen
 dataclass, with any fields and defaults, built from any arguments, behaves the same (made or refused,
 equal, hashed, shown, changed by replace, never assigned to); and the configuration's records pickled."""
+from __future__ import annotations
+
 import dataclasses
+import functools
 import pickle
 
 import pytest
@@ -85,3 +88,40 @@ def test_configuration_records_copy_through_pickle():
     for r in (ControllerConfig(address="10.0.0.1:6817", operators=("ops",)), NodeConfig("n1", "10.0.0.2", port=7)):
         copy = pickle.loads(pickle.dumps(r))
         assert copy == r and type(copy) is type(r) and copy.__dict__ == r.__dict__
+
+
+class Cached(record.Record):
+    a: int
+    b: str = "x"
+
+    @functools.cached_property
+    def doubled(self) -> int:
+        return self.a * 2
+
+
+def test_a_cached_property_is_not_a_field():
+    """(A cached property lives in the instance's __dict__, beside the fields.)"""
+    one, other = Cached(1), Cached(1)
+    assert one.doubled == 2
+    assert one == other and hash(one) == hash(other) and repr(one) == "Cached(a=1, b='x')"
+    assert record.replace(one, b="y") == Cached(1, "y")
+    assert pickle.loads(pickle.dumps(one)) == other
+
+
+@pytest.mark.parametrize("body", [
+    {"__annotations__": {"a": "list"}, "a": []},       # a default every record would share (dataclasses refuse it)
+    {"__annotations__": {"a": "dict"}, "a": {}},
+    {"__annotations__": {"a": int}},                    # a type that is not text: its module lacks the future import
+])
+def test_a_declaration_dataclasses_would_refuse_or_not_read_as_text_is_refused(body):
+    with pytest.raises(TypeError):
+        type("Bad", (record.Record,), body)
+
+
+def test_a_classvar_is_not_a_field_and_a_subclass_adds_its_fields_after_its_parents():
+    Base = type("Base", (record.Record,), {"__annotations__": {"a": "int", "k": "ClassVar[int]",
+                                                               "t": "typing.ClassVar[int]"}, "k": 1, "t": 2})
+    Sub = type("Sub", (Base,), {"__annotations__": {"b": "int"}, "b": 5})
+    assert list(record.fields(Sub)) == ["a", "b"] and Sub(1) == Sub(1, 5) != Sub(1, 6)
+    with pytest.raises(AttributeError):
+        del Sub(1).a

@@ -540,3 +540,100 @@ def test_a_server_that_sends_header_blocks_without_end_is_cut_off_in_time_and_me
     assert e.value.code == ("INTERNAL" if flood == "trailers" else "DEADLINE_EXCEEDED"), e.value
     assert time.monotonic() - t < 3
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000   # KB
+
+
+def _headers_block(encoder, stream: int, headers, flags: int = 4) -> bytes:
+    return _h2frame(1, flags, stream, encoder.encode(headers))
+
+
+@pytest.mark.parametrize("after, what", [
+    (lambda s, e: _h2frame(0, 1, s, b"\0\0\0\0\0"), "DATA before the response's headers"),
+    (lambda s, e: _headers_block(e, s + 2, [(b":status", b"200")]), "stream 3, which this side never opened"),
+    (lambda s, e: _h2frame(0, 0, 2, b"x"), "stream 2, which this side never opened"),
+    (lambda s, e: _h2frame(8, 0, 0, (0).to_bytes(4, "big")), "WINDOW_UPDATE of 0"),
+    (lambda s, e: _h2frame(8, 0, 0, (2**31 - 1).to_bytes(4, "big")), "connection window over 2^31 - 1"),
+    (lambda s, e: _h2frame(1, 4 | 0x20, s, b"\0\0"), "too short for its priority"),
+    (lambda s, e: (2**20 + 1).to_bytes(3, "big") + b"\0\0\0\0\0\x01", "a frame of 1048577 bytes"),
+    (lambda s, e: _h2frame(5, 4, s, (2).to_bytes(4, "big")), "PUSH_PROMISE"),
+    (lambda s, e: _h2frame(1, 0, s, b"\x88") + _h2frame(9, 0, s, b"\0" * 70_000), "header block of more than 65536"),
+    (lambda s, e: _h2frame(9, 4, s, b"\x88"), "CONTINUATION frame outside a header block"),
+    (lambda s, e: _h2frame(1, 0, s, b"\x88") + _h2frame(6, 0, 0, b"12345678"), "a frame inside a header block"),
+    (lambda s, e: _headers_block(e, s, [(b":status", b"200")]) + _headers_block(e, s, [(b"x", b"y")]),
+     "a second header block that does not end the stream"),
+])
+def test_a_server_that_breaks_http2_fails_the_call_in_one_line_that_says_it_may_have_been_done(after, what):
+    """Each rule of RFC 9113 this client holds a server to, broken once the whole call has left: an
+    HTTP/2 error, the connection dropped, and the caller told the request may have been carried out."""
+    import hpack as reference
+
+    def script(i, sock, frames):
+        sock.sendall(after(_ended_stream(frames), reference.Encoder()))
+        time.sleep(1)
+
+    port, _ = _scripted(script, 1)
+    with pytest.raises(WireError) as e:
+        Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"hi", (), 5)
+    assert (e.value.code, e.value.maybe_done) == ("INTERNAL", True), e.value
+    assert e.value.details.startswith("HTTP/2 error: ") and what in e.value.details, e.value
+
+
+def test_what_follows_a_complete_answer_in_the_same_read_never_spoils_it():
+    """An answer, then in the same write a frame that breaks HTTP/2, or a GOAWAY: the answer is the
+    call's result, and the next call, having read what followed it, goes on a new connection."""
+    import hpack as reference
+
+    def script(i, sock, frames):
+        stream = _ended_stream(frames)
+        after = [_h2frame(8, 0, 0, (0).to_bytes(4, "big")), _h2frame(7, 0, 0, bytes(8)), b""][i]
+        sock.sendall(_answer(reference.Encoder(), stream, b"done %d" % i) + after)
+        time.sleep(0.3)   # (the next connection is taken after this one's end)
+
+    port, taken = _scripted(script, 3)
+    channel = Channel(f"127.0.0.1:{port}", 1 << 20)
+    assert [channel.call("/t.T/Echo", b"a", (), 5) for _ in range(3)] == [b"done 0", b"done 1", b"done 2"]
+    assert taken == [0, 1, 2]
+
+
+def test_a_refused_stream_after_the_answer_began_is_not_sent_again():
+    """REFUSED_STREAM after the response's headers contradicts itself (RFC 9113 8.7): the call may have
+    been processed, so it is not sent again, and the caller is told so."""
+    import hpack as reference
+
+    def script(i, sock, frames):
+        stream = _ended_stream(frames)
+        sock.sendall(_headers_block(reference.Encoder(), stream, [(b":status", b"200")])
+                     + _h2frame(3, 0, stream, (7).to_bytes(4, "big")))
+        time.sleep(1)
+
+    port, taken = _scripted(script, 2)
+    with pytest.raises(WireError) as e:
+        Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"a", (), 3)
+    assert (e.value.code, e.value.maybe_done, e.value.unprocessed) == ("INTERNAL", True, False), e.value
+    assert taken == [0]
+
+
+def test_a_reply_made_of_small_pieces_of_large_reads_keeps_only_the_pieces():
+    """1-byte DATA frames, each beside 256 KiB of a frame kind HTTP/2 does not define: what the call holds
+    is the reply's bytes, not every read they came in (100 MB here)."""
+    import tracemalloc
+    import hpack as reference
+    junk = _h2frame(0xEE, 0, 0, b"j" * (256 << 10))
+    message = b"\0" + (400).to_bytes(4, "big") + bytes(i % 251 for i in range(400))
+
+    def script(i, sock, frames):
+        encoder = reference.Encoder()
+        stream = _ended_stream(frames)
+        sock.sendall(_headers_block(encoder, stream, [(b":status", b"200")]))
+        for k in range(len(message)):
+            sock.sendall(_h2frame(0, 0, stream, message[k:k + 1]) + junk)
+        sock.sendall(_headers_block(encoder, stream, [(b"grpc-status", b"0")], flags=5))
+        time.sleep(1)
+
+    port, _ = _scripted(script, 1)
+    tracemalloc.start()
+    try:
+        assert Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"a", (), 30) == message[5:]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 << 20, peak
