@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def signal_number(text: str) -> int:
     name = text.upper()
-    if name.isascii() and name.isdigit():
+    if name.isdecimal():   # (isdigit() says yes to "²", which int() refuses)
         return int(name)
     name = name if name.startswith("SIG") else "SIG" + name
     try:
@@ -42,6 +42,9 @@ OPTIONS: tuple[tuple[tuple[str, ...], str, bool, str | None], ...] = (
 def cancel(prog: str, ids, user, states, name, sig, batch, full, verbose, config) -> int:
     """aircancel's work, on click's parameters (or aircli.argv's same); `prog`: scancel signals steps."""
     from air.aircli.client import Client
+    for option, value in (("'-u'", user), ("'-n'", name), ("'-t'", states)):
+        if value is not None and not value.strip():   # (`-u "$U"` with U unset: not a filter left out)
+            raise bad_value(option, "an empty value; give one, or leave the option out")
     wanted: dict = {}   # a JobFilter, as protos.protowire's dict: sent without protobuf
     tasks: list = []
     for text in ids:

@@ -30,7 +30,7 @@ def show_job(job_id, as_json, config):
     from air.aircli import formats
     from air.aircli.client import Client
     from air.protos import air_pb2 as pb
-    if not job_id.isdigit():
+    if not job_id.isdecimal():
         raise click.BadParameter(f"{job_id!r} is not a job id", param_hint="'JOB_ID'")
     job = Client(config).get_job(pb.GetJobRequest(job_id=int(job_id)))
     if as_json:
@@ -110,10 +110,10 @@ def requeue(ids, config):
     # called from inside the job it requeues (submitit, Lightning), this process is the job's too: the
     # SIGTERM of the requeue may come before the answer, which the caller wants (it checks the exit code)
     mine = [env for env in (os.environ.get("AIR_JOB_ID", ""), os.environ.get("SLURM_ARRAY_JOB_ID", ""))
-            if env.isdigit()]
+            if env.isdecimal()]
     task = os.environ.get("SLURM_ARRAY_TASK_ID", "")
     if any(int(i) in filt.job_ids for i in mine) or \
-            (len(mine) == 2 and task.isdigit() and (int(mine[1]), int(task)) in tasks):
+            (len(mine) == 2 and task.isdecimal() and (int(mine[1]), int(task)) in tasks):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     client.requeue(filt)
 

@@ -163,7 +163,7 @@ def _wait_idle(config: Path, count: int, pids: list[int], directory: Path, wait_
 
 
 def _pids(path: Path) -> list[int]:
-    return [int(x) for x in path.read_text().split() if x.isdigit()]
+    return [int(x) for x in path.read_text().split() if x.isdecimal()]
 
 
 def _alive(pid: int) -> bool:

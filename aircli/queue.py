@@ -28,14 +28,9 @@ def _write_rows(head: str, rows) -> None:
         sys.stdout.write(head + (str(rows, "utf-8", "replace") if rows else ""))
 
 
-def _number(text: str) -> bool:
-    """Digits int() reads: ASCII ones (str.isdigit also says yes to "²", which int() refuses)."""
-    return text.isascii() and text.isdigit()
-
-
 def uid_of(user: str) -> int:
     """A user name or numeric uid given on the command line, resolved locally."""
-    if _number(user):
+    if user.isdecimal():
         return int(user)
     try:
         return pwd.getpwnam(user).pw_uid
@@ -50,10 +45,10 @@ def job_ids(text: str, option: str, tasks: list | None = None) -> list[int]:
         if not part:
             continue
         array, sep, task = part.partition("_")
-        if sep and tasks is not None and _number(array) and _number(task) and int(array) >= 1:
+        if sep and tasks is not None and array.isdecimal() and task.isdecimal() and int(array) >= 1:
             tasks.append((int(array), int(task)))
             continue
-        if not _number(part) or int(part) < 1:
+        if not part.isdecimal() or int(part) < 1:
             raise bad_value(option, f"{part!r} is not a job id (such as 123, or 123_7 for a task of an array)")
         ids.append(int(part))
     return ids

@@ -236,8 +236,8 @@ class _Link:
 
     def _receive(self, data: bytes) -> None:
         """Take in bytes from the server: each whole frame is acted on, the rest kept for the next read.
-        Frames are read in place (a DATA frame's payload stays a view of the bytes read, copied once,
-        when the reply is joined): an airq of 8 MB spent more on copying them than on all the rest."""
+        Frames are read in place (a large DATA payload stays a view of the bytes read, copied once, when
+        the reply is joined): an airq of 8 MB spent more on copying them than on all the rest."""
         inbox = self.inbox
         if inbox and self._answered():
             inbox += data
@@ -263,9 +263,9 @@ class _Link:
             inbox.clear()
             self._frame_in(frame)
         pos, end = 0, len(view)
-        while end - pos >= 9 and not inbox:
+        while end - pos >= 9 and not self._answered():   # (what follows an answer waits for the next call's look)
             total = 9 + _length(view[pos:pos + 3])
-            if end - pos < total or self._answered():   # (what follows an answer waits for the next call's look)
+            if end - pos < total:
                 break
             if time.monotonic() >= self.deadline:   # (a read of 5 MB of frames is no way past the deadline)
                 raise WireError("DEADLINE_EXCEEDED", "deadline exceeded")
@@ -477,8 +477,9 @@ class _Reply:
         if self.ended or (taken and code == 0):
             return   # (a call the server took goes on to its reply; the next call opens a new connection)
         self.ended = True
+        unprocessed = not taken and not self.responded and not self.chunks   # (not once it began to answer)
         self.failure = WireError("UNAVAILABLE", f"the server closed the connection (GOAWAY, error {code})",
-                                 unprocessed=not taken, maybe_done=taken)
+                                 unprocessed=unprocessed, maybe_done=not unprocessed)
 
     def result(self) -> memoryview:
         if self.failure is not None:
@@ -528,6 +529,6 @@ def _split(address: str) -> tuple[str, int]:
     """host and port of `host:port`, `[v6]:port` or `dns:///host:port`."""
     text = address.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:")
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not port.isdecimal():
         raise WireError("UNAVAILABLE", f"{address!r} is not host:port")
     return host.strip("[]"), int(port)

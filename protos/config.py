@@ -251,7 +251,8 @@ def parse(data: dict) -> Config:
     controller = _build(ControllerConfig, "[controller]", data.get("controller", {}))
     if controller.auth not in AUTH_MODES:
         raise ConfigError(f"[controller] auth = {controller.auth!r}: valid values are {', '.join(AUTH_MODES)}")
-    if ":" not in controller.address:
+    host, _, port = controller.address.rpartition(":")
+    if not host or not port.isdecimal() or not 0 < int(port) < 65536:   # (a tool's call would fail on it)
         raise ConfigError(f"[controller] address = {controller.address!r}: give host:port")
     for key in ("heartbeat_interval_s", "node_timeout_s", "max_tasks_per_node", "max_array_tasks",
                 "max_dependencies", "max_name_chars", "max_report_bytes", "max_steps_per_user",
@@ -268,7 +269,7 @@ def parse(data: dict) -> Config:
                           f"({controller.min_job_age_s:g} s), for which ended jobs stay in memory")
     if controller.metrics_address:
         host, _, port = controller.metrics_address.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not port.isdecimal() or not 0 < int(port) < 65536:
             raise ConfigError(f"[controller] metrics_address = {controller.metrics_address!r}: give host:port")
     if not 0 <= controller.inactive_limit_s < float("inf") or 0 < controller.inactive_limit_s < 3:
         raise ConfigError(f"[controller] inactive_limit_s = {controller.inactive_limit_s!r}: 0 (never), or at "
@@ -480,7 +481,7 @@ def _nodes(where: str, raw: dict) -> list[NodeConfig]:
     if len(addresses) != len(names):
         raise ConfigError(f"{where}: {len(names)} names but {len(addresses)} addresses")
     gpus = raw.get("gpus", "nvml")
-    if not (gpus in ("nvml", "none") or (gpus.startswith("sim:") and gpus[4:].isdigit())):
+    if not (gpus in ("nvml", "none") or (gpus.startswith("sim:") and gpus[4:].isdecimal())):
         raise ConfigError(f"{where} gpus = {gpus!r}: valid values are \"nvml\", \"none\" or \"sim:N\"")
     out = []
     for name, address in zip(names, addresses):

@@ -90,7 +90,7 @@ def kind_of(signal: str) -> HealthKind:
     if fixed is not None:
         return fixed
     words = signal.split(" ")
-    if len(words) == 2 and words[0] == "XID" and words[1].isdigit():
+    if len(words) == 2 and words[0] == "XID" and words[1].isdecimal():
         return HealthKind.XID
     if len(words) == 3 and words[0] == "NVLink" and words[2] == "down":
         return HealthKind.NVLINK

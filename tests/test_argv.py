@@ -209,9 +209,20 @@ def test_aircancel_and_scancel_send_what_scancel_means_on_either_path(monkeypatc
     assert wire == [protowire.encode(schemas.CancelRequest, sent)] * 2, requests
 
 
-@pytest.mark.parametrize("argv", [[], [""], [","], ["-u", ""], ["-t", "ALL"], ["-n", ""], ["-s", "USR1"]])
-def test_an_aircancel_that_names_no_job_cancels_nothing_on_either_path(monkeypatch, capsys, argv):
-    """(An empty filter is every job: a cancel by root of the whole cluster.)"""
+@pytest.mark.parametrize("argv, error", [
+    ([], "no job given: aircancel ID... or -u USER, -n NAME, -t STATES"),
+    ([""], "no job given: aircancel ID... or -u USER, -n NAME, -t STATES"),
+    ([","], "no job given: aircancel ID... or -u USER, -n NAME, -t STATES"),
+    (["-t", "ALL"], "no job given: aircancel ID... or -u USER, -n NAME, -t STATES"),
+    (["-s", "USR1"], "no job given: aircancel ID... or -u USER, -n NAME, -t STATES"),
+    (["-u", ""], "Invalid value for '-u': an empty value; give one, or leave the option out"),
+    (["-n", "x", "-u", " "], "Invalid value for '-u': an empty value; give one, or leave the option out"),
+    (["-u", "0", "-n", ""], "Invalid value for '-n': an empty value; give one, or leave the option out"),
+    (["5", "-t", ""], "Invalid value for '-t': an empty value; give one, or leave the option out"),
+])
+def test_an_aircancel_that_names_no_job_or_leaves_a_filter_empty_cancels_nothing(monkeypatch, capsys, argv, error):
+    """(An empty filter is every job: a cancel by root of the whole cluster; an option given empty would
+    widen what the rest names, as `-n x -u "$U"` with U unset.) On either path."""
     from air.aircli import client
     from air.aircli.client import run
 
@@ -224,8 +235,7 @@ def test_an_aircancel_that_names_no_job_cancels_nothing_on_either_path(monkeypat
     monkeypatch.setattr(client, "Client", Fake)
     assert cancel.start("aircancel", argv) == 1
     assert run(cancel.command, "aircancel", argv) == 1
-    err = capsys.readouterr().err.splitlines()
-    assert err == ["aircancel: error: no job given: aircancel ID... or -u USER, -n NAME, -t STATES"] * 2
+    assert capsys.readouterr().err.splitlines() == [f"aircancel: error: {error}"] * 2
 
 
 @pytest.mark.parametrize("argv, option", [(["²"], "'ID'"), (["1_²"], "'ID'"), (["-s", "²", "5"], "'-s'")])

@@ -52,6 +52,9 @@ def _with(section, change, index=None):
     ({**GOOD, "scheduler": {"max_age": float("inf")}}, "[scheduler] max_age: time 'inf' is not one of"),
     (_with("partitions", {"max_time": 10 ** 12}, 0), "max_time = 1000000000000: at most 2147483647 s"),
     (_with("controller", {"metrics_address": "9817"}), "metrics_address = '9817': give host:port"),
+    (_with("controller", {"address": "127.0.0.1:²"}), "address = '127.0.0.1:²': give host:port"),
+    (_with("controller", {"address": "127.0.0.1:http"}), "address = '127.0.0.1:http': give host:port"),
+    (_with("controller", {"address": ":6817"}), "address = ':6817': give host:port"),
     (_with("nodes", {"metrics_port": 70000}, 0), "metrics_port = 70000: not a port number"),
 ])
 def test_bad_config_names_the_key(data, message):

@@ -584,32 +584,85 @@ def test_what_follows_a_complete_answer_in_the_same_read_never_spoils_it():
 
     def script(i, sock, frames):
         stream = _ended_stream(frames)
-        after = [_h2frame(8, 0, 0, (0).to_bytes(4, "big")), _h2frame(7, 0, 0, bytes(8)), b""][i]
+        after = [_h2frame(8, 0, 0, (0).to_bytes(4, "big")), _h2frame(7, 0, 0, bytes(8)),
+                 (2**20 + 1).to_bytes(3, "big") + bytes(6), b""][i]
         sock.sendall(_answer(reference.Encoder(), stream, b"done %d" % i) + after)
         time.sleep(0.3)   # (the next connection is taken after this one's end)
 
-    port, taken = _scripted(script, 3)
+    port, taken = _scripted(script, 4)
     channel = Channel(f"127.0.0.1:{port}", 1 << 20)
-    assert [channel.call("/t.T/Echo", b"a", (), 5) for _ in range(3)] == [b"done 0", b"done 1", b"done 2"]
-    assert taken == [0, 1, 2]
+    assert [channel.call("/t.T/Echo", b"a", (), 5) for _ in range(4)] == [b"done %d" % i for i in range(4)]
+    assert taken == [0, 1, 2, 3]
 
 
-def test_a_refused_stream_after_the_answer_began_is_not_sent_again():
-    """REFUSED_STREAM after the response's headers contradicts itself (RFC 9113 8.7): the call may have
-    been processed, so it is not sent again, and the caller is told so."""
+@pytest.mark.parametrize("leftover", ["pings", "settings", "late block"])
+def test_frames_that_follow_an_answer_are_taken_in_order_before_the_next_call(leftover):
+    """Several whole frames after an answer, in its read: the next call takes them first, in order (acks,
+    the header table), and goes on the same connection."""
+    import hpack as reference
+
+    def script(i, sock, frames):
+        encoder = reference.Encoder()
+        stream = _ended_stream(frames)
+        answer = _answer(encoder, stream, b"first")   # (encoded first: the table follows the order sent)
+        after = {"pings": lambda: _h2frame(6, 0, 0, b"1" * 8) + _h2frame(6, 0, 0, b"2" * 8),
+                 "settings": lambda: _h2frame(4, 0, 0, (5).to_bytes(2, "big") + (1 << 20).to_bytes(4, "big"))
+                 + _h2frame(6, 0, 0, b"3" * 8),
+                 "late block": lambda: _headers_block(encoder, stream, [(b"x-late", b"in the table")])
+                 + _h2frame(6, 0, 0, b"4" * 8)}[leftover]()
+        sock.sendall(answer + after)
+        stream = _ended_stream(frames)
+        sock.sendall(_headers_block(encoder, stream, [(b":status", b"200"), (b"x-late", b"in the table")])
+                     + _h2frame(0, 0, stream, b"\0\0\0\0\x06second")
+                     + _headers_block(encoder, stream, [(b"grpc-status", b"0")], flags=5))
+        time.sleep(0.5)
+
+    port, taken = _scripted(script, 1)
+    channel = Channel(f"127.0.0.1:{port}", 1 << 20)
+    assert [channel.call("/t.T/Echo", b"a", (), 5) for _ in range(2)] == [b"first", b"second"]
+    assert taken == [0]
+
+
+@pytest.mark.parametrize("after, code", [("goaway before it", "UNAVAILABLE"),
+                                         ("goaway with an error, then refused", "UNAVAILABLE"),
+                                         ("refused", "INTERNAL")])
+def test_a_call_the_server_began_to_answer_is_never_sent_again(after, code):
+    """A GOAWAY that names an earlier stream, or a REFUSED_STREAM (RFC 9113 8.7: such a call was never
+    processed), once the call's answer has begun, contradicts itself; so does a REFUSED_STREAM after a
+    GOAWAY whose error covers the call. The call may have been processed: no second connection."""
     import hpack as reference
 
     def script(i, sock, frames):
         stream = _ended_stream(frames)
-        sock.sendall(_headers_block(reference.Encoder(), stream, [(b":status", b"200")])
-                     + _h2frame(3, 0, stream, (7).to_bytes(4, "big")))
+        began = _headers_block(reference.Encoder(), stream, [(b":status", b"200")])
+        sock.sendall({"goaway before it": began + _h2frame(7, 0, 0, bytes(8)),
+                      "goaway with an error, then refused":
+                          _h2frame(7, 0, 0, stream.to_bytes(4, "big") + (2).to_bytes(4, "big"))
+                          + _h2frame(3, 0, stream, (7).to_bytes(4, "big")),
+                      "refused": began + _h2frame(3, 0, stream, (7).to_bytes(4, "big"))}[after])
         time.sleep(1)
 
     port, taken = _scripted(script, 2)
     with pytest.raises(WireError) as e:
         Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"a", (), 3)
-    assert (e.value.code, e.value.maybe_done, e.value.unprocessed) == ("INTERNAL", True, False), e.value
+    assert (e.value.code, e.value.maybe_done, e.value.unprocessed) == (code, True, False), e.value
     assert taken == [0]
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_deadline_after_the_whole_call_left_says_it_may_have_been_done(whole):
+    """No answer in time: where the server had the whole call, it may carry it out; where most of it
+    still waited on the flow control window, it cannot have."""
+    def script(i, sock, frames):
+        if not whole:   # (a stream window of 10 bytes, never opened further)
+            sock.sendall(_h2frame(4, 0, 0, (4).to_bytes(2, "big") + (10).to_bytes(4, "big")))
+        for _ in frames:
+            pass
+
+    port, _ = _scripted(script, 1)
+    with pytest.raises(WireError) as e:
+        Channel(f"127.0.0.1:{port}", 1 << 20).call("/t.T/Echo", b"x" if whole else b"x" * 200_000, (), 0.7)
+    assert (e.value.code, e.value.maybe_done) == ("DEADLINE_EXCEEDED", whole), e.value
 
 
 def test_a_reply_made_of_small_pieces_of_large_reads_keeps_only_the_pieces():
