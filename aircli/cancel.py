@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from air.aircli.argv import rows_table
 from air.aircli.client import CliError, bad_value, click_options, start_tool
 from air.aircli.queue import job_ids, state_filter, uid_of
+from air.protos.limits import is_number
 
 if TYPE_CHECKING:
     import click
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 
 def signal_number(text: str) -> int:
     name = text.upper()
-    if name.isdecimal():   # (isdigit() says yes to "²", which int() refuses)
+    if is_number(name):
         return int(name)
     name = name if name.startswith("SIG") else "SIG" + name
     try:
@@ -48,7 +49,7 @@ def cancel(prog: str, ids, user, states, name, sig, batch, full, verbose, config
     wanted: dict = {}   # a JobFilter, as protos.protowire's dict: sent without protobuf
     tasks: list = []
     for text in ids:
-        wanted.setdefault("job_ids", []).extend(job_ids(text, "'ID'", tasks))
+        wanted.setdefault("job_ids", []).extend(job_ids(text, "'ID'", tasks, required=True))
     if tasks:
         wanted["array_tasks"] = [{"array_job_id": a, "task_id": t} for a, t in tasks]
     if user:

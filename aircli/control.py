@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from air.aircli.client import CliError, entry
+from air.protos.limits import is_number
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,7 +31,7 @@ def show_job(job_id, as_json, config):
     from air.aircli import formats
     from air.aircli.client import Client
     from air.protos import air_pb2 as pb
-    if not job_id.isdecimal():
+    if not is_number(job_id):
         raise click.BadParameter(f"{job_id!r} is not a job id", param_hint="'JOB_ID'")
     job = Client(config).get_job(pb.GetJobRequest(job_id=int(job_id)))
     if as_json:
@@ -89,7 +90,7 @@ def _hold(ids, hold, config):
     from air.protos import air_pb2 as pb
     filt = pb.JobFilter()
     for text in ids:
-        filt.job_ids.extend(job_ids(text, "'JOB_ID'"))
+        filt.job_ids.extend(job_ids(text, "'JOB_ID'", required=True))
     Client(config).hold(pb.HoldRequest(filter=filt, hold=hold))
 
 
@@ -104,16 +105,16 @@ def requeue(ids, config):
     import signal
     filt, tasks = pb.JobFilter(), []
     for text in ids:
-        filt.job_ids.extend(job_ids(text, "'JOB_ID'", tasks))
+        filt.job_ids.extend(job_ids(text, "'JOB_ID'", tasks, required=True))
     filt.array_tasks.extend(pb.ArrayTask(array_job_id=a, task_id=t) for a, t in tasks)
     client = Client(config)
     # called from inside the job it requeues (submitit, Lightning), this process is the job's too: the
     # SIGTERM of the requeue may come before the answer, which the caller wants (it checks the exit code)
     mine = [env for env in (os.environ.get("AIR_JOB_ID", ""), os.environ.get("SLURM_ARRAY_JOB_ID", ""))
-            if env.isdecimal()]
+            if is_number(env)]
     task = os.environ.get("SLURM_ARRAY_TASK_ID", "")
     if any(int(i) in filt.job_ids for i in mine) or \
-            (len(mine) == 2 and task.isdecimal() and (int(mine[1]), int(task)) in tasks):
+            (len(mine) == 2 and is_number(task) and (int(mine[1]), int(task)) in tasks):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     client.requeue(filt)
 
@@ -129,7 +130,7 @@ def update(settings, config):
     from air.protos import air_pb2 as pb
     job, limit = parse_update(settings)
     tasks: list = []
-    ids = job_ids(job, "JobId", tasks)
+    ids = job_ids(job, "JobId", tasks, required=True)
     req = pb.UpdateJobRequest(filter=pb.JobFilter(job_ids=ids, array_tasks=[
         pb.ArrayTask(array_job_id=a, task_id=t) for a, t in tasks]))
     req.time_limit_s, req.time_limit_change = limit

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from air.aircli.client import CliError
+from air.protos.limits import is_number
 
 CONTROLLER_PORT = 6817
 NODE_PORT = 6818
@@ -163,7 +164,7 @@ def _wait_idle(config: Path, count: int, pids: list[int], directory: Path, wait_
 
 
 def _pids(path: Path) -> list[int]:
-    return [int(x) for x in path.read_text().split() if x.isdecimal()]
+    return [int(x) for x in path.read_text().split() if is_number(x)]
 
 
 def _alive(pid: int) -> bool:

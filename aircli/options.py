@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from air.protos.limits import MAX_CONSTRAINT_CHARS, MAX_HET_COMPONENTS, MAX_NODE_NAMES
+from air.protos.limits import MAX_CONSTRAINT_CHARS, MAX_HET_COMPONENTS, MAX_NODE_NAMES, is_number
 from air.protos.record import Record
 from air.protos.timefmt import parse_duration
 
@@ -152,7 +152,7 @@ def _convert(opt: Opt, value: str | None) -> object:
             raise OptionError(f"{opt.long}: at most {MAX_CONSTRAINT_CHARS} printable characters")
         return value
     if opt.kind == "count":
-        if not value.isdecimal() or int(value) < 1:
+        if not is_number(value) or int(value) < 1:
             raise OptionError(f"{opt.long}={value!r}: give a whole number of at least 1")
         return int(value)
     if opt.kind == "int":
@@ -169,7 +169,7 @@ def _convert(opt: Opt, value: str | None) -> object:
         return value
     if opt.kind == "switches":
         count, at, wait = value.partition("@")
-        if not count.isdecimal() or int(count) < 1:
+        if not is_number(count) or int(count) < 1:
             raise OptionError(f"{opt.long}={value!r}: give N[@TIME], such as 1 or 1@10:00")
         try:
             return int(count), parse_duration(wait) if at else 0
@@ -201,7 +201,7 @@ def _convert(opt: Opt, value: str | None) -> object:
                 raise OptionError(f"{opt.long}={value!r}: only gpu[:type]:N is supported")
             text = value[3:].lstrip(":") or "1"
         count = text.rsplit(":", 1)[-1]
-        if not count.isdecimal():
+        if not is_number(count):
             raise OptionError(f"{opt.long}={value!r}: give a GPU count, such as 4 or h100:4")
         return int(count)
     return value
@@ -300,7 +300,7 @@ def parse_signal(value: str) -> tuple[int, int, bool]:
     batch = value.startswith("B:")
     text = value[2:] if batch else value
     name, at, secs = text.partition("@")
-    if name.isdecimal():
+    if is_number(name):
         number = int(name)
     else:
         upper = name.upper()
@@ -309,7 +309,7 @@ def parse_signal(value: str) -> tuple[int, int, bool]:
         except KeyError:
             raise OptionError(f"--signal={value!r}: unknown signal {name!r}; give [B:]SIG[@SECONDS], "
                               "such as USR2@120 or B:TERM@60") from None
-    if at and (not secs.isdecimal() or int(secs) > 65535):
+    if at and (not is_number(secs) or int(secs) > 65535):
         raise OptionError(f"--signal={value!r}: the time after @ is whole seconds up to 65535")
     if not 0 < number < 65:
         raise OptionError(f"--signal={value!r}: no signal {number}")

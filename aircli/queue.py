@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from air.aircli.argv import rows_table
 from air.aircli.client import CliError, bad_value, click_options, start_tool
+from air.protos.limits import is_number
 
 if TYPE_CHECKING:
     import click
@@ -30,7 +31,7 @@ def _write_rows(head: str, rows) -> None:
 
 def uid_of(user: str) -> int:
     """A user name or numeric uid given on the command line, resolved locally."""
-    if user.isdecimal():
+    if is_number(user):
         return int(user)
     try:
         return pwd.getpwnam(user).pw_uid
@@ -38,19 +39,24 @@ def uid_of(user: str) -> int:
         raise CliError(f"user {user!r} does not exist") from None
 
 
-def job_ids(text: str, option: str, tasks: list | None = None) -> list[int]:
-    """Job ids (123); with `tasks`, array tasks too (123_7), appended to it as (array id, task id)."""
+def job_ids(text: str, option: str, tasks: list | None = None, required: bool = False) -> list[int]:
+    """Job ids (123); with `tasks`, array tasks too (123_7), appended to it as (array id, task id).
+    `required`: text that names no job ("", ",") is refused, where a filter left without it would
+    name more jobs (`aircancel "$J" -n x` with J unset)."""
     ids = []
+    had = len(tasks) if tasks is not None else 0
     for part in text.replace(" ", ",").split(","):
         if not part:
             continue
         array, sep, task = part.partition("_")
-        if sep and tasks is not None and array.isdecimal() and task.isdecimal() and int(array) >= 1:
+        if sep and tasks is not None and is_number(array) and is_number(task) and int(array) >= 1:
             tasks.append((int(array), int(task)))
             continue
-        if not part.isdecimal() or int(part) < 1:
+        if not is_number(part) or int(part) < 1:
             raise bad_value(option, f"{part!r} is not a job id (such as 123, or 123_7 for a task of an array)")
         ids.append(int(part))
+    if required and not ids and (tasks is None or len(tasks) == had):
+        raise bad_value(option, f"{text!r} names no job")
     return ids
 
 

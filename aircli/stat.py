@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from air.protos.limits import is_number
 from air.protos.reports import report_numbers
 
 from air.aircli.client import CliError, entry
@@ -37,7 +38,7 @@ def series(reports: list[str]) -> dict[str, list]:
 def command(job_id, as_json, width, config):
     from air.aircli.client import Client
     from air.protos import air_pb2 as pb
-    if not job_id.isdecimal():
+    if not is_number(job_id):
         raise click.BadParameter(f"{job_id!r} is not a job id", param_hint="'JOB_ID'")
     reports = Client(config).reports(pb.ReportsRequest(job_id=int(job_id))).reports
     data = series(list(reports))

@@ -527,8 +527,8 @@ def _decoded(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
 
 def _split(address: str) -> tuple[str, int]:
     """host and port of `host:port`, `[v6]:port` or `dns:///host:port`."""
-    text = address.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:")
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdecimal():
-        raise WireError("UNAVAILABLE", f"{address!r} is not host:port")
-    return host.strip("[]"), int(port)
+    from air.protos import hostport
+    try:
+        return hostport.split(address)
+    except ValueError as e:
+        raise WireError("UNAVAILABLE", str(e)) from None

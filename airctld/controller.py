@@ -26,6 +26,7 @@ from air.protos.arrays import compact as arrays_text
 from air.airctld.accounting import Accounting
 from air.airctld.admission import Admission
 from air.protos.config import Config
+from air.protos.limits import is_number
 from air.airctld.fairshare import Assoc
 from air.airctld.jobtable import JobTable
 from air.airctld.launching import Launcher
@@ -546,7 +547,7 @@ class Controller:
             addresses = {a.node: self.nodes[a.node].address for a in job.allocation}
             check_step(spec, self.config.controller, len(job.allocation))
             caller_run = spec.environment.get("AIR_RESTART_COUNT", "")
-            if caller_run.isdigit() and int(caller_run) != job.restart_count:
+            if is_number(caller_run) and int(caller_run) != job.restart_count:
                 raise Conflict(f"airrun of run {caller_run} of job {job.job_id}, which is on run "
                                f"{job.restart_count} now: a stale run starts no step")
             nodes, world = steps.layout(job, spec, addresses)

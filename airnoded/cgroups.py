@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+from air.protos.limits import is_number
+
 log = logging.getLogger("airnoded")
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -250,7 +252,7 @@ def local_devices(visible: str, job_gpus: list[int]) -> str:
     of the job is the position of g among the job's GPUs here (as Slurm does under ConstrainDevices).
     `visible`: the node's indices ("4,6"), as the allocation gives them."""
     order = {g: i for i, g in enumerate(sorted(set(job_gpus)))}
-    return ",".join(str(order[int(g)]) for g in visible.split(",") if g.strip().isdigit() and int(g) in order)
+    return ",".join(str(order[int(g)]) for g in visible.split(",") if is_number(g.strip()) and int(g) in order)
 
 
 def node_folder(node: str, spool: Path) -> str:

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from air.airnoded import jobfiles
+from air.protos.limits import is_number
 
 log = logging.getLogger("airnoded")
 
@@ -41,7 +42,7 @@ class GivenUp:
         runs = set()
         for line in text.splitlines():
             job, _, run = line.partition(" ")
-            if job.isdigit() and run.isdigit():
+            if is_number(job) and is_number(run):
                 runs.add((int(job), int(run)))
         return runs
 

@@ -43,6 +43,8 @@ import threading
 import time
 from pathlib import Path
 
+from air.protos.limits import is_number
+
 log = logging.getLogger("airnoded")
 
 JOB_DIR_MODE = 0o711
@@ -76,7 +78,7 @@ def parse_job_dir(name: str) -> tuple[int, int] | None:
     if not name.startswith("job"):
         return None
     job, dot, run = name[3:].partition(".")
-    if not (dot and job.isdigit() and run.isdigit()):
+    if not (dot and is_number(job) and is_number(run)):
         return None
     return int(job), int(run)
 

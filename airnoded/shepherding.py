@@ -32,6 +32,7 @@ from pathlib import Path
 
 from air.airnoded import cgroups, jobfiles
 from air.airnoded.shepherd import boot_id, start_time
+from air.protos.limits import is_number
 
 log = logging.getLogger("airnoded")
 
@@ -90,7 +91,7 @@ class Herd:
         new = []
         for line in lines:
             parts = line.split()
-            if len(parts) < 3 or not all(p.isdigit() for p in parts[1:]):
+            if len(parts) < 3 or not all(is_number(p) for p in parts[1:]):
                 continue
             index = int(parts[1])
             if parts[0] == b"pid" and len(parts) == 4 and index not in self.pids:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import hostlist
 
-from air.protos import rlimits
+from air.protos import hostport, rlimits
+from air.protos.limits import is_number
 from air.protos.record import Record, fields, replace
 from air.protos.timefmt import parse_duration
 
@@ -251,9 +252,10 @@ def parse(data: dict) -> Config:
     controller = _build(ControllerConfig, "[controller]", data.get("controller", {}))
     if controller.auth not in AUTH_MODES:
         raise ConfigError(f"[controller] auth = {controller.auth!r}: valid values are {', '.join(AUTH_MODES)}")
-    host, _, port = controller.address.rpartition(":")
-    if not host or not port.isdecimal() or not 0 < int(port) < 65536:   # (a tool's call would fail on it)
-        raise ConfigError(f"[controller] address = {controller.address!r}: give host:port")
+    try:
+        hostport.split(controller.address)   # (as the tools and daemons read it)
+    except ValueError:
+        raise ConfigError(f"[controller] address = {controller.address!r}: give host:port") from None
     for key in ("heartbeat_interval_s", "node_timeout_s", "max_tasks_per_node", "max_array_tasks",
                 "max_dependencies", "max_name_chars", "max_report_bytes", "max_steps_per_user",
                 "max_steps_per_job", "history_page_jobs"):
@@ -268,8 +270,9 @@ def parse(data: dict) -> Config:
         raise ConfigError(f"[controller] jobs_keep_days = {controller.jobs_keep_days:g}: at least min_job_age_s "
                           f"({controller.min_job_age_s:g} s), for which ended jobs stay in memory")
     if controller.metrics_address:
-        host, _, port = controller.metrics_address.rpartition(":")
-        if not host or not port.isdecimal() or not 0 < int(port) < 65536:
+        try:
+            hostport.split(controller.metrics_address)
+        except ValueError:
             raise ConfigError(f"[controller] metrics_address = {controller.metrics_address!r}: give host:port")
     if not 0 <= controller.inactive_limit_s < float("inf") or 0 < controller.inactive_limit_s < 3:
         raise ConfigError(f"[controller] inactive_limit_s = {controller.inactive_limit_s!r}: 0 (never), or at "
@@ -481,7 +484,7 @@ def _nodes(where: str, raw: dict) -> list[NodeConfig]:
     if len(addresses) != len(names):
         raise ConfigError(f"{where}: {len(names)} names but {len(addresses)} addresses")
     gpus = raw.get("gpus", "nvml")
-    if not (gpus in ("nvml", "none") or (gpus.startswith("sim:") and gpus[4:].isdecimal())):
+    if not (gpus in ("nvml", "none") or (gpus.startswith("sim:") and is_number(gpus[4:]))):
         raise ConfigError(f"{where} gpus = {gpus!r}: valid values are \"nvml\", \"none\" or \"sim:N\"")
     out = []
     for name, address in zip(names, addresses):

@@ -19,3 +19,10 @@ def memory_limit_bytes(mem_per_node_mb: int, mem_per_gpu_mb: int, gpus_here: int
     return 0
 MAX_FILTER_ITEMS = 10_000     # job ids, array tasks, users, names or partitions in one job filter
 MAX_NAMED_JOBS = 20_000       # jobs the ids of one request stand for, each array's tasks counted
+MAX_DIGITS = 18               # a number written in a command line, a configuration or a file
+
+
+def is_number(text: str) -> bool:
+    """Whether `text` is a number int() reads: ASCII digits, at most MAX_DIGITS of them. (str.isdigit
+    says yes to "²", which int() refuses, and int() refuses 4,300 digits and more.)"""
+    return 0 < len(text) <= MAX_DIGITS and text.isascii() and text.isdigit()

@@ -7,6 +7,8 @@ what people read in `aircontrol show node` and the node's health history.
 """
 import enum
 
+from air.protos.limits import is_number
+
 
 class HealthKind(enum.Enum):
     """A signal's kind; the value is its metric label (the IB kinds share one)."""
@@ -90,7 +92,7 @@ def kind_of(signal: str) -> HealthKind:
     if fixed is not None:
         return fixed
     words = signal.split(" ")
-    if len(words) == 2 and words[0] == "XID" and words[1].isdecimal():
+    if len(words) == 2 and words[0] == "XID" and is_number(words[1]):
         return HealthKind.XID
     if len(words) == 3 and words[0] == "NVLink" and words[2] == "down":
         return HealthKind.NVLINK

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable
 
 import hostlist
 
+from air.protos.limits import is_number
 from air.protos.timefmt import format_duration
 from air.protos.timefmt import format_limit
 from air.protos.reports import report_numbers
@@ -69,7 +70,7 @@ def long_format(spec: str) -> str:
             raise FormatError(f"unknown -O field {name!r}; known: {', '.join(sorted(LONG_FIELDS))}")
         right = size.startswith(".")
         width = size.lstrip(".") or "20"
-        if not width.isdecimal():
+        if not is_number(width):
             raise FormatError(f"-O {part!r}: the size after : is a number")
         out.append(f"%{'.' if right else ''}{width}{code}")
     if not out:
@@ -140,7 +141,7 @@ def job_id_text(job: pb.Job) -> str:
     if job.array_pending_tasks:
         throttle = f"%{job.request.array_max_running}" if job.request.array_max_running else ""
         tasks = job.array_pending_tasks
-        return f"{job.array_job_id}_{tasks}" if tasks.isdecimal() and not throttle else \
+        return f"{job.array_job_id}_{tasks}" if is_number(tasks) and not throttle else \
             f"{job.array_job_id}_[{tasks}{throttle}]"
     return f"{job.array_job_id}_{job.array_task_id}"
 

@@ -45,7 +45,7 @@ class Context:
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "")
-    return int(value) if value.isdigit() else default
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else default
 
 
 def _leave_groups() -> None:

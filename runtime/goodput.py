@@ -105,7 +105,7 @@ def _latest_progress(runs_dir: Path, run: int) -> tuple[int, float, int] | None:
     except OSError:
         return None
     for name in names:
-        if name.startswith("run-") and name.endswith(".progress") and name[4:-9].isdigit():
+        if name.startswith("run-") and name.endswith(".progress") and name[4:-9].isascii() and name[4:-9].isdigit():
             number = int(name[4:-9])
             if number < run and (best is None or number > best):
                 best = number

@@ -211,14 +211,16 @@ def test_aircancel_and_scancel_send_what_scancel_means_on_either_path(monkeypatc
 
 @pytest.mark.parametrize("argv, error", [
     ([], "no job given: aircancel ID... or -u USER, -n NAME, -t STATES"),
-    ([""], "no job given: aircancel ID... or -u USER, -n NAME, -t STATES"),
-    ([","], "no job given: aircancel ID... or -u USER, -n NAME, -t STATES"),
+    ([""], "Invalid value for 'ID': '' names no job"),
+    ([","], "Invalid value for 'ID': ',' names no job"),
     (["-t", "ALL"], "no job given: aircancel ID... or -u USER, -n NAME, -t STATES"),
     (["-s", "USR1"], "no job given: aircancel ID... or -u USER, -n NAME, -t STATES"),
     (["-u", ""], "Invalid value for '-u': an empty value; give one, or leave the option out"),
     (["-n", "x", "-u", " "], "Invalid value for '-u': an empty value; give one, or leave the option out"),
     (["-u", "0", "-n", ""], "Invalid value for '-n': an empty value; give one, or leave the option out"),
     (["5", "-t", ""], "Invalid value for '-t': an empty value; give one, or leave the option out"),
+    (["", "-n", "x"], "Invalid value for 'ID': '' names no job"),
+    ([",", "-u", "0"], "Invalid value for 'ID': ',' names no job"),
 ])
 def test_an_aircancel_that_names_no_job_or_leaves_a_filter_empty_cancels_nothing(monkeypatch, capsys, argv, error):
     """(An empty filter is every job: a cancel by root of the whole cluster; an option given empty would
@@ -238,10 +240,47 @@ def test_an_aircancel_that_names_no_job_or_leaves_a_filter_empty_cancels_nothing
     assert capsys.readouterr().err.splitlines() == [f"aircancel: error: {error}"] * 2
 
 
-@pytest.mark.parametrize("argv, option", [(["²"], "'ID'"), (["1_²"], "'ID'"), (["-s", "²", "5"], "'-s'")])
+@pytest.mark.parametrize("argv, option", [(["²"], "'ID'"), (["1_²"], "'ID'"), (["-s", "²", "5"], "'-s'"),
+                                          (["1" * 5000], "'ID'"), (["-s", "9" * 5000, "5"], "'-s'")])
 def test_digits_int_cannot_read_are_refused_in_one_line(capsys, argv, option):
     assert cancel.start("aircancel", argv) == 1
     assert capsys.readouterr().err.startswith(f"aircancel: error: Invalid value for {option}")
+
+
+@pytest.mark.parametrize("tool, prog, argv", [
+    ("batch", "airbatch", ["-N", "²", "--wrap", "true"]),
+    ("batch", "airbatch", ["--array", "1-²", "--wrap", "true"]),
+    ("batch", "airbatch", ["--array", "1-3%" + "9" * 5000, "--wrap", "true"]),
+    ("batch", "airbatch", ["--signal", "USR1@²", "--wrap", "true"]),
+    ("queue", "airq", ["-j", "²"]),
+    ("queue", "airq", ["-O", "JobID:²"]),
+    ("queue", "airq", ["-u", "9" * 5000]),
+])
+def test_numbers_int_cannot_read_are_one_line_in_every_tool(tmp_path, capsys, tool, prog, argv):
+    """("²" is a digit to str.isdigit, and int() refuses it; int() refuses 4,300 digits and more.)"""
+    config = tmp_path / "air.toml"
+    config.write_text('[controller]\naddress = "127.0.0.1:9"\nauth = "none"\n')
+    module = {"batch": batch, "queue": queue}[tool]
+    assert module.start(prog, ["--config", str(config), *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{prog}: error: ") and err.count("\n") == 1 and "cannot reach" not in err, err
+
+
+@pytest.mark.parametrize("argv", [["hold", ""], ["release", ","], ["requeue", ""], ["update", "JobId=,", "TimeLimit=1"]])
+def test_aircontrol_refuses_a_job_id_that_names_no_job(monkeypatch, capsys, argv):
+    """(An empty filter is every job the caller may act on: `aircontrol requeue ""` by root, the cluster.)"""
+    from air.aircli import client, control
+    from air.aircli.client import run
+
+    class Fake:
+        def __init__(self, config=None):
+            pass
+
+        def __getattr__(self, name):
+            raise AssertionError(f"called {name}")
+    monkeypatch.setattr(client, "Client", Fake)
+    assert run(control.command, "aircontrol", argv) == 1
+    assert "names no job" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["-h"], ["--help"], ["--", "5"], ["-vb", "5"], ["-s"], ["-s", "-9", "5"],

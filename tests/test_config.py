@@ -55,6 +55,13 @@ def _with(section, change, index=None):
     (_with("controller", {"address": "127.0.0.1:²"}), "address = '127.0.0.1:²': give host:port"),
     (_with("controller", {"address": "127.0.0.1:http"}), "address = '127.0.0.1:http': give host:port"),
     (_with("controller", {"address": ":6817"}), "address = ':6817': give host:port"),
+    (_with("controller", {"address": "h:0"}), "address = 'h:0': give host:port"),
+    (_with("controller", {"address": "h:65536"}), "address = 'h:65536': give host:port"),
+    (_with("controller", {"address": "ipv4:6817"}), "address = 'ipv4:6817': give host:port"),
+    (_with("controller", {"address": "h:٦٨١٧"}), "address = 'h:٦٨١٧': give host:port"),
+    (_with("controller", {"address": "h:" + "1" * 5000}), "address = 'h:111"),
+    (_with("controller", {"metrics_address": "h:²"}), "metrics_address = 'h:²': give host:port"),
+    (_with("nodes", {"name": "n1", "address": "127.0.0.2", "gpus": "sim:²"}, 0), "gpus = 'sim:²': valid values"),
     (_with("nodes", {"metrics_port": 70000}, 0), "metrics_port = 70000: not a port number"),
 ])
 def test_bad_config_names_the_key(data, message):

@@ -611,16 +611,26 @@ def test_frames_that_follow_an_answer_are_taken_in_order_before_the_next_call(le
                  "late block": lambda: _headers_block(encoder, stream, [(b"x-late", b"in the table")])
                  + _h2frame(6, 0, 0, b"4" * 8)}[leftover]()
         sock.sendall(answer + after)
-        stream = _ended_stream(frames)
+        for kind, flags, at, payload in frames:   # (the client's acks of the pings, and its next call)
+            if kind == 6 and flags & 1:
+                seen.append(payload)
+            if kind == 1 and at == stream + 2:
+                seen.append("the next call")
+            if kind in (0, 1) and flags & 1 and at == stream + 2:
+                break
+        stream += 2
         sock.sendall(_headers_block(encoder, stream, [(b":status", b"200"), (b"x-late", b"in the table")])
                      + _h2frame(0, 0, stream, b"\0\0\0\0\x06second")
                      + _headers_block(encoder, stream, [(b"grpc-status", b"0")], flags=5))
         time.sleep(0.5)
 
+    seen: list = []
     port, taken = _scripted(script, 1)
     channel = Channel(f"127.0.0.1:{port}", 1 << 20)
     assert [channel.call("/t.T/Echo", b"a", (), 5) for _ in range(2)] == [b"first", b"second"]
     assert taken == [0]
+    assert seen == {"pings": [b"1" * 8, b"2" * 8], "settings": [b"3" * 8], "late block": [b"4" * 8]}[leftover] + \
+        ["the next call"]
 
 
 @pytest.mark.parametrize("after, code", [("goaway before it", "UNAVAILABLE"),
