@@ -16,7 +16,6 @@ import enum
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from air.protos.limits import is_number
 from air.protos.states import JobPhase, JobResult
 
 KINDS = ("after", "afterok", "afternotok", "afterany", "singleton")
@@ -69,7 +68,8 @@ def parse(text: str) -> Dependency | None:
         numbers = []
         for token in ids.split(":"):
             token = token.split("+")[0]   # Slurm's after:ID+minutes: the delay is not supported
-            if not is_number(token) or int(token) < 1:
+            # (isdecimal: what int() reads, as admission took it; a pending job's text is read again each pass)
+            if not token.isdecimal() or int(token) < 1:
                 raise ValueError(f"dependency {part!r}: give job ids, such as {kind}:123 or {kind}:123:124")
             numbers.append(int(token))
         terms.append(Term(kind, tuple(numbers)))

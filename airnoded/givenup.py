@@ -42,7 +42,7 @@ class GivenUp:
         runs = set()
         for line in text.splitlines():
             job, _, run = line.partition(" ")
-            if is_number(job) and is_number(run):
+            if is_number(job, 20) and is_number(run, 20):
                 runs.add((int(job), int(run)))
         return runs
 

@@ -78,7 +78,7 @@ def parse_job_dir(name: str) -> tuple[int, int] | None:
     if not name.startswith("job"):
         return None
     job, dot, run = name[3:].partition(".")
-    if not (dot and is_number(job) and is_number(run)):
+    if not (dot and is_number(job, 20) and is_number(run, 20)):
         return None
     return int(job), int(run)
 

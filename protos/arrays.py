@@ -7,8 +7,6 @@
 """
 from __future__ import annotations
 
-from air.protos.limits import is_number
-
 MAX_INDEX = 100_000
 MAX_TASKS = 10_000
 
@@ -18,14 +16,15 @@ def parse(text: str) -> tuple[list[int], int]:
     spec, pct, throttle = text.strip().partition("%")
     limit = 0
     if pct:
-        if not is_number(throttle) or int(throttle) < 1:
+        if not throttle.isdecimal() or int(throttle) < 1:
             raise ValueError(f"--array={text!r}: the throttle after % must be a whole number of at least 1")
         limit = int(throttle)
     indices: set[int] = set()
     for part in spec.split(","):
         rng, colon, step = part.partition(":")
         lo, dash, hi = rng.partition("-")
-        if not is_number(lo) or (dash and not is_number(hi)) or (colon and not is_number(step)):
+        # (isdecimal: what int() reads, as admission took it; a stored spec is read again at each launch)
+        if not lo.isdecimal() or (dash and not hi.isdecimal()) or (colon and not step.isdecimal()):
             raise ValueError(f"--array={text!r}: {part!r} is not N, N-M or N-M:S (such as 0-99, 1,5,9 or 0-99:4%8)")
         first, last = int(lo), int(hi) if dash else int(lo)
         every = int(step) if colon else 1

@@ -271,7 +271,7 @@ def parse(data: dict) -> Config:
                           f"({controller.min_job_age_s:g} s), for which ended jobs stay in memory")
     if controller.metrics_address:
         try:
-            hostport.split(controller.metrics_address)
+            hostport.split(controller.metrics_address, prefixed=False)   # (as airctld binds it)
         except ValueError:
             raise ConfigError(f"[controller] metrics_address = {controller.metrics_address!r}: give host:port")
     if not 0 <= controller.inactive_limit_s < float("inf") or 0 < controller.inactive_limit_s < 3:

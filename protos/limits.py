@@ -22,7 +22,7 @@ MAX_NAMED_JOBS = 20_000       # jobs the ids of one request stand for, each arra
 MAX_DIGITS = 18               # a number written in a command line, a configuration or a file
 
 
-def is_number(text: str) -> bool:
-    """Whether `text` is a number int() reads: ASCII digits, at most MAX_DIGITS of them. (str.isdigit
+def is_number(text: str, most: int = MAX_DIGITS) -> bool:
+    """Whether `text` is a number int() reads: ASCII digits, at most `most` of them. (str.isdigit
     says yes to "²", which int() refuses, and int() refuses 4,300 digits and more.)"""
-    return 0 < len(text) <= MAX_DIGITS and text.isascii() and text.isdigit()
+    return 0 < len(text) <= most and text.isascii() and text.isdigit()

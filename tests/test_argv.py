@@ -240,7 +240,8 @@ def test_an_aircancel_that_names_no_job_or_leaves_a_filter_empty_cancels_nothing
     assert capsys.readouterr().err.splitlines() == [f"aircancel: error: {error}"] * 2
 
 
-@pytest.mark.parametrize("argv, option", [(["²"], "'ID'"), (["1_²"], "'ID'"), (["-s", "²", "5"], "'-s'"),
+@pytest.mark.parametrize("argv, option", [(["²"], "'ID'"), (["٣"], "'ID'"), (["1_²"], "'ID'"),
+                                          (["-s", "²", "5"], "'-s'"),
                                           (["1" * 5000], "'ID'"), (["-s", "9" * 5000, "5"], "'-s'")])
 def test_digits_int_cannot_read_are_refused_in_one_line(capsys, argv, option):
     assert cancel.start("aircancel", argv) == 1
@@ -255,6 +256,8 @@ def test_digits_int_cannot_read_are_refused_in_one_line(capsys, argv, option):
     ("queue", "airq", ["-j", "²"]),
     ("queue", "airq", ["-O", "JobID:²"]),
     ("queue", "airq", ["-u", "9" * 5000]),
+    ("queue", "airq", ["-j", "٣"]),
+    ("batch", "airbatch", ["-N", "٣", "--wrap", "true"]),
 ])
 def test_numbers_int_cannot_read_are_one_line_in_every_tool(tmp_path, capsys, tool, prog, argv):
     """("²" is a digit to str.isdigit, and int() refuses it; int() refuses 4,300 digits and more.)"""
@@ -266,7 +269,8 @@ def test_numbers_int_cannot_read_are_one_line_in_every_tool(tmp_path, capsys, to
     assert err.startswith(f"{prog}: error: ") and err.count("\n") == 1 and "cannot reach" not in err, err
 
 
-@pytest.mark.parametrize("argv", [["hold", ""], ["release", ","], ["requeue", ""], ["update", "JobId=,", "TimeLimit=1"]])
+@pytest.mark.parametrize("argv", [["hold", ""], ["release", ","], ["requeue", ""],
+                                  ["update", "JobId=,", "TimeLimit=1"]])
 def test_aircontrol_refuses_a_job_id_that_names_no_job(monkeypatch, capsys, argv):
     """(An empty filter is every job the caller may act on: `aircontrol requeue ""` by root, the cluster.)"""
     from air.aircli import client, control

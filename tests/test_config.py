@@ -60,8 +60,9 @@ def _with(section, change, index=None):
     (_with("controller", {"address": "ipv4:6817"}), "address = 'ipv4:6817': give host:port"),
     (_with("controller", {"address": "h:٦٨١٧"}), "address = 'h:٦٨١٧': give host:port"),
     (_with("controller", {"address": "h:" + "1" * 5000}), "address = 'h:111"),
-    (_with("controller", {"metrics_address": "h:²"}), "metrics_address = 'h:²': give host:port"),
-    (_with("nodes", {"name": "n1", "address": "127.0.0.2", "gpus": "sim:²"}, 0), "gpus = 'sim:²': valid values"),
+    (_with("controller", {"metrics_address": "h:٩٨١٧"}), "metrics_address = 'h:٩٨١٧': give host:port"),
+    (_with("controller", {"metrics_address": "ipv4:1.2.3.4:9817"}), "metrics_address = 'ipv4:1.2.3.4:9817'"),
+    (_with("nodes", {"name": "n1", "address": "127.0.0.2", "gpus": "sim:٣"}, 0), "gpus = 'sim:٣': valid values"),
     (_with("nodes", {"metrics_port": 70000}, 0), "metrics_port = 70000: not a port number"),
 ])
 def test_bad_config_names_the_key(data, message):
@@ -124,3 +125,25 @@ def test_a_default_qos_that_preempts_stays_open_and_a_qos_names_only_real_accoun
     Policy(cfg).check_qos(Identity(nobody.pw_uid, nobody.pw_gid), cfg.qos_named("normal"), "default")
     with pytest.raises(ConfigError, match="accounts names 'ml', which no"):
         parse({**GOOD, "qos": [{"name": "normal"}, {"name": "paid", "preempt": ["normal"], "accounts": ["ml"]}]})
+
+
+@pytest.mark.parametrize("address, prefixed, expected", [
+    ("127.0.0.1:6817", True, ("127.0.0.1", 6817)), ("[::1]:6817", True, ("::1", 6817)),
+    ("dns:///head:6817", True, ("head", 6817)), ("ipv4:10.0.0.1:6817", True, ("10.0.0.1", 6817)),
+    ("ipv6:[::1]:6817", True, ("::1", 6817)), ("0.0.0.0:9817", False, ("0.0.0.0", 9817)),
+    ("[::]:9817", False, ("::", 9817)),
+    ("dns:///head:6817", False, None), ("ipv4:6817", True, None), ("h:0", True, None), ("h:65536", True, None),
+    ("h:٦٨١٧", True, None), ("h:" + "1" * 5000, True, None), (":6817", True, None), ("6817", True, None),
+    ("ipv4:a:1,b:2", True, None), ("fe80::1", True, None), ("dns://8.8.8.8/h:80", True, None),
+])
+def test_addresses_are_read_one_way(address, prefixed, expected):
+    """protos.hostport: the controller's address as the configuration checks it and the tools and
+    daemons use it (gRPC's target prefixes), and the metrics address as airctld binds it (none)."""
+    from air.protos import hostport, metrics_http
+    if expected is None:
+        with pytest.raises(ValueError):
+            hostport.split(address, prefixed)
+    else:
+        assert hostport.split(address, prefixed) == expected
+        if not prefixed:
+            assert metrics_http.split_address(address) == expected

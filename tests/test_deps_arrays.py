@@ -70,3 +70,13 @@ def test_compact_task_lists():
     assert arrays.compact([1, 2, 3, 5, 7, 8, 9]) == "1-3,5,7-9"
     assert arrays.compact([4]) == "4"
     assert arrays.compact([]) == ""
+
+
+def test_texts_admission_took_before_read_the_same_when_read_again():
+    """A pending job's dependency is read again at every pass and an array's spec at every launch, from
+    the text admission took (digits int() reads, such as "٤٢" or padded ones): they read as before, or
+    after an upgrade one stored job would stop every pass."""
+    assert deps.parse("afterok:٤٢:0000000000000000000042").terms[0].job_ids == (42, 42)
+    assert arrays.parse("٣-٥%٢") == arrays.parse("3-5%2")
+    with pytest.raises(ValueError):
+        deps.parse("afterok:²")   # (which int() never read: admission refused it then too)
