@@ -526,7 +526,7 @@ def _decoded(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
 
 
 def _split(address: str) -> tuple[str, int]:
-    """host and port of `host:port`, `[v6]:port` or `dns:///host:port`."""
+    """host and port of `host:port` or `[v6]:port`."""
     from air.protos import hostport
     try:
         return hostport.split(address)

@@ -90,8 +90,14 @@ def main(argv: list[str] | None = None) -> int:
         ("grpc.max_receive_message_length", cc.max_message_bytes),
         ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers(handlers(controller, auth))
-    if server.add_insecure_port(cc.address) == 0:
-        print(f"airctld: error: cannot listen on {cc.address}", file=sys.stderr)
+    try:
+        bound = server.add_insecure_port(cc.address)
+    except RuntimeError as e:   # (grpcio raises for an address it cannot read, and returns 0 for one it cannot bind)
+        bound, why = 0, f": {e}"
+    else:
+        why = ""
+    if bound == 0:
+        print(f"airctld: error: cannot listen on {cc.address}{why}", file=sys.stderr)
         return 2
     if cc.metrics_address:
         host, port = metrics_http.split_address(cc.metrics_address)

@@ -69,7 +69,7 @@ def parse(text: str) -> Dependency | None:
         for token in ids.split(":"):
             token = token.split("+")[0]   # Slurm's after:ID+minutes: the delay is not supported
             # (isdecimal: what int() reads, as admission took it; a pending job's text is read again each pass)
-            if not token.isdecimal() or int(token) < 1:
+            if not token.isdecimal() or len(token) > 4000 or not 1 <= int(token) < 2**63:   # (the store's integers)
                 raise ValueError(f"dependency {part!r}: give job ids, such as {kind}:123 or {kind}:123:124")
             numbers.append(int(token))
         terms.append(Term(kind, tuple(numbers)))

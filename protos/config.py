@@ -91,7 +91,8 @@ class ControllerConfig(Record):
 
     @property
     def host(self) -> str:
-        return self.address.rsplit(":", 1)[0]
+        from air.protos import hostport
+        return hostport.split(self.address)[0]
 
     def service_uid(self) -> int:
         import pwd
@@ -253,7 +254,7 @@ def parse(data: dict) -> Config:
     if controller.auth not in AUTH_MODES:
         raise ConfigError(f"[controller] auth = {controller.auth!r}: valid values are {', '.join(AUTH_MODES)}")
     try:
-        hostport.split(controller.address)   # (as the tools and daemons read it)
+        hostport.split(controller.address)   # (the text airctld binds, and the tools call)
     except ValueError:
         raise ConfigError(f"[controller] address = {controller.address!r}: give host:port") from None
     for key in ("heartbeat_interval_s", "node_timeout_s", "max_tasks_per_node", "max_array_tasks",
@@ -271,7 +272,7 @@ def parse(data: dict) -> Config:
                           f"({controller.min_job_age_s:g} s), for which ended jobs stay in memory")
     if controller.metrics_address:
         try:
-            hostport.split(controller.metrics_address, prefixed=False)   # (as airctld binds it)
+            hostport.split(controller.metrics_address, bare_ipv6=True)   # (as airctld binds it)
         except ValueError:
             raise ConfigError(f"[controller] metrics_address = {controller.metrics_address!r}: give host:port")
     if not 0 <= controller.inactive_limit_s < float("inf") or 0 < controller.inactive_limit_s < 3:

@@ -75,4 +75,4 @@ def serve(host: str, port: int, registry: CollectorRegistry, name: str = "metric
 def split_address(text: str) -> tuple[str, int]:
     """"host:port" (IPv6 in brackets) -> (host, port); ValueError for anything else."""
     from air.protos import hostport
-    return hostport.split(text, prefixed=False)
+    return hostport.split(text, bare_ipv6=True)

@@ -95,3 +95,12 @@ def test_bad_configuration_stops_the_daemon_naming_the_key(cluster, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "air.airnoded", "--config", str(conf), "--name", "node01"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode != 0 and "gpus = 'sim:four'" in proc.stderr
+    # an address grpcio cannot bind (it raises for some, returns 0 for others): one line, not a traceback
+    import re
+    text = re.sub(r'state_dir = ".*"', f'state_dir = "{tmp_path / "state"}"', cluster.config.read_text())
+    conf.write_text(text.replace(cluster.controller, "nonexistent.invalid:6999").replace('auth = "none"',
+                                                                                         'auth = "munge"'))
+    proc = subprocess.run([sys.executable, "-m", "air.airctld", "--config", str(conf)], capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "airctld: error: cannot listen on nonexistent.invalid:6999" in proc.stderr

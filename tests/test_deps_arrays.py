@@ -78,5 +78,6 @@ def test_texts_admission_took_before_read_the_same_when_read_again():
     after an upgrade one stored job would stop every pass."""
     assert deps.parse("afterok:٤٢:0000000000000000000042").terms[0].job_ids == (42, 42)
     assert arrays.parse("٣-٥%٢") == arrays.parse("3-5%2")
-    with pytest.raises(ValueError):
-        deps.parse("afterok:²")   # (which int() never read: admission refused it then too)
+    for never_taken in ("afterok:²", "afterok:" + "9" * 25, "afterok:" + "1" * 5000):   # (int() or the store
+        with pytest.raises(ValueError, match="give job ids"):                             # refused them then too)
+            deps.parse(never_taken)

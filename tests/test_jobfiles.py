@@ -412,3 +412,12 @@ def test_a_trash_that_is_not_the_daemons_folder_is_left_alone(spool, caplog):
                    for r in caplog.records)
         caplog.clear()
         trash.unlink()
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("job11.2", (11, 2)), (f"job{2**64 - 1}.{2**32 - 1}", (2**64 - 1, 2**32 - 1)),   # (a job id is a uint64)
+    ("job1.", None), ("job.1", None), ("job².1", None), ("job٣.1", None), ("job1.2.3", None), ("jobx.1", None),
+    ("job" + "1" * 21 + ".1", None), ("trash", None),
+])
+def test_run_folder_names_are_read_as_the_daemon_writes_them(name, expected):
+    assert jobfiles.parse_job_dir(name) == expected
