@@ -68,10 +68,14 @@ def parse(text: str) -> Dependency | None:
         numbers = []
         for token in ids.split(":"):
             token = token.split("+")[0]   # Slurm's after:ID+minutes: the delay is not supported
-            # (isdecimal: what int() reads, as admission took it; a pending job's text is read again each pass)
-            if not token.isdecimal() or len(token) > 4000 or not 1 <= int(token) < 2**63:   # (the store's integers)
+            # (what int() reads, as admission took it: a pending job's text is read again at each pass)
+            try:
+                number = int(token) if token.isdecimal() else 0
+            except ValueError:   # (past int()'s 4,300 digits)
+                number = 0
+            if not 1 <= number < 2**63:   # (the store's integers)
                 raise ValueError(f"dependency {part!r}: give job ids, such as {kind}:123 or {kind}:123:124")
-            numbers.append(int(token))
+            numbers.append(number)
         terms.append(Term(kind, tuple(numbers)))
     return Dependency(tuple(terms), any_of)
 

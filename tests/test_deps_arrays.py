@@ -77,6 +77,7 @@ def test_texts_admission_took_before_read_the_same_when_read_again():
     the text admission took (digits int() reads, such as "٤٢" or padded ones): they read as before, or
     after an upgrade one stored job would stop every pass."""
     assert deps.parse("afterok:٤٢:0000000000000000000042").terms[0].job_ids == (42, 42)
+    assert deps.parse("afterok:" + "0" * 4100 + "42").terms[0].job_ids == (42,)   # (int() reads 4,300 digits)
     assert arrays.parse("٣-٥%٢") == arrays.parse("3-5%2")
     for never_taken in ("afterok:²", "afterok:" + "9" * 25, "afterok:" + "1" * 5000):   # (int() or the store
         with pytest.raises(ValueError, match="give job ids"):                             # refused them then too)
