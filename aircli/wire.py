@@ -239,9 +239,6 @@ class _Link:
         Frames are read in place (a large DATA payload stays a view of the bytes read, copied once, when
         the reply is joined): an airq of 8 MB spent more on copying them than on all the rest."""
         inbox = self.inbox
-        if inbox and self._answered():
-            inbox += data
-            return
         if len(inbox) >= 9 and len(inbox) >= 9 + _length(inbox):   # (frames left after an answer: at once)
             data = bytes(inbox) + data
             inbox.clear()

@@ -91,7 +91,6 @@ class ControllerConfig(Record):
 
     @property
     def host(self) -> str:
-        from air.protos import hostport
         return hostport.split(self.address)[0]
 
     def service_uid(self) -> int:
